@@ -1,0 +1,3 @@
+mod model;
+
+fn main() {}

@@ -1,0 +1,45 @@
+//! Map ABI shared by the eBPF programs and the agent.
+//!
+//! Every type here is `#[repr(C)]` with explicit padding and no `bool`/`Option`,
+//! so the kernel and user space agree byte for byte. Addresses and ports are kept
+//! in network byte order (`*_be`), exactly as they appear in packets.
+#![no_std]
+
+pub mod backend;
+pub mod conntrack;
+pub mod maps;
+pub mod service;
+pub mod stats;
+
+#[cfg(feature = "user")]
+mod pod;
+
+pub use backend::{Backend, BackendId};
+pub use conntrack::{CtDirection, CtKey, CtValue};
+pub use service::{ServiceKey, ServiceValue};
+pub use stats::Counter;
+
+/// Bumped whenever a map type changes layout, so an agent never reuses maps
+/// pinned by an incompatible version.
+pub const ABI_VERSION: u32 = 1;
+
+/// IP protocol numbers as stored in keys.
+pub mod proto {
+    pub const TCP: u8 = 6;
+    pub const UDP: u8 = 17;
+    pub const SCTP: u8 = 132;
+}
+
+/// Compile-time layout checks: a failing one means both sides would disagree.
+macro_rules! assert_layout {
+    ($t:ty, size = $size:expr, align = $align:expr) => {
+        const _: () = assert!(core::mem::size_of::<$t>() == $size);
+        const _: () = assert!(core::mem::align_of::<$t>() == $align);
+    };
+}
+
+assert_layout!(ServiceKey, size = 12, align = 4);
+assert_layout!(ServiceValue, size = 12, align = 4);
+assert_layout!(Backend, size = 8, align = 4);
+assert_layout!(CtKey, size = 16, align = 4);
+assert_layout!(CtValue, size = 32, align = 8);
