@@ -1,3 +1,1 @@
-mod model;
-
 fn main() {}

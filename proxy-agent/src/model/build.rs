@@ -65,7 +65,7 @@ fn endpoints_for(spn: &ServicePortName, slices: &[&EndpointSlice], node_name: &s
             continue;
         };
         let Some(port_number) = port.port.and_then(|p| u16::try_from(p).ok()) else { continue };
-        for ep in &slice.endpoints {
+        for ep in slice.endpoints.iter().flatten() {
             let cond = ep.conditions.as_ref();
             let ready = cond.and_then(|c| c.ready).unwrap_or(true);
             let serving = cond.and_then(|c| c.serving).unwrap_or(ready);

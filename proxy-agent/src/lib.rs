@@ -1,0 +1,3 @@
+//! The node agent: turns Service / EndpointSlice / Node state into datapath programming.
+
+pub mod model;
