@@ -1,3 +1,4 @@
 //! The node agent: turns Service / EndpointSlice / Node state into datapath programming.
 
+pub mod datapath;
 pub mod model;

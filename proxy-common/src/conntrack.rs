@@ -52,3 +52,10 @@ pub struct CtValue {
     pub last_seen_ns: u64,
     pub created_ns: u64,
 }
+
+/// Idle lifetimes after which an entry is treated as gone. They follow the
+/// kernel's and kube-proxy's defaults (established TCP 24h, UDP 30s/120s).
+pub const TCP_IDLE_TIMEOUT_NS: u64 = 24 * 3600 * 1_000_000_000;
+pub const UDP_IDLE_TIMEOUT_NS: u64 = 120 * 1_000_000_000;
+/// `last_seen_ns` is refreshed at most this often, to keep writes off the hot path.
+pub const REFRESH_INTERVAL_NS: u64 = 1_000_000_000;
