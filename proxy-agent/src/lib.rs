@@ -2,3 +2,4 @@
 
 pub mod datapath;
 pub mod model;
+pub mod packet;

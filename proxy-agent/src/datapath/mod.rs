@@ -6,6 +6,7 @@ pub mod maps;
 mod object;
 mod programmer;
 pub mod stats;
+pub mod test_run;
 
 use std::collections::BTreeMap;
 
