@@ -1,0 +1,232 @@
+//! The standalone source: Service, EndpointSlice and Node objects read from
+//! YAML or JSON files in a directory (multi-document files and `kind: List`
+//! allowed), validated as the API server would before anything is programmed.
+
+use std::{
+    collections::BTreeSet,
+    fmt, fs,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
+
+use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
+use serde::de::DeserializeOwned;
+
+/// The objects of one consistent read of the directory.
+#[derive(Debug, Default, Clone)]
+pub struct Manifests {
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+    pub nodes: Vec<Node>,
+}
+
+/// A rejected manifest: which file, which document in it, which field.
+#[derive(Debug, thiserror::Error)]
+pub struct ManifestError {
+    pub file: PathBuf,
+    /// 1-based index of the YAML document in the file, when known.
+    pub document: Option<usize>,
+    /// Dotted path of the offending field, e.g. `spec.ports[0].port`.
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(doc) = self.document {
+            write!(f, " (document {doc})")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, ": field {field}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// A cheap fingerprint of the directory: names, sizes and modification times.
+pub fn fingerprint(dir: &Path) -> std::io::Result<Vec<(PathBuf, u64, SystemTime)>> {
+    let mut out = Vec::new();
+    for path in manifest_files(dir)? {
+        let meta = fs::metadata(&path)?;
+        out.push((path, meta.len(), meta.modified()?));
+    }
+    Ok(out)
+}
+
+fn manifest_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let hidden = p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
+            let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+            !hidden && p.is_file() && matches!(ext, "yaml" | "yml" | "json")
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Reads and validates every manifest in `dir`; one bad object rejects the whole read.
+pub fn load_dir(dir: &Path) -> Result<Manifests, ManifestError> {
+    let files = manifest_files(dir).map_err(|e| ManifestError {
+        file: dir.to_owned(),
+        document: None,
+        field: None,
+        message: format!("cannot read the directory: {e}"),
+    })?;
+    let mut manifests = Manifests::default();
+    let mut seen = BTreeSet::new();
+    for file in files {
+        load_file(&file, &mut manifests, &mut seen)?;
+    }
+    Ok(manifests)
+}
+
+fn load_file(
+    file: &Path,
+    out: &mut Manifests,
+    seen: &mut BTreeSet<(String, String, String)>,
+) -> Result<(), ManifestError> {
+    let err = |document: Option<usize>, field: Option<String>, message: String| ManifestError {
+        file: file.to_owned(),
+        document,
+        field,
+        message,
+    };
+    let text = fs::read_to_string(file).map_err(|e| err(None, None, format!("cannot read: {e}")))?;
+    for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+        let document = Some(i + 1);
+        let value = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).map_err(|e| err(document, None, format!("invalid YAML: {e}")))?;
+        if value.is_null() {
+            continue; // an empty document, e.g. a trailing `---`
+        }
+        let is_list = value.get("kind").and_then(|k| k.as_str()) == Some("List");
+        let items = if is_list {
+            value.get("items").and_then(|i| i.as_sequence()).cloned().unwrap_or_default()
+        } else {
+            vec![value]
+        };
+        for (j, item) in items.into_iter().enumerate() {
+            let prefix = if is_list { format!("items[{j}].") } else { String::new() };
+            let in_doc = |field: Option<String>, message: String| {
+                err(document, field.map(|f| format!("{prefix}{f}")), message)
+            };
+            let kind = item.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_owned();
+            let api_version = item.get("apiVersion").and_then(|k| k.as_str()).unwrap_or("").to_owned();
+            match (api_version.as_str(), kind.as_str()) {
+                ("v1", "Service") => {
+                    let svc: Service = typed(item).map_err(|(f, m)| in_doc(f, m))?;
+                    validate_service(&svc).map_err(|(f, m)| in_doc(Some(f), m))?;
+                    remember(seen, &kind, &svc.metadata).map_err(|m| in_doc(Some("metadata.name".into()), m))?;
+                    out.services.push(svc);
+                }
+                ("discovery.k8s.io/v1", "EndpointSlice") => {
+                    let slice: EndpointSlice = typed(item).map_err(|(f, m)| in_doc(f, m))?;
+                    validate_slice(&slice).map_err(|(f, m)| in_doc(Some(f), m))?;
+                    remember(seen, &kind, &slice.metadata).map_err(|m| in_doc(Some("metadata.name".into()), m))?;
+                    out.endpoint_slices.push(slice);
+                }
+                ("v1", "Node") => {
+                    let node: Node = typed(item).map_err(|(f, m)| in_doc(f, m))?;
+                    remember(seen, &kind, &node.metadata).map_err(|m| in_doc(Some("metadata.name".into()), m))?;
+                    out.nodes.push(node);
+                }
+                ("", _) | (_, "") => {
+                    return Err(in_doc(
+                        Some(if api_version.is_empty() { "apiVersion" } else { "kind" }.into()),
+                        "missing; every object needs apiVersion and kind".into(),
+                    ));
+                }
+                _ => {
+                    tracing::debug!(file = %file.display(), %api_version, %kind, "ignoring an object the proxy does not use");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, (Option<String>, String)> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        (Some(path).filter(|p| p != "."), e.into_inner().to_string())
+    })
+}
+
+fn remember(
+    seen: &mut BTreeSet<(String, String, String)>,
+    kind: &str,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Result<(), String> {
+    let Some(name) = meta.name.clone().filter(|n| !n.is_empty()) else {
+        return Err("required".into());
+    };
+    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+    if !seen.insert((kind.to_owned(), namespace.clone(), name.clone())) {
+        return Err(format!("{kind} {namespace}/{name} is defined twice"));
+    }
+    Ok(())
+}
+
+type Invalid = (String, String);
+
+fn validate_service(svc: &Service) -> Result<(), Invalid> {
+    let Some(spec) = &svc.spec else { return Ok(()) };
+    let ip_ok = |ip: &str| ip == "None" || ip.is_empty() || ip.parse::<IpAddr>().is_ok();
+    if let Some(ip) = &spec.cluster_ip
+        && !ip_ok(ip)
+    {
+        return Err(("spec.clusterIP".into(), format!("{ip:?} is not a valid IP address or \"None\"")));
+    }
+    for (i, ip) in spec.cluster_ips.iter().flatten().enumerate() {
+        if !ip_ok(ip) {
+            return Err((format!("spec.clusterIPs[{i}]"), format!("{ip:?} is not a valid IP address")));
+        }
+    }
+    for (i, port) in spec.ports.iter().flatten().enumerate() {
+        if !(1..=65535).contains(&port.port) {
+            return Err((format!("spec.ports[{i}].port"), format!("{} must be between 1 and 65535", port.port)));
+        }
+        if let Some(p) = &port.protocol
+            && !matches!(p.as_str(), "TCP" | "UDP" | "SCTP")
+        {
+            return Err((format!("spec.ports[{i}].protocol"), format!("{p:?} must be TCP, UDP or SCTP")));
+        }
+        if spec.ports.as_ref().is_some_and(|ps| ps.len() > 1) && port.name.as_deref().unwrap_or("").is_empty() {
+            return Err((format!("spec.ports[{i}].name"), "required when a service has more than one port".into()));
+        }
+    }
+    Ok(())
+}
+
+fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
+    let family = slice.address_type.as_str();
+    if !matches!(family, "IPv4" | "IPv6" | "FQDN") {
+        return Err(("addressType".into(), format!("{family:?} must be IPv4, IPv6 or FQDN")));
+    }
+    for (i, ep) in slice.endpoints.iter().flatten().enumerate() {
+        if ep.addresses.is_empty() {
+            return Err((format!("endpoints[{i}].addresses"), "must hold at least one address".into()));
+        }
+        for (j, addr) in ep.addresses.iter().enumerate() {
+            let ok = match family {
+                "IPv4" => addr.parse::<std::net::Ipv4Addr>().is_ok(),
+                "IPv6" => addr.parse::<std::net::Ipv6Addr>().is_ok(),
+                _ => true,
+            };
+            if !ok {
+                return Err((format!("endpoints[{i}].addresses[{j}]"), format!("{addr:?} is not a valid {family} address")));
+            }
+        }
+    }
+    for (i, port) in slice.ports.iter().flatten().enumerate() {
+        if let Some(p) = port.port
+            && !(1..=65535).contains(&p)
+        {
+            return Err((format!("ports[{i}].port"), format!("{p} must be between 1 and 65535")));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! Builds network-namespace topologies for tests, the demo and benchmarks:
+//! a node namespace (where the agent runs), pods on veths behind it, and an
+//! external client on a separate link. Addresses come from 198.18.0.0/15.
+//! Everything is removed when the [`Testbed`] drops, on panic, and on Ctrl-C.
+
+pub mod cleanup;
+pub mod netns;
+pub mod servers;
+
+use std::{
+    net::Ipv4Addr,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use anyhow::Context as _;
+
+/// How pods are wired to their node, as the two common CNI families do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cni {
+    /// Each pod has a /32 behind its own veth, routed by the node (Calico, Cilium).
+    Routed,
+    /// Pods share a /24 on a Linux bridge in the node (bridge plugin, flannel).
+    Bridge,
+}
+
+/// The pod gateway in routed mode: an address of the node's loopback that pods reach on-link.
+pub const ROUTED_GATEWAY: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+/// Bridge mode: the bridge's address and the pods' subnet.
+pub const BRIDGE_GATEWAY: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 1);
+pub const BRIDGE_NAME: &str = "cbr0";
+/// The node's address on the external link, and the external client's.
+pub const NODE_EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 100, 1);
+pub const EXTERNAL_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 100, 2);
+/// The node's interface towards the external client.
+pub const NODE_EXTERNAL_IFACE: &str = "ext0";
+/// Host-side pod veths are named with this prefix, as many CNIs do.
+pub const POD_VETH_PREFIX: &str = "veth";
+
+#[derive(Clone, Debug)]
+pub struct Pod {
+    pub name: String,
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    /// The pod's veth end inside the node namespace.
+    pub host_veth: String,
+}
+
+pub struct Testbed {
+    pub id: String,
+    pub cni: Cni,
+    pub node_ns: String,
+    pub external_ns: String,
+    pub pods: Vec<Pod>,
+    pods_created: usize,
+    namespaces: Vec<String>,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+impl Testbed {
+    /// A node with `pod_names` pods (in that order, addresses 198.18.1.10, .11, ...)
+    /// and an external client.
+    pub fn new(cni: Cni, pod_names: &[&str]) -> anyhow::Result<Self> {
+        cleanup::sweep_stale();
+        let id = format!("{}{}x{}", cleanup::PREFIX, std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
+        let mut tb = Testbed {
+            node_ns: format!("{id}-node"),
+            external_ns: format!("{id}-ext"),
+            id,
+            cni,
+            pods: Vec::new(),
+            pods_created: 0,
+            namespaces: Vec::new(),
+        };
+        tb.add_ns(&tb.node_ns.clone())?;
+        tb.setup_node().context("setting up the node namespace")?;
+        tb.setup_external().context("setting up the external client")?;
+        for name in pod_names {
+            tb.add_pod(name)?;
+        }
+        Ok(tb)
+    }
+
+    fn add_ns(&mut self, name: &str) -> anyhow::Result<()> {
+        cleanup::register(name);
+        self.namespaces.push(name.to_owned());
+        netns::add(name)
+    }
+
+    fn setup_node(&self) -> anyhow::Result<()> {
+        let ns = Some(self.node_ns.as_str());
+        netns::sysctl(&self.node_ns, "net.ipv4.ip_forward", "1")?;
+        netns::sysctl(&self.node_ns, "net.ipv4.conf.all.rp_filter", "0")?;
+        netns::sysctl(&self.node_ns, "net.ipv4.conf.default.rp_filter", "0")?;
+        match self.cni {
+            Cni::Routed => netns::ip(ns, &["addr", "add", &format!("{ROUTED_GATEWAY}/32"), "dev", "lo"]),
+            Cni::Bridge => {
+                netns::ip(ns, &["link", "add", BRIDGE_NAME, "type", "bridge"])?;
+                netns::ip(ns, &["addr", "add", &format!("{BRIDGE_GATEWAY}/24"), "dev", BRIDGE_NAME])?;
+                netns::ip(ns, &["link", "set", BRIDGE_NAME, "up"])
+            }
+        }
+    }
+
+    fn setup_external(&mut self) -> anyhow::Result<()> {
+        let ext = self.external_ns.clone();
+        self.add_ns(&ext)?;
+        let node = Some(self.node_ns.as_str());
+        netns::ip(node, &["link", "add", NODE_EXTERNAL_IFACE, "type", "veth", "peer", "name", "eth0", "netns", &ext])?;
+        netns::ip(node, &["addr", "add", &format!("{NODE_EXTERNAL_IP}/24"), "dev", NODE_EXTERNAL_IFACE])?;
+        netns::ip(node, &["link", "set", NODE_EXTERNAL_IFACE, "up"])?;
+        let ext = Some(ext.as_str());
+        netns::ip(ext, &["addr", "add", &format!("{EXTERNAL_CLIENT_IP}/24"), "dev", "eth0"])?;
+        netns::ip(ext, &["link", "set", "eth0", "up"])?;
+        netns::ip(ext, &["route", "add", "default", "via", &NODE_EXTERNAL_IP.to_string()])
+    }
+
+    /// Adds a pod (a namespace on a new veth), as a CNI does when a pod starts.
+    /// Addresses are 198.18.1.10, .11, ... in order of creation, never reused.
+    pub fn add_pod(&mut self, name: &str) -> anyhow::Result<Pod> {
+        let n = self.pods_created;
+        self.pods_created += 1;
+        let ip = Ipv4Addr::new(198, 18, 1, 10 + u8::try_from(n).context("too many pods")?);
+        self.wire_pod(name, ip, &format!("{POD_VETH_PREFIX}{n}")).with_context(|| format!("setting up pod {name}"))?;
+        Ok(self.pod(name).clone())
+    }
+
+    fn wire_pod(&mut self, name: &str, ip: Ipv4Addr, host_veth: &str) -> anyhow::Result<()> {
+        let host_veth = host_veth.to_owned();
+        let pod_ns = format!("{}-{name}", self.id);
+        self.add_ns(&pod_ns)?;
+        let node = Some(self.node_ns.as_str());
+        netns::ip(node, &["link", "add", &host_veth, "type", "veth", "peer", "name", "eth0", "netns", &pod_ns])?;
+        let pod = Some(pod_ns.as_str());
+        match self.cni {
+            Cni::Routed => {
+                netns::ip(node, &["link", "set", &host_veth, "up"])?;
+                netns::ip(node, &["route", "add", &format!("{ip}/32"), "dev", &host_veth])?;
+                netns::ip(pod, &["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+                netns::ip(pod, &["link", "set", "eth0", "up"])?;
+                netns::ip(pod, &["route", "add", &ROUTED_GATEWAY.to_string(), "dev", "eth0", "scope", "link"])?;
+                netns::ip(pod, &["route", "add", "default", "via", &ROUTED_GATEWAY.to_string(), "dev", "eth0"])?;
+            }
+            Cni::Bridge => {
+                netns::ip(node, &["link", "set", &host_veth, "master", BRIDGE_NAME, "up"])?;
+                netns::ip(pod, &["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+                netns::ip(pod, &["link", "set", "eth0", "up"])?;
+                netns::ip(pod, &["route", "add", "default", "via", &BRIDGE_GATEWAY.to_string()])?;
+            }
+        }
+        self.pods.push(Pod { name: name.to_owned(), ns: pod_ns, ip, host_veth });
+        Ok(())
+    }
+
+    pub fn pod(&self, name: &str) -> &Pod {
+        self.pods.iter().find(|p| p.name == name).unwrap_or_else(|| panic!("no pod {name} in the testbed"))
+    }
+
+    /// Removes a pod and its veth, as a CNI does when a pod is deleted.
+    pub fn remove_pod(&mut self, name: &str) {
+        if let Some(i) = self.pods.iter().position(|p| p.name == name) {
+            let pod = self.pods.remove(i);
+            cleanup::release(&pod.ns);
+            self.namespaces.retain(|n| n != &pod.ns);
+        }
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        for ns in self.namespaces.drain(..).rev() {
+            cleanup::release(&ns);
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! Backend servers that answer TCP and UDP with their own identity, and
+//! the matching clients. Each runs on a thread inside a pod's namespace.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::Context as _;
+
+use crate::netns;
+
+/// What a server saw: the source address of every request.
+#[derive(Default)]
+pub struct Seen {
+    pub tcp: Mutex<Vec<SocketAddr>>,
+    pub udp: Mutex<Vec<SocketAddr>>,
+}
+
+/// A TCP + UDP identity server on `port` in one namespace; stops on drop.
+pub struct IdentityServer {
+    pub identity: String,
+    pub seen: Arc<Seen>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl IdentityServer {
+    pub fn start(ns: &str, identity: &str, port: u16) -> anyhow::Result<Self> {
+        let seen = Arc::new(Seen::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let addr = SocketAddr::from(([0, 0, 0, 0], port));
+        let tcp = netns::run_in(ns, move || TcpListener::bind(addr))?.context("binding the TCP server")?;
+        let udp = netns::run_in(ns, move || UdpSocket::bind(addr))?.context("binding the UDP server")?;
+        tcp.set_nonblocking(true)?;
+        udp.set_read_timeout(Some(Duration::from_millis(50)))?;
+        let mut threads = Vec::new();
+        {
+            let (id, seen, stop) = (identity.as_bytes().to_vec(), seen.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match tcp.accept() {
+                        Ok((mut conn, peer)) => {
+                            seen.tcp.lock().unwrap().push(peer);
+                            let _ = conn.set_nonblocking(false);
+                            let _ = conn.write_all(&id);
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                    }
+                }
+            }));
+        }
+        {
+            let (id, seen, stop) = (identity.as_bytes().to_vec(), seen.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 1500];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((_, peer)) = udp.recv_from(&mut buf) {
+                        seen.udp.lock().unwrap().push(peer);
+                        let _ = udp.send_to(&id, peer);
+                    }
+                }
+            }));
+        }
+        Ok(Self { identity: identity.to_owned(), seen, stop, threads })
+    }
+}
+
+impl Drop for IdentityServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One TCP connection to `target`: the identity the server sent.
+/// Must run inside the client's namespace (see [`netns::run_in`]).
+pub fn tcp_identity(target: SocketAddr, timeout: Duration) -> anyhow::Result<String> {
+    let mut conn = TcpStream::connect_timeout(&target, timeout).with_context(|| format!("connecting to {target}"))?;
+    conn.set_read_timeout(Some(timeout))?;
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).context("reading the identity")?;
+    Ok(reply)
+}
+
+/// One UDP request to `target` from a fresh socket: the identity and the
+/// address the reply came from. Must run inside the client's namespace.
+pub fn udp_identity(target: SocketAddr, timeout: Duration) -> anyhow::Result<(String, SocketAddr)> {
+    let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
+    sock.set_read_timeout(Some(timeout))?;
+    sock.send_to(b"who", target)?;
+    let mut buf = [0u8; 1500];
+    let (n, from) = sock.recv_from(&mut buf).with_context(|| format!("no UDP reply from {target}"))?;
+    Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), from))
+}
