@@ -20,7 +20,10 @@ fn main() -> anyhow::Result<()> {
         .args(["run", TOOLCHAIN, "rustc", "--version"])
         .output()
         .is_ok_and(|o| o.status.success());
-    let have_linker = Command::new("bpf-linker").arg("--version").output().is_ok_and(|o| o.status.success());
+    let have_linker = Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !have_toolchain || !have_linker {
         return Err(anyhow!(
             "the eBPF toolchain is missing (rustup toolchain `{TOOLCHAIN}`: {have_toolchain}, bpf-linker: {have_linker}); \
@@ -34,7 +37,11 @@ fn main() -> anyhow::Result<()> {
     let ebpf_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?).join("../proxy-ebpf");
     let ebpf_dir = ebpf_dir.to_str().context("non-UTF-8 path")?;
     aya_build::build_ebpf(
-        [aya_build::Package { name: "proxy-ebpf", root_dir: ebpf_dir, ..Default::default() }],
+        [aya_build::Package {
+            name: "proxy-ebpf",
+            root_dir: ebpf_dir,
+            ..Default::default()
+        }],
         aya_build::Toolchain::Custom(TOOLCHAIN),
     )
 }

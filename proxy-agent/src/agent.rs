@@ -56,7 +56,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         last_fingerprint = fingerprint;
         match manifests::load_dir(&settings.manifests_dir) {
             Ok(objects) => {
-                let state = model::build_desired_state(&objects.services, &objects.endpoint_slices, &settings.node_name);
+                let state = model::build_desired_state(
+                    &objects.services,
+                    &objects.endpoint_slices,
+                    &settings.node_name,
+                );
                 match datapath.sync(&state) {
                     Ok(stats) => info!(
                         services = state.services.len(),
@@ -73,7 +77,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
                     }
                 }
             }
-            Err(e) => error!(error = %e, "manifests rejected; the last good state stays programmed"),
+            Err(e) => {
+                error!(error = %e, "manifests rejected; the last good state stays programmed")
+            }
         }
     }
 

@@ -14,7 +14,11 @@ struct Cli {
     #[arg(long)]
     hostname_override: Option<String>,
     /// Comma-separated name prefixes of host-side pod interfaces to attach to.
-    #[arg(long, value_delimiter = ',', default_value = "veth,cali,lxc,cni,gke,eni,azv")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "veth,cali,lxc,cni,gke,eni,azv"
+    )]
     pod_interface_prefixes: Vec<String>,
 }
 

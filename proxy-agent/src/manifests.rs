@@ -59,7 +59,10 @@ fn manifest_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            let hidden = p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
+            let hidden = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('.'));
             let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
             !hidden && p.is_file() && matches!(ext, "yaml" | "yml" | "json")
         })
@@ -95,47 +98,75 @@ fn load_file(
         field,
         message,
     };
-    let text = fs::read_to_string(file).map_err(|e| err(None, None, format!("cannot read: {e}")))?;
+    let text =
+        fs::read_to_string(file).map_err(|e| err(None, None, format!("cannot read: {e}")))?;
     for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
         let document = Some(i + 1);
-        let value = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).map_err(|e| err(document, None, format!("invalid YAML: {e}")))?;
+        let value = <serde_yaml::Value as serde::Deserialize>::deserialize(doc)
+            .map_err(|e| err(document, None, format!("invalid YAML: {e}")))?;
         if value.is_null() {
             continue; // an empty document, e.g. a trailing `---`
         }
         let is_list = value.get("kind").and_then(|k| k.as_str()) == Some("List");
         let items = if is_list {
-            value.get("items").and_then(|i| i.as_sequence()).cloned().unwrap_or_default()
+            value
+                .get("items")
+                .and_then(|i| i.as_sequence())
+                .cloned()
+                .unwrap_or_default()
         } else {
             vec![value]
         };
         for (j, item) in items.into_iter().enumerate() {
-            let prefix = if is_list { format!("items[{j}].") } else { String::new() };
+            let prefix = if is_list {
+                format!("items[{j}].")
+            } else {
+                String::new()
+            };
             let in_doc = |field: Option<String>, message: String| {
                 err(document, field.map(|f| format!("{prefix}{f}")), message)
             };
-            let kind = item.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_owned();
-            let api_version = item.get("apiVersion").and_then(|k| k.as_str()).unwrap_or("").to_owned();
+            let kind = item
+                .get("kind")
+                .and_then(|k| k.as_str())
+                .unwrap_or("")
+                .to_owned();
+            let api_version = item
+                .get("apiVersion")
+                .and_then(|k| k.as_str())
+                .unwrap_or("")
+                .to_owned();
             match (api_version.as_str(), kind.as_str()) {
                 ("v1", "Service") => {
                     let svc: Service = typed(item).map_err(|(f, m)| in_doc(f, m))?;
                     validate_service(&svc).map_err(|(f, m)| in_doc(Some(f), m))?;
-                    remember(seen, &kind, &svc.metadata).map_err(|m| in_doc(Some("metadata.name".into()), m))?;
+                    remember(seen, &kind, &svc.metadata)
+                        .map_err(|m| in_doc(Some("metadata.name".into()), m))?;
                     out.services.push(svc);
                 }
                 ("discovery.k8s.io/v1", "EndpointSlice") => {
                     let slice: EndpointSlice = typed(item).map_err(|(f, m)| in_doc(f, m))?;
                     validate_slice(&slice).map_err(|(f, m)| in_doc(Some(f), m))?;
-                    remember(seen, &kind, &slice.metadata).map_err(|m| in_doc(Some("metadata.name".into()), m))?;
+                    remember(seen, &kind, &slice.metadata)
+                        .map_err(|m| in_doc(Some("metadata.name".into()), m))?;
                     out.endpoint_slices.push(slice);
                 }
                 ("v1", "Node") => {
                     let node: Node = typed(item).map_err(|(f, m)| in_doc(f, m))?;
-                    remember(seen, &kind, &node.metadata).map_err(|m| in_doc(Some("metadata.name".into()), m))?;
+                    remember(seen, &kind, &node.metadata)
+                        .map_err(|m| in_doc(Some("metadata.name".into()), m))?;
                     out.nodes.push(node);
                 }
                 ("", _) | (_, "") => {
                     return Err(in_doc(
-                        Some(if api_version.is_empty() { "apiVersion" } else { "kind" }.into()),
+                        Some(
+                            if api_version.is_empty() {
+                                "apiVersion"
+                            } else {
+                                "kind"
+                            }
+                            .into(),
+                        ),
                         "missing; every object needs apiVersion and kind".into(),
                     ));
                 }
@@ -178,24 +209,41 @@ fn validate_service(svc: &Service) -> Result<(), Invalid> {
     if let Some(ip) = &spec.cluster_ip
         && !ip_ok(ip)
     {
-        return Err(("spec.clusterIP".into(), format!("{ip:?} is not a valid IP address or \"None\"")));
+        return Err((
+            "spec.clusterIP".into(),
+            format!("{ip:?} is not a valid IP address or \"None\""),
+        ));
     }
     for (i, ip) in spec.cluster_ips.iter().flatten().enumerate() {
         if !ip_ok(ip) {
-            return Err((format!("spec.clusterIPs[{i}]"), format!("{ip:?} is not a valid IP address")));
+            return Err((
+                format!("spec.clusterIPs[{i}]"),
+                format!("{ip:?} is not a valid IP address"),
+            ));
         }
     }
     for (i, port) in spec.ports.iter().flatten().enumerate() {
         if !(1..=65535).contains(&port.port) {
-            return Err((format!("spec.ports[{i}].port"), format!("{} must be between 1 and 65535", port.port)));
+            return Err((
+                format!("spec.ports[{i}].port"),
+                format!("{} must be between 1 and 65535", port.port),
+            ));
         }
         if let Some(p) = &port.protocol
             && !matches!(p.as_str(), "TCP" | "UDP" | "SCTP")
         {
-            return Err((format!("spec.ports[{i}].protocol"), format!("{p:?} must be TCP, UDP or SCTP")));
+            return Err((
+                format!("spec.ports[{i}].protocol"),
+                format!("{p:?} must be TCP, UDP or SCTP"),
+            ));
         }
-        if spec.ports.as_ref().is_some_and(|ps| ps.len() > 1) && port.name.as_deref().unwrap_or("").is_empty() {
-            return Err((format!("spec.ports[{i}].name"), "required when a service has more than one port".into()));
+        if spec.ports.as_ref().is_some_and(|ps| ps.len() > 1)
+            && port.name.as_deref().unwrap_or("").is_empty()
+        {
+            return Err((
+                format!("spec.ports[{i}].name"),
+                "required when a service has more than one port".into(),
+            ));
         }
     }
     Ok(())
@@ -204,11 +252,17 @@ fn validate_service(svc: &Service) -> Result<(), Invalid> {
 fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
     let family = slice.address_type.as_str();
     if !matches!(family, "IPv4" | "IPv6" | "FQDN") {
-        return Err(("addressType".into(), format!("{family:?} must be IPv4, IPv6 or FQDN")));
+        return Err((
+            "addressType".into(),
+            format!("{family:?} must be IPv4, IPv6 or FQDN"),
+        ));
     }
     for (i, ep) in slice.endpoints.iter().flatten().enumerate() {
         if ep.addresses.is_empty() {
-            return Err((format!("endpoints[{i}].addresses"), "must hold at least one address".into()));
+            return Err((
+                format!("endpoints[{i}].addresses"),
+                "must hold at least one address".into(),
+            ));
         }
         for (j, addr) in ep.addresses.iter().enumerate() {
             let ok = match family {
@@ -217,7 +271,10 @@ fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
                 _ => true,
             };
             if !ok {
-                return Err((format!("endpoints[{i}].addresses[{j}]"), format!("{addr:?} is not a valid {family} address")));
+                return Err((
+                    format!("endpoints[{i}].addresses[{j}]"),
+                    format!("{addr:?} is not a valid {family} address"),
+                ));
             }
         }
     }
@@ -225,7 +282,10 @@ fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
         if let Some(p) = port.port
             && !(1..=65535).contains(&p)
         {
-            return Err((format!("ports[{i}].port"), format!("{p} must be between 1 and 65535")));
+            return Err((
+                format!("ports[{i}].port"),
+                format!("{p} must be between 1 and 65535"),
+            ));
         }
     }
     Ok(())

@@ -30,21 +30,43 @@ pub struct Frame {
 
 impl Frame {
     pub fn tcp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Self {
-        Self { src, dst, sport, dport, proto: proto::TCP }
+        Self {
+            src,
+            dst,
+            sport,
+            dport,
+            proto: proto::TCP,
+        }
     }
 
     pub fn udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Self {
-        Self { src, dst, sport, dport, proto: proto::UDP }
+        Self {
+            src,
+            dst,
+            sport,
+            dport,
+            proto: proto::UDP,
+        }
     }
 
     /// The reverse direction of this frame.
     pub fn reply(&self) -> Self {
-        Self { src: self.dst, dst: self.src, sport: self.dport, dport: self.sport, proto: self.proto }
+        Self {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+        }
     }
 
     /// An Ethernet + IPv4 + TCP (SYN) or UDP frame with `payload` and valid checksums.
     pub fn build(&self, payload: &[u8]) -> Vec<u8> {
-        let l4_len = if self.proto == proto::TCP { TCP_HLEN } else { UDP_HLEN } + payload.len();
+        let l4_len = if self.proto == proto::TCP {
+            TCP_HLEN
+        } else {
+            UDP_HLEN
+        } + payload.len();
         let mut pkt = vec![0u8; ETH_HLEN + IPV4_HLEN + l4_len];
         pkt[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x02]);
         pkt[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
@@ -96,7 +118,11 @@ impl Frame {
 /// Offset of the L4 checksum field within the frame.
 pub fn l4_checksum_offset(pkt: &[u8]) -> usize {
     let l4 = ETH_HLEN + (pkt[ETH_HLEN] & 0x0f) as usize * 4;
-    if pkt[ETH_HLEN + 9] == proto::TCP { l4 + 16 } else { l4 + 6 }
+    if pkt[ETH_HLEN + 9] == proto::TCP {
+        l4 + 16
+    } else {
+        l4 + 6
+    }
 }
 
 /// Recomputes the IPv4 header and TCP/UDP checksums in place.
@@ -162,8 +188,18 @@ mod tests {
     #[test]
     fn built_frames_verify_and_parse_back() {
         for f in [
-            Frame::tcp(Ipv4Addr::new(198, 18, 0, 1), 40000, Ipv4Addr::new(198, 19, 0, 1), 80),
-            Frame::udp(Ipv4Addr::new(198, 18, 0, 1), 40000, Ipv4Addr::new(198, 19, 0, 1), 53),
+            Frame::tcp(
+                Ipv4Addr::new(198, 18, 0, 1),
+                40000,
+                Ipv4Addr::new(198, 19, 0, 1),
+                80,
+            ),
+            Frame::udp(
+                Ipv4Addr::new(198, 18, 0, 1),
+                40000,
+                Ipv4Addr::new(198, 19, 0, 1),
+                53,
+            ),
         ] {
             let pkt = f.build(b"hello");
             assert!(checksums_valid(&pkt));
@@ -177,6 +213,9 @@ mod tests {
     #[test]
     fn checksum_matches_rfc1071_example() {
         // RFC 1071 section 3 example: the sum of these words is 0xddf2.
-        assert_eq!(checksum(&[&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]]), !0xddf2);
+        assert_eq!(
+            checksum(&[&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]]),
+            !0xddf2
+        );
     }
 }

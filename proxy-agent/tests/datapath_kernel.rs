@@ -22,7 +22,11 @@ const TC_ACT_SHOT: i32 = 2;
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
 const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 11);
-const BACKENDS: [Ipv4Addr; 3] = [Ipv4Addr::new(198, 18, 2, 2), Ipv4Addr::new(198, 18, 2, 3), Ipv4Addr::new(198, 18, 2, 4)];
+const BACKENDS: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(198, 18, 2, 2),
+    Ipv4Addr::new(198, 18, 2, 3),
+    Ipv4Addr::new(198, 18, 2, 4),
+];
 const TARGET_PORT: u16 = 8080;
 
 struct Fixture {
@@ -36,7 +40,12 @@ impl Fixture {
     fn new() -> Self {
         let mut ebpf = datapath::load().expect("load the eBPF object (are we root?)");
         let (maps, stats) = datapath::kernel_maps(&mut ebpf).unwrap();
-        let mut f = Self { ebpf, maps, stats, programmer: Programmer::new() };
+        let mut f = Self {
+            ebpf,
+            maps,
+            stats,
+            programmer: Programmer::new(),
+        };
         f.program(&BACKENDS);
         f
     }
@@ -57,8 +66,22 @@ impl Fixture {
             })
             .collect();
         let svc = |name: &str, vip: Ipv4Addr, port: u16, protocol: Protocol, eps: Vec<Endpoint>| {
-            let name = ServicePortName { namespace: "default".into(), name: name.into(), port_name: protocol.to_string(), protocol };
-            (name.clone(), DesiredService { name, cluster_ips: vec![IpAddr::V4(vip)], port, protocol, cluster_endpoints: eps })
+            let name = ServicePortName {
+                namespace: "default".into(),
+                name: name.into(),
+                port_name: protocol.to_string(),
+                protocol,
+            };
+            (
+                name.clone(),
+                DesiredService {
+                    name,
+                    cluster_ips: vec![IpAddr::V4(vip)],
+                    port,
+                    protocol,
+                    cluster_endpoints: eps,
+                },
+            )
         };
         let state = DesiredState {
             services: [
@@ -69,7 +92,9 @@ impl Fixture {
             .into_iter()
             .collect(),
         };
-        self.programmer.sync(&state, &mut self.maps).expect("programming the maps");
+        self.programmer
+            .sync(&state, &mut self.maps)
+            .expect("programming the maps");
     }
 
     fn run(&self, pkt: &[u8]) -> test_run::Outcome {
@@ -97,7 +122,10 @@ fn assert_rewritten(input: &[u8], out: &[u8], expect: Frame) {
             buf[range].fill(0);
         }
     }
-    assert_eq!(normalized, want, "bytes outside addresses, ports and checksums changed");
+    assert_eq!(
+        normalized, want,
+        "bytes outside addresses, ports and checksums changed"
+    );
 }
 
 fn backend_of(pkt: &[u8]) -> Ipv4Addr {
@@ -113,7 +141,15 @@ fn new_tcp_flow_is_dnatted_to_a_backend_with_valid_checksums() {
     assert_eq!(out.verdict, TC_ACT_OK);
     let backend = backend_of(&out.packet);
     assert!(BACKENDS.contains(&backend), "{backend} is not a backend");
-    assert_rewritten(&input, &out.packet, Frame { dst: backend, dport: TARGET_PORT, ..req });
+    assert_rewritten(
+        &input,
+        &out.packet,
+        Frame {
+            dst: backend,
+            dport: TARGET_PORT,
+            ..req
+        },
+    );
     assert_eq!(f.counter(Counter::NewFlow), 1);
 }
 
@@ -132,7 +168,10 @@ fn every_packet_of_a_flow_goes_to_the_same_backend() {
 #[test]
 fn reply_from_the_backend_is_reverse_translated_to_the_vip() {
     let f = Fixture::new();
-    for req in [Frame::tcp(CLIENT, 40002, VIP, 80), Frame::udp(CLIENT, 40002, VIP, 53)] {
+    for req in [
+        Frame::tcp(CLIENT, 40002, VIP, 80),
+        Frame::udp(CLIENT, 40002, VIP, 53),
+    ] {
         let forwarded = f.run(&req.build(b"ping")).packet;
         let backend = Frame::parse(&forwarded).unwrap();
         let reply_in = backend.reply().build(b"pong");
@@ -150,14 +189,26 @@ fn udp_flow_is_dnatted_and_a_zero_checksum_stays_zero() {
     let input = req.build(b"query");
     let out = f.run(&input);
     assert_eq!(out.verdict, TC_ACT_OK);
-    assert_rewritten(&input, &out.packet, Frame { dst: backend_of(&out.packet), dport: TARGET_PORT, ..req });
+    assert_rewritten(
+        &input,
+        &out.packet,
+        Frame {
+            dst: backend_of(&out.packet),
+            dport: TARGET_PORT,
+            ..req
+        },
+    );
 
     let mut no_csum = Frame::udp(CLIENT, 40004, VIP, 53).build(b"query");
     let off = packet::l4_checksum_offset(&no_csum);
     no_csum[off..off + 2].fill(0);
     let out = f.run(&no_csum);
     assert_eq!(out.verdict, TC_ACT_OK);
-    assert_eq!(out.packet[off..off + 2], [0, 0], "UDP checksum 0 means none and must stay 0");
+    assert_eq!(
+        out.packet[off..off + 2],
+        [0, 0],
+        "UDP checksum 0 means none and must stay 0"
+    );
     assert!(checksums_valid(&out.packet));
 }
 
@@ -174,7 +225,10 @@ fn traffic_to_a_non_service_address_is_untouched() {
 #[test]
 fn traffic_to_an_unknown_port_of_a_vip_is_untouched() {
     let f = Fixture::new();
-    for input in [Frame::tcp(CLIENT, 40006, VIP, 81).build(b"x"), Frame::udp(CLIENT, 40006, VIP, 80).build(b"x")] {
+    for input in [
+        Frame::tcp(CLIENT, 40006, VIP, 81).build(b"x"),
+        Frame::udp(CLIENT, 40006, VIP, 80).build(b"x"),
+    ] {
         let out = f.run(&input);
         assert_eq!(out.verdict, TC_ACT_OK);
         assert_eq!(out.packet, input);
@@ -214,7 +268,10 @@ fn new_flows_are_spread_over_all_backends() {
     let mut hits = [0u32; 3];
     for sport in 0..300u16 {
         let out = f.run(&Frame::tcp(CLIENT, 20000 + sport, VIP, 80).build(b""));
-        let idx = BACKENDS.iter().position(|b| *b == backend_of(&out.packet)).expect("a backend");
+        let idx = BACKENDS
+            .iter()
+            .position(|b| *b == backend_of(&out.packet))
+            .expect("a backend");
         hits[idx] += 1;
     }
     assert!(hits.iter().all(|h| *h >= 50), "uneven spread {hits:?}");

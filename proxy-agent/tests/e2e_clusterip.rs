@@ -5,11 +5,7 @@
 
 mod support;
 
-use std::{
-    collections::BTreeMap,
-    fs,
-    time::Duration,
-};
+use std::{collections::BTreeMap, fs, time::Duration};
 
 use support::{Agent, sock, wait_for};
 use testbed::{Cni, Testbed, netns, servers};
@@ -37,7 +33,9 @@ fn slice_yaml(pod_ips: &[String]) -> String {
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: whoami-1\n  namespace: demo\n  labels: {kubernetes.io/service-name: whoami}\naddressType: IPv4\nports:\n  - {name: http, protocol: TCP, port: 8080}\n  - {name: dns, protocol: UDP, port: 8080}\nendpoints:\n",
     );
     for ip in pod_ips {
-        s.push_str(&format!("  - addresses: [{ip}]\n    conditions: {{ready: true}}\n    nodeName: node-a\n"));
+        s.push_str(&format!(
+            "  - addresses: [{ip}]\n    conditions: {{ready: true}}\n    nodeName: node-a\n"
+        ));
     }
     s
 }
@@ -51,7 +49,8 @@ fn exercise(client_ns: &str, count: usize) -> (BTreeMap<String, usize>, BTreeMap
         for _ in 0..count {
             let id = servers::tcp_identity(sock(VIP), TIMEOUT).expect("TCP to the ClusterIP");
             *tcp.entry(id).or_insert(0) += 1;
-            let (id, from) = servers::udp_identity(sock(VIP), TIMEOUT).expect("UDP to the ClusterIP");
+            let (id, from) =
+                servers::udp_identity(sock(VIP), TIMEOUT).expect("UDP to the ClusterIP");
             assert_eq!(from, sock(VIP), "UDP reply must come from the VIP:port");
             *udp.entry(id).or_insert(0) += 1;
         }
@@ -78,7 +77,10 @@ fn clusterip_end_to_end(cni: Cni) {
     let c = client.clone();
     wait_for(Duration::from_secs(20), "the ClusterIP to answer", || {
         let c = c.clone();
-        netns::run_in(&c, || servers::tcp_identity(sock(VIP), Duration::from_millis(300)).ok()).unwrap()
+        netns::run_in(&c, || {
+            servers::tcp_identity(sock(VIP), Duration::from_millis(300)).ok()
+        })
+        .unwrap()
     });
 
     // 300 connections of each protocol reach all three backends, each at least 1/6.
@@ -95,29 +97,58 @@ fn clusterip_end_to_end(cni: Cni) {
     fs::write(dir.path().join("slice.yaml"), slice_yaml(&ips[..2])).unwrap();
     std::thread::sleep(Duration::from_secs(1));
     let (tcp, udp) = exercise(&client, 100);
-    assert!(!tcp.contains_key("whoami-2") && !udp.contains_key("whoami-2"), "removed backend reached: {tcp:?} {udp:?}");
+    assert!(
+        !tcp.contains_key("whoami-2") && !udp.contains_key("whoami-2"),
+        "removed backend reached: {tcp:?} {udp:?}"
+    );
 
     // Bad input is rejected with the file and field named, and the last good state stays.
-    fs::write(dir.path().join("slice.yaml"), slice_yaml(&["198.18.1.999".to_string()])).unwrap();
+    fs::write(
+        dir.path().join("slice.yaml"),
+        slice_yaml(&["198.18.1.999".to_string()]),
+    )
+    .unwrap();
     std::thread::sleep(Duration::from_secs(1));
     let log = agent.log_text();
-    assert!(log.contains("manifests rejected"), "no rejection logged:\n{log}");
-    assert!(log.contains("slice.yaml") && log.contains("endpoints[0].addresses[0]"), "error must name file and field:\n{log}");
+    assert!(
+        log.contains("manifests rejected"),
+        "no rejection logged:\n{log}"
+    );
+    assert!(
+        log.contains("slice.yaml") && log.contains("endpoints[0].addresses[0]"),
+        "error must name file and field:\n{log}"
+    );
     let (tcp, _) = exercise(&client, 30);
-    assert!(tcp.keys().all(|k| k == "whoami-0" || k == "whoami-1"), "{tcp:?}");
+    assert!(
+        tcp.keys().all(|k| k == "whoami-0" || k == "whoami-1"),
+        "{tcp:?}"
+    );
 
     // SIGTERM: clean exit, programs detached, the VIP no longer translated.
     let status = agent.stop();
-    assert!(status.success(), "agent exit {status:?}:\n{}", agent.log_text());
+    assert!(
+        status.success(),
+        "agent exit {status:?}:\n{}",
+        agent.log_text()
+    );
     assert!(agent.log_text().contains("programs detached"));
-    let still = netns::run_in(&client, || servers::tcp_identity(sock(VIP), Duration::from_millis(500)).is_ok()).unwrap();
-    assert!(!still, "the ClusterIP still answers after the agent stopped");
+    let still = netns::run_in(&client, || {
+        servers::tcp_identity(sock(VIP), Duration::from_millis(500)).is_ok()
+    })
+    .unwrap();
+    assert!(
+        !still,
+        "the ClusterIP still answers after the agent stopped"
+    );
     let attached = std::process::Command::new("ip")
         .args(["netns", "exec", &tb.node_ns, "bpftool", "net", "show"])
         .output()
         .expect("bpftool");
     let listing = String::from_utf8_lossy(&attached.stdout);
-    assert!(attached.status.success() && !listing.contains("tc_from_pod"), "programs still attached:\n{listing}");
+    assert!(
+        attached.status.success() && !listing.contains("tc_from_pod"),
+        "programs still attached:\n{listing}"
+    );
 }
 
 #[test]
@@ -135,21 +166,35 @@ fn new_pod_interfaces_are_attached_while_running() {
     let mut tb = Testbed::new(Cni::Routed, &["whoami-0", "client"]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("service.yaml"), service_yaml()).unwrap();
-    fs::write(dir.path().join("slice.yaml"), slice_yaml(&["198.18.1.10".into()])).unwrap();
+    fs::write(
+        dir.path().join("slice.yaml"),
+        slice_yaml(&["198.18.1.10".into()]),
+    )
+    .unwrap();
     let _server = servers::IdentityServer::start(&tb.pod("whoami-0").ns, "whoami-0", 8080).unwrap();
     let mut agent = Agent::start(&tb.node_ns, dir.path(), dir.path().join("agent.log"));
     let client = tb.pod("client").ns.clone();
     wait_for(Duration::from_secs(20), "the ClusterIP to answer", || {
         let c = client.clone();
-        netns::run_in(&c, || servers::tcp_identity(sock(VIP), Duration::from_millis(300)).ok()).unwrap()
+        netns::run_in(&c, || {
+            servers::tcp_identity(sock(VIP), Duration::from_millis(300)).ok()
+        })
+        .unwrap()
     });
     // The client pod goes away and a new one comes up on a fresh veth.
     tb.remove_pod("client");
     let late = tb.add_pod("late-client").unwrap().ns;
-    let reached = wait_for(Duration::from_secs(5), "the new pod's veth to be attached", || {
-        let ns = late.clone();
-        netns::run_in(&ns, || servers::tcp_identity(sock(VIP), Duration::from_millis(300)).ok()).unwrap()
-    });
+    let reached = wait_for(
+        Duration::from_secs(5),
+        "the new pod's veth to be attached",
+        || {
+            let ns = late.clone();
+            netns::run_in(&ns, || {
+                servers::tcp_identity(sock(VIP), Duration::from_millis(300)).ok()
+            })
+            .unwrap()
+        },
+    );
     assert_eq!(reached, "whoami-0");
     assert!(agent.stop().success());
 }

@@ -34,7 +34,15 @@ impl CtKey {
         proto: u8,
         direction: CtDirection,
     ) -> Self {
-        Self { saddr_be, daddr_be, sport_be, dport_be, proto, direction: direction as u8, _pad: [0; 2] }
+        Self {
+            saddr_be,
+            daddr_be,
+            sport_be,
+            dport_be,
+            proto,
+            direction: direction as u8,
+            _pad: [0; 2],
+        }
     }
 }
 

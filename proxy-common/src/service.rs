@@ -18,7 +18,13 @@ pub struct ServiceKey {
 
 impl ServiceKey {
     pub const fn frontend(addr_be: u32, port_be: u16, proto: u8) -> Self {
-        Self { addr_be, port_be, slot: 0, proto, _pad: [0; 3] }
+        Self {
+            addr_be,
+            port_be,
+            slot: 0,
+            proto,
+            _pad: [0; 3],
+        }
     }
 
     pub const fn with_slot(self, slot: u16) -> Self {
@@ -41,10 +47,22 @@ pub struct ServiceValue {
 
 impl ServiceValue {
     pub const fn frontend(count: u16, service_id: u16, flags: u16) -> Self {
-        Self { backend_id: 0, count, service_id, flags, _pad: 0 }
+        Self {
+            backend_id: 0,
+            count,
+            service_id,
+            flags,
+            _pad: 0,
+        }
     }
 
     pub const fn slot(backend_id: u32, service_id: u16) -> Self {
-        Self { backend_id, count: 0, service_id, flags: 0, _pad: 0 }
+        Self {
+            backend_id,
+            count: 0,
+            service_id,
+            flags: 0,
+            _pad: 0,
+        }
     }
 }

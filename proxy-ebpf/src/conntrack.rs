@@ -21,7 +21,11 @@ pub fn lookup(key: &CtKey, now: u64) -> Option<CtValue> {
     let entry = CONNTRACK.get_ptr_mut(key)?;
     // SAFETY: the pointer from the map lookup stays valid for this program run.
     let entry = unsafe { &mut *entry };
-    let timeout = if key.proto == proto::TCP { TCP_IDLE_TIMEOUT_NS } else { UDP_IDLE_TIMEOUT_NS };
+    let timeout = if key.proto == proto::TCP {
+        TCP_IDLE_TIMEOUT_NS
+    } else {
+        UDP_IDLE_TIMEOUT_NS
+    };
     let idle = now.saturating_sub(entry.last_seen_ns);
     if idle > timeout {
         return None;
@@ -34,5 +38,7 @@ pub fn lookup(key: &CtKey, now: u64) -> Option<CtValue> {
 
 #[inline(always)]
 pub fn insert(key: &CtKey, value: &CtValue) -> Result<(), Counter> {
-    CONNTRACK.insert(key, value, 0).map_err(|_| Counter::DropConntrackFull)
+    CONNTRACK
+        .insert(key, value, 0)
+        .map_err(|_| Counter::DropConntrackFull)
 }

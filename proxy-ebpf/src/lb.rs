@@ -15,7 +15,8 @@ pub fn select(key: &ServiceKey, frontend: &ServiceValue) -> Result<(BackendId, B
     let random = unsafe { bpf_get_prandom_u32() };
     let slot = (random % frontend.count as u32) as u16 + 1;
     // SAFETY: map values are plain data and copied out immediately.
-    let slot_value = unsafe { SERVICES.get(&key.with_slot(slot)) }.ok_or(Counter::DropBackendMissing)?;
+    let slot_value =
+        unsafe { SERVICES.get(&key.with_slot(slot)) }.ok_or(Counter::DropBackendMissing)?;
     let backend_id = slot_value.backend_id;
     let backend = backend(backend_id).ok_or(Counter::DropBackendMissing)?;
     Ok((backend_id, backend))

@@ -10,7 +10,8 @@ use proxy_common::{
 
 // The static names must equal the constants in `proxy_common::maps`.
 #[map]
-pub static SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::with_max_entries(MAX_SERVICE_ENTRIES, 0);
+pub static SERVICES: HashMap<ServiceKey, ServiceValue> =
+    HashMap::with_max_entries(MAX_SERVICE_ENTRIES, 0);
 
 #[map]
 pub static BACKENDS: HashMap<BackendId, Backend> = HashMap::with_max_entries(MAX_BACKENDS, 0);

@@ -20,23 +20,40 @@ pub enum Side {
 
 /// Rewrites the source or destination address and port of `pkt`.
 #[inline(always)]
-pub fn rewrite(ctx: &TcContext, pkt: &Packet, side: Side, addr_be: u32, port_be: u16) -> Result<(), Counter> {
+pub fn rewrite(
+    ctx: &TcContext,
+    pkt: &Packet,
+    side: Side,
+    addr_be: u32,
+    port_be: u16,
+) -> Result<(), Counter> {
     let (old_addr, addr_off, old_port, port_off) = match side {
         Side::Source => (pkt.saddr_be, IP_SADDR_OFF, pkt.sport_be, pkt.l4_off),
         Side::Destination => (pkt.daddr_be, IP_DADDR_OFF, pkt.dport_be, pkt.l4_off + 2),
     };
     // A zero UDP checksum means "none" and must stay zero.
-    let mangled = if pkt.proto == proto::UDP { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
+    let mangled = if pkt.proto == proto::UDP {
+        BPF_F_MARK_MANGLED_0 as u64
+    } else {
+        0
+    };
     let csum_off = pkt.l4_csum_off();
     let failed = |_| Counter::DropRewriteFailed;
     if old_addr != addr_be {
-        ctx.l4_csum_replace(csum_off, old_addr as u64, addr_be as u64, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
+        ctx.l4_csum_replace(
+            csum_off,
+            old_addr as u64,
+            addr_be as u64,
+            BPF_F_PSEUDO_HDR as u64 | mangled | 4,
+        )
+        .map_err(failed)?;
+        ctx.l3_csum_replace(IP_CSUM_OFF, old_addr as u64, addr_be as u64, 4)
             .map_err(failed)?;
-        ctx.l3_csum_replace(IP_CSUM_OFF, old_addr as u64, addr_be as u64, 4).map_err(failed)?;
         ctx.store(addr_off, &addr_be, 0).map_err(failed)?;
     }
     if old_port != port_be {
-        ctx.l4_csum_replace(csum_off, old_port as u64, port_be as u64, mangled | 2).map_err(failed)?;
+        ctx.l4_csum_replace(csum_off, old_port as u64, port_be as u64, mangled | 2)
+            .map_err(failed)?;
         ctx.store(port_off, &port_be, 0).map_err(failed)?;
     }
     Ok(())

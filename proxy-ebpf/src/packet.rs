@@ -22,7 +22,11 @@ pub struct Packet {
 impl Packet {
     /// Offset of the L4 checksum field.
     pub fn l4_csum_off(&self) -> usize {
-        if self.proto == proto::TCP { self.l4_off + 16 } else { self.l4_off + 6 }
+        if self.proto == proto::TCP {
+            self.l4_off + 16
+        } else {
+            self.l4_off + 6
+        }
     }
 }
 
@@ -53,7 +57,9 @@ struct Ipv4Hdr {
 /// `Err`: a packet that claims to be IPv4 TCP/UDP but is truncated.
 #[inline(always)]
 pub fn parse(ctx: &TcContext) -> Result<Option<Packet>, Counter> {
-    let Some(ethertype) = ptr_at::<u16>(ctx, 12) else { return Ok(None) };
+    let Some(ethertype) = ptr_at::<u16>(ctx, 12) else {
+        return Ok(None);
+    };
     // SAFETY: bounds checked by ptr_at.
     if u16::from_be(unsafe { *ethertype }) != ETH_P_IP {
         return Ok(None);
@@ -85,5 +91,12 @@ pub fn parse(ctx: &TcContext) -> Result<Option<Packet>, Counter> {
     let ports = ptr_at::<[u16; 2]>(ctx, l4_off).ok_or(Counter::DropMalformed)?;
     // SAFETY: bounds checked by ptr_at.
     let [sport_be, dport_be] = unsafe { *ports };
-    Ok(Some(Packet { saddr_be, daddr_be, sport_be, dport_be, proto, l4_off }))
+    Ok(Some(Packet {
+        saddr_be,
+        daddr_be,
+        sport_be,
+        dport_be,
+        proto,
+        l4_off,
+    }))
 }

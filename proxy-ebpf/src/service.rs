@@ -13,7 +13,9 @@ use crate::{
 
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> Result<i32, Counter> {
-    let Some(pkt) = packet::parse(ctx)? else { return Ok(TC_ACT_OK) };
+    let Some(pkt) = packet::parse(ctx)? else {
+        return Ok(TC_ACT_OK);
+    };
     count(Counter::Packets);
     let now = conntrack::now_ns();
 
@@ -40,7 +42,9 @@ pub fn handle(ctx: &TcContext) -> Result<i32, Counter> {
 
     let key = ServiceKey::frontend(pkt.daddr_be, pkt.dport_be, pkt.proto);
     // SAFETY: map values are plain data and copied out immediately.
-    let Some(frontend) = (unsafe { SERVICES.get(&key) }).copied() else { return Ok(TC_ACT_OK) };
+    let Some(frontend) = (unsafe { SERVICES.get(&key) }).copied() else {
+        return Ok(TC_ACT_OK);
+    };
     let (backend_id, backend) = lb::select(&key, &frontend)?;
 
     let forward = CtValue {
@@ -60,16 +64,33 @@ pub fn handle(ctx: &TcContext) -> Result<i32, Counter> {
         pkt.proto,
         CtDirection::Reply,
     );
-    let reply = CtValue { nat_addr_be: pkt.daddr_be, nat_port_be: pkt.dport_be, ..forward };
+    let reply = CtValue {
+        nat_addr_be: pkt.daddr_be,
+        nat_port_be: pkt.dport_be,
+        ..forward
+    };
     // Reply state first: a reply can never arrive before the request is forwarded.
     conntrack::insert(&reply_key, &reply)?;
     conntrack::insert(&forward_key, &forward)?;
-    nat::rewrite(ctx, &pkt, Side::Destination, backend.addr_be, backend.port_be)?;
+    nat::rewrite(
+        ctx,
+        &pkt,
+        Side::Destination,
+        backend.addr_be,
+        backend.port_be,
+    )?;
     count(Counter::NewFlow);
     Ok(TC_ACT_OK)
 }
 
 #[inline(always)]
 fn tuple(pkt: &Packet, direction: CtDirection) -> CtKey {
-    CtKey::new(pkt.saddr_be, pkt.daddr_be, pkt.sport_be, pkt.dport_be, pkt.proto, direction)
+    CtKey::new(
+        pkt.saddr_be,
+        pkt.daddr_be,
+        pkt.sport_be,
+        pkt.dport_be,
+        pkt.proto,
+        direction,
+    )
 }

@@ -7,7 +7,10 @@ use std::{
     sync::{Mutex, Once},
 };
 
-use signal_hook::{consts::{SIGINT, SIGTERM}, iterator::Signals};
+use signal_hook::{
+    consts::{SIGINT, SIGTERM},
+    iterator::Signals,
+};
 
 use crate::netns;
 
@@ -19,7 +22,9 @@ static HANDLER: Once = Once::new();
 
 pub fn register(ns: &str) {
     install_signal_handler();
-    LIVE.lock().unwrap_or_else(|e| e.into_inner()).insert(ns.to_owned());
+    LIVE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(ns.to_owned());
 }
 
 pub fn release(ns: &str) {
@@ -29,14 +34,24 @@ pub fn release(ns: &str) {
 
 fn install_signal_handler() {
     HANDLER.call_once(|| {
-        let Ok(mut signals) = Signals::new([SIGINT, SIGTERM]) else { return };
+        let Ok(mut signals) = Signals::new([SIGINT, SIGTERM]) else {
+            return;
+        };
         std::thread::spawn(move || {
             if let Some(sig) = signals.forever().next() {
-                let names: Vec<String> = LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
+                let names: Vec<String> = LIVE
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .cloned()
+                    .collect();
                 for ns in &names {
                     netns::delete(ns);
                 }
-                eprintln!("testbed: signal {sig}: removed {} namespace(s)", names.len());
+                eprintln!(
+                    "testbed: signal {sig}: removed {} namespace(s)",
+                    names.len()
+                );
                 std::process::exit(128 + sig);
             }
         });
@@ -45,10 +60,14 @@ fn install_signal_handler() {
 
 /// Removes namespaces left by testbed processes that no longer exist.
 pub fn sweep_stale() {
-    let Ok(entries) = std::fs::read_dir("/run/netns") else { return };
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(PREFIX) else { continue };
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            continue;
+        };
         let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
         if let Ok(pid) = pid.parse::<u32>()
             && !std::path::Path::new(&format!("/proc/{pid}")).exists()

@@ -62,7 +62,12 @@ impl Testbed {
     /// and an external client.
     pub fn new(cni: Cni, pod_names: &[&str]) -> anyhow::Result<Self> {
         cleanup::sweep_stale();
-        let id = format!("{}{}x{}", cleanup::PREFIX, std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
+        let id = format!(
+            "{}{}x{}",
+            cleanup::PREFIX,
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
         let mut tb = Testbed {
             node_ns: format!("{id}-node"),
             external_ns: format!("{id}-ext"),
@@ -74,7 +79,8 @@ impl Testbed {
         };
         tb.add_ns(&tb.node_ns.clone())?;
         tb.setup_node().context("setting up the node namespace")?;
-        tb.setup_external().context("setting up the external client")?;
+        tb.setup_external()
+            .context("setting up the external client")?;
         for name in pod_names {
             tb.add_pod(name)?;
         }
@@ -93,10 +99,22 @@ impl Testbed {
         netns::sysctl(&self.node_ns, "net.ipv4.conf.all.rp_filter", "0")?;
         netns::sysctl(&self.node_ns, "net.ipv4.conf.default.rp_filter", "0")?;
         match self.cni {
-            Cni::Routed => netns::ip(ns, &["addr", "add", &format!("{ROUTED_GATEWAY}/32"), "dev", "lo"]),
+            Cni::Routed => netns::ip(
+                ns,
+                &["addr", "add", &format!("{ROUTED_GATEWAY}/32"), "dev", "lo"],
+            ),
             Cni::Bridge => {
                 netns::ip(ns, &["link", "add", BRIDGE_NAME, "type", "bridge"])?;
-                netns::ip(ns, &["addr", "add", &format!("{BRIDGE_GATEWAY}/24"), "dev", BRIDGE_NAME])?;
+                netns::ip(
+                    ns,
+                    &[
+                        "addr",
+                        "add",
+                        &format!("{BRIDGE_GATEWAY}/24"),
+                        "dev",
+                        BRIDGE_NAME,
+                    ],
+                )?;
                 netns::ip(ns, &["link", "set", BRIDGE_NAME, "up"])
             }
         }
@@ -106,13 +124,54 @@ impl Testbed {
         let ext = self.external_ns.clone();
         self.add_ns(&ext)?;
         let node = Some(self.node_ns.as_str());
-        netns::ip(node, &["link", "add", NODE_EXTERNAL_IFACE, "type", "veth", "peer", "name", "eth0", "netns", &ext])?;
-        netns::ip(node, &["addr", "add", &format!("{NODE_EXTERNAL_IP}/24"), "dev", NODE_EXTERNAL_IFACE])?;
+        netns::ip(
+            node,
+            &[
+                "link",
+                "add",
+                NODE_EXTERNAL_IFACE,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                &ext,
+            ],
+        )?;
+        netns::ip(
+            node,
+            &[
+                "addr",
+                "add",
+                &format!("{NODE_EXTERNAL_IP}/24"),
+                "dev",
+                NODE_EXTERNAL_IFACE,
+            ],
+        )?;
         netns::ip(node, &["link", "set", NODE_EXTERNAL_IFACE, "up"])?;
         let ext = Some(ext.as_str());
-        netns::ip(ext, &["addr", "add", &format!("{EXTERNAL_CLIENT_IP}/24"), "dev", "eth0"])?;
+        netns::ip(
+            ext,
+            &[
+                "addr",
+                "add",
+                &format!("{EXTERNAL_CLIENT_IP}/24"),
+                "dev",
+                "eth0",
+            ],
+        )?;
         netns::ip(ext, &["link", "set", "eth0", "up"])?;
-        netns::ip(ext, &["route", "add", "default", "via", &NODE_EXTERNAL_IP.to_string()])
+        netns::ip(
+            ext,
+            &[
+                "route",
+                "add",
+                "default",
+                "via",
+                &NODE_EXTERNAL_IP.to_string(),
+            ],
+        )
     }
 
     /// Adds a pod (a namespace on a new veth), as a CNI does when a pod starts.
@@ -121,7 +180,8 @@ impl Testbed {
         let n = self.pods_created;
         self.pods_created += 1;
         let ip = Ipv4Addr::new(198, 18, 1, 10 + u8::try_from(n).context("too many pods")?);
-        self.wire_pod(name, ip, &format!("{POD_VETH_PREFIX}{n}")).with_context(|| format!("setting up pod {name}"))?;
+        self.wire_pod(name, ip, &format!("{POD_VETH_PREFIX}{n}"))
+            .with_context(|| format!("setting up pod {name}"))?;
         Ok(self.pod(name).clone())
     }
 
@@ -130,30 +190,80 @@ impl Testbed {
         let pod_ns = format!("{}-{name}", self.id);
         self.add_ns(&pod_ns)?;
         let node = Some(self.node_ns.as_str());
-        netns::ip(node, &["link", "add", &host_veth, "type", "veth", "peer", "name", "eth0", "netns", &pod_ns])?;
+        netns::ip(
+            node,
+            &[
+                "link", "add", &host_veth, "type", "veth", "peer", "name", "eth0", "netns", &pod_ns,
+            ],
+        )?;
         let pod = Some(pod_ns.as_str());
         match self.cni {
             Cni::Routed => {
                 netns::ip(node, &["link", "set", &host_veth, "up"])?;
-                netns::ip(node, &["route", "add", &format!("{ip}/32"), "dev", &host_veth])?;
+                netns::ip(
+                    node,
+                    &["route", "add", &format!("{ip}/32"), "dev", &host_veth],
+                )?;
                 netns::ip(pod, &["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
                 netns::ip(pod, &["link", "set", "eth0", "up"])?;
-                netns::ip(pod, &["route", "add", &ROUTED_GATEWAY.to_string(), "dev", "eth0", "scope", "link"])?;
-                netns::ip(pod, &["route", "add", "default", "via", &ROUTED_GATEWAY.to_string(), "dev", "eth0"])?;
+                netns::ip(
+                    pod,
+                    &[
+                        "route",
+                        "add",
+                        &ROUTED_GATEWAY.to_string(),
+                        "dev",
+                        "eth0",
+                        "scope",
+                        "link",
+                    ],
+                )?;
+                netns::ip(
+                    pod,
+                    &[
+                        "route",
+                        "add",
+                        "default",
+                        "via",
+                        &ROUTED_GATEWAY.to_string(),
+                        "dev",
+                        "eth0",
+                    ],
+                )?;
             }
             Cni::Bridge => {
-                netns::ip(node, &["link", "set", &host_veth, "master", BRIDGE_NAME, "up"])?;
+                netns::ip(
+                    node,
+                    &["link", "set", &host_veth, "master", BRIDGE_NAME, "up"],
+                )?;
                 netns::ip(pod, &["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
                 netns::ip(pod, &["link", "set", "eth0", "up"])?;
-                netns::ip(pod, &["route", "add", "default", "via", &BRIDGE_GATEWAY.to_string()])?;
+                netns::ip(
+                    pod,
+                    &[
+                        "route",
+                        "add",
+                        "default",
+                        "via",
+                        &BRIDGE_GATEWAY.to_string(),
+                    ],
+                )?;
             }
         }
-        self.pods.push(Pod { name: name.to_owned(), ns: pod_ns, ip, host_veth });
+        self.pods.push(Pod {
+            name: name.to_owned(),
+            ns: pod_ns,
+            ip,
+            host_veth,
+        });
         Ok(())
     }
 
     pub fn pod(&self, name: &str) -> &Pod {
-        self.pods.iter().find(|p| p.name == name).unwrap_or_else(|| panic!("no pod {name} in the testbed"))
+        self.pods
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no pod {name} in the testbed"))
     }
 
     /// Removes a pod and its veth, as a CNI does when a pod is deleted.

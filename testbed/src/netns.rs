@@ -10,9 +10,17 @@ pub fn ip(ns: Option<&str>, args: &[&str]) -> anyhow::Result<()> {
     if let Some(ns) = ns {
         cmd.args(["netns", "exec", ns, "ip"]);
     }
-    let out = cmd.args(args).output().context("running `ip` (is iproute2 installed?)")?;
+    let out = cmd
+        .args(args)
+        .output()
+        .context("running `ip` (is iproute2 installed?)")?;
     if !out.status.success() {
-        bail!("ip {} (netns {}): {}", args.join(" "), ns.unwrap_or("-"), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "ip {} (netns {}): {}",
+            args.join(" "),
+            ns.unwrap_or("-"),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
@@ -20,11 +28,21 @@ pub fn ip(ns: Option<&str>, args: &[&str]) -> anyhow::Result<()> {
 /// Writes a sysctl of namespace `ns` (per-namespace keys only, e.g. net.ipv4.*).
 pub fn sysctl(ns: &str, key: &str, value: &str) -> anyhow::Result<()> {
     let out = Command::new("ip")
-        .args(["netns", "exec", ns, "sysctl", "-qw", &format!("{key}={value}")])
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "sysctl",
+            "-qw",
+            &format!("{key}={value}"),
+        ])
         .output()
         .context("running sysctl")?;
     if !out.status.success() {
-        bail!("sysctl {key}={value} in {ns}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "sysctl {key}={value} in {ns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
@@ -44,8 +62,13 @@ pub fn exists(name: &str) -> bool {
 }
 
 /// Runs `f` on a thread that has entered namespace `ns`: sockets it opens live there.
-pub fn run_in<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> anyhow::Result<T> {
-    spawn_in(ns, f)?.join().map_err(|_| anyhow::anyhow!("thread in netns {ns} panicked"))
+pub fn run_in<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> anyhow::Result<T> {
+    spawn_in(ns, f)?
+        .join()
+        .map_err(|_| anyhow::anyhow!("thread in netns {ns} panicked"))
 }
 
 /// Like [`run_in`] but returns the thread's handle instead of waiting.
@@ -53,7 +76,8 @@ pub fn spawn_in<T: Send + 'static>(
     ns: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> anyhow::Result<thread::JoinHandle<T>> {
-    let file = File::open(format!("/run/netns/{ns}")).with_context(|| format!("opening netns {ns}"))?;
+    let file =
+        File::open(format!("/run/netns/{ns}")).with_context(|| format!("opening netns {ns}"))?;
     Ok(thread::spawn(move || {
         // SAFETY: setns on this thread only; the fd is valid for the call.
         let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };

@@ -36,8 +36,10 @@ impl IdentityServer {
         let seen = Arc::new(Seen::default());
         let stop = Arc::new(AtomicBool::new(false));
         let addr = SocketAddr::from(([0, 0, 0, 0], port));
-        let tcp = netns::run_in(ns, move || TcpListener::bind(addr))?.context("binding the TCP server")?;
-        let udp = netns::run_in(ns, move || UdpSocket::bind(addr))?.context("binding the UDP server")?;
+        let tcp = netns::run_in(ns, move || TcpListener::bind(addr))?
+            .context("binding the TCP server")?;
+        let udp =
+            netns::run_in(ns, move || UdpSocket::bind(addr))?.context("binding the UDP server")?;
         tcp.set_nonblocking(true)?;
         udp.set_read_timeout(Some(Duration::from_millis(50)))?;
         let mut threads = Vec::new();
@@ -68,7 +70,12 @@ impl IdentityServer {
                 }
             }));
         }
-        Ok(Self { identity: identity.to_owned(), seen, stop, threads })
+        Ok(Self {
+            identity: identity.to_owned(),
+            seen,
+            stop,
+            threads,
+        })
     }
 }
 
@@ -84,10 +91,12 @@ impl Drop for IdentityServer {
 /// One TCP connection to `target`: the identity the server sent.
 /// Must run inside the client's namespace (see [`netns::run_in`]).
 pub fn tcp_identity(target: SocketAddr, timeout: Duration) -> anyhow::Result<String> {
-    let mut conn = TcpStream::connect_timeout(&target, timeout).with_context(|| format!("connecting to {target}"))?;
+    let mut conn = TcpStream::connect_timeout(&target, timeout)
+        .with_context(|| format!("connecting to {target}"))?;
     conn.set_read_timeout(Some(timeout))?;
     let mut reply = String::new();
-    conn.read_to_string(&mut reply).context("reading the identity")?;
+    conn.read_to_string(&mut reply)
+        .context("reading the identity")?;
     Ok(reply)
 }
 
@@ -98,6 +107,8 @@ pub fn udp_identity(target: SocketAddr, timeout: Duration) -> anyhow::Result<(St
     sock.set_read_timeout(Some(timeout))?;
     sock.send_to(b"who", target)?;
     let mut buf = [0u8; 1500];
-    let (n, from) = sock.recv_from(&mut buf).with_context(|| format!("no UDP reply from {target}"))?;
+    let (n, from) = sock
+        .recv_from(&mut buf)
+        .with_context(|| format!("no UDP reply from {target}"))?;
     Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), from))
 }

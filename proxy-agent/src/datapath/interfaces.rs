@@ -12,7 +12,9 @@ pub fn matching(prefixes: &[String]) -> io::Result<BTreeMap<String, u32>> {
             continue;
         }
         // The interface may vanish between listing and reading: skip it then.
-        let Ok(index) = fs::read_to_string(format!("/sys/class/net/{name}/ifindex")) else { continue };
+        let Ok(index) = fs::read_to_string(format!("/sys/class/net/{name}/ifindex")) else {
+            continue;
+        };
         if let Ok(index) = index.trim().parse() {
             out.insert(name, index);
         }

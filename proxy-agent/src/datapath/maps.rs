@@ -21,7 +21,10 @@ pub trait ServiceMaps {
     fn put_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError>;
     fn delete_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
     /// Deletes every conntrack entry matching `matches`, returning how many.
-    fn flush_flows(&mut self, matches: &dyn Fn(&CtKey, &CtValue) -> bool) -> Result<usize, MapError>;
+    fn flush_flows(
+        &mut self,
+        matches: &dyn Fn(&CtKey, &CtValue) -> bool,
+    ) -> Result<usize, MapError>;
 }
 
 /// The kernel maps of a loaded datapath.
@@ -39,14 +42,20 @@ fn write_error(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> MapErro
 fn ignore_missing(result: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
     match result {
         Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-        Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        Err(aya::maps::MapError::SyscallError(e))
+            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            Ok(())
+        }
         other => other,
     }
 }
 
 impl ServiceMaps for KernelMaps {
     fn put_backend(&mut self, id: BackendId, backend: &Backend) -> Result<(), MapError> {
-        self.backends.insert(id, backend, 0).map_err(write_error(proxy_common::maps::BACKENDS))
+        self.backends
+            .insert(id, backend, 0)
+            .map_err(write_error(proxy_common::maps::BACKENDS))
     }
 
     fn delete_backend(&mut self, id: BackendId) -> Result<(), MapError> {
@@ -54,14 +63,19 @@ impl ServiceMaps for KernelMaps {
     }
 
     fn put_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError> {
-        self.services.insert(key, value, 0).map_err(write_error(proxy_common::maps::SERVICES))
+        self.services
+            .insert(key, value, 0)
+            .map_err(write_error(proxy_common::maps::SERVICES))
     }
 
     fn delete_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {
         ignore_missing(self.services.remove(key)).map_err(write_error(proxy_common::maps::SERVICES))
     }
 
-    fn flush_flows(&mut self, matches: &dyn Fn(&CtKey, &CtValue) -> bool) -> Result<usize, MapError> {
+    fn flush_flows(
+        &mut self,
+        matches: &dyn Fn(&CtKey, &CtValue) -> bool,
+    ) -> Result<usize, MapError> {
         let doomed: Vec<CtKey> = self
             .conntrack
             .iter()
@@ -70,7 +84,8 @@ impl ServiceMaps for KernelMaps {
             .map(|(k, _)| k)
             .collect();
         for key in &doomed {
-            ignore_missing(self.conntrack.remove(key)).map_err(write_error(proxy_common::maps::CONNTRACK))?;
+            ignore_missing(self.conntrack.remove(key))
+                .map_err(write_error(proxy_common::maps::CONNTRACK))?;
         }
         Ok(doomed.len())
     }

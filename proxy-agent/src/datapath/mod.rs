@@ -27,26 +27,41 @@ use crate::model::DesiredState;
 /// Loads the embedded object into the kernel without attaching anything.
 pub fn load() -> anyhow::Result<Ebpf> {
     if OBJECT.is_empty() {
-        bail!("this binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it");
+        bail!(
+            "this binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it"
+        );
     }
-    let mut ebpf = EbpfLoader::new().load(OBJECT).context("loading the eBPF object into the kernel")?;
+    let mut ebpf = EbpfLoader::new()
+        .load(OBJECT)
+        .context("loading the eBPF object into the kernel")?;
     let prog: &mut SchedClassifier = ebpf
         .program_mut(PROG_FROM_POD)
         .context("program tc_from_pod missing from the object")?
         .try_into()?;
-    prog.load().context("the kernel verifier rejected tc_from_pod")?;
+    prog.load()
+        .context("the kernel verifier rejected tc_from_pod")?;
     Ok(ebpf)
 }
 
 /// Takes the service maps out of a loaded object.
 pub fn kernel_maps(ebpf: &mut Ebpf) -> anyhow::Result<(KernelMaps, PerCpuArray<MapData, u64>)> {
     use proxy_common::maps as names;
-    let take = |ebpf: &mut Ebpf, name: &str| ebpf.take_map(name).with_context(|| format!("map {name} missing"));
+    let take = |ebpf: &mut Ebpf, name: &str| {
+        ebpf.take_map(name)
+            .with_context(|| format!("map {name} missing"))
+    };
     let services = HashMap::try_from(take(ebpf, names::SERVICES)?)?;
     let backends = HashMap::try_from(take(ebpf, names::BACKENDS)?)?;
     let conntrack = HashMap::try_from(take(ebpf, names::CONNTRACK)?)?;
     let stats = PerCpuArray::try_from(take(ebpf, names::STATS)?)?;
-    Ok((KernelMaps { services, backends, conntrack }, stats))
+    Ok((
+        KernelMaps {
+            services,
+            backends,
+            conntrack,
+        },
+        stats,
+    ))
 }
 
 /// A loaded and attached datapath. Dropping it detaches every program
@@ -64,7 +79,14 @@ impl Datapath {
     pub fn new(interface_prefixes: Vec<String>) -> anyhow::Result<Self> {
         let mut ebpf = load()?;
         let (maps, stats) = kernel_maps(&mut ebpf)?;
-        Ok(Self { ebpf, maps, stats, programmer: Programmer::new(), interface_prefixes, attached: BTreeMap::new() })
+        Ok(Self {
+            ebpf,
+            maps,
+            stats,
+            programmer: Programmer::new(),
+            interface_prefixes,
+            attached: BTreeMap::new(),
+        })
     }
 
     pub fn sync(&mut self, state: &DesiredState) -> Result<SyncStats, MapError> {
@@ -78,8 +100,13 @@ impl Datapath {
     /// Attaches to pod interfaces that appeared and forgets ones that went
     /// away (the kernel drops their links with them).
     pub fn reconcile_interfaces(&mut self) -> anyhow::Result<()> {
-        let present = interfaces::matching(&self.interface_prefixes).context("listing /sys/class/net")?;
-        let prog: &mut SchedClassifier = self.ebpf.program_mut(PROG_FROM_POD).context("program missing")?.try_into()?;
+        let present =
+            interfaces::matching(&self.interface_prefixes).context("listing /sys/class/net")?;
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(PROG_FROM_POD)
+            .context("program missing")?
+            .try_into()?;
 
         let stale: Vec<String> = self
             .attached

@@ -50,10 +50,18 @@ struct Wanted {
 impl Programmer {
     pub fn new() -> Self {
         // Id 0 stays unused so a zeroed value never names a real backend.
-        Self { next_backend_id: 1, next_service_id: 1, ..Default::default() }
+        Self {
+            next_backend_id: 1,
+            next_service_id: 1,
+            ..Default::default()
+        }
     }
 
-    pub fn sync(&mut self, state: &DesiredState, maps: &mut impl ServiceMaps) -> Result<SyncStats, MapError> {
+    pub fn sync(
+        &mut self,
+        state: &DesiredState,
+        maps: &mut impl ServiceMaps,
+    ) -> Result<SyncStats, MapError> {
         let wanted = wanted_frontends(state);
         let mut stats = SyncStats::default();
 
@@ -66,12 +74,18 @@ impl Programmer {
             self.program_frontend(*key, service_id, ids, maps, &mut stats)?;
         }
 
-        let gone: Vec<ServiceKey> = self.frontends.keys().filter(|k| !wanted.contains_key(k)).copied().collect();
+        let gone: Vec<ServiceKey> = self
+            .frontends
+            .keys()
+            .filter(|k| !wanted.contains_key(k))
+            .copied()
+            .collect();
         for key in gone {
             self.remove_frontend(key, maps, &mut stats)?;
         }
         self.release_unused_backends(maps, &mut stats)?;
-        self.service_ids.retain(|spn, _| wanted.values().any(|w| &w.spn == spn));
+        self.service_ids
+            .retain(|spn, _| wanted.values().any(|w| &w.spn == spn));
 
         stats.frontends = self.frontends.len();
         stats.backends = self.backend_ids.len();
@@ -122,14 +136,22 @@ impl Programmer {
         maps: &mut impl ServiceMaps,
         stats: &mut SyncStats,
     ) -> Result<(), MapError> {
-        let frontend = self.frontends.entry(key).or_insert(Frontend { service_id, slots: Vec::new(), written_count: None });
+        let frontend = self.frontends.entry(key).or_insert(Frontend {
+            service_id,
+            slots: Vec::new(),
+            written_count: None,
+        });
         let previous = frontend.slots.clone();
         let slots = stable_slots(&frontend.slots, &wanted);
-        let new_count = u16::try_from(slots.len()).map_err(|_| MapError::TooManyBackends { count: slots.len() })?;
+        let new_count = u16::try_from(slots.len())
+            .map_err(|_| MapError::TooManyBackends { count: slots.len() })?;
 
         for (i, id) in slots.iter().enumerate() {
             if frontend.slots.get(i) != Some(id) || frontend.service_id != service_id {
-                maps.put_service(&key.with_slot(i as u16 + 1), &ServiceValue::slot(*id, service_id))?;
+                maps.put_service(
+                    &key.with_slot(i as u16 + 1),
+                    &ServiceValue::slot(*id, service_id),
+                )?;
                 stats.writes += 1;
                 if i < frontend.slots.len() {
                     frontend.slots[i] = *id;
@@ -157,8 +179,15 @@ impl Programmer {
         Ok(())
     }
 
-    fn remove_frontend(&mut self, key: ServiceKey, maps: &mut impl ServiceMaps, stats: &mut SyncStats) -> Result<(), MapError> {
-        let Some(frontend) = self.frontends.get_mut(&key) else { return Ok(()) };
+    fn remove_frontend(
+        &mut self,
+        key: ServiceKey,
+        maps: &mut impl ServiceMaps,
+        stats: &mut SyncStats,
+    ) -> Result<(), MapError> {
+        let Some(frontend) = self.frontends.get_mut(&key) else {
+            return Ok(());
+        };
         if frontend.written_count.is_some() {
             maps.delete_service(&key)?;
             stats.deletes += 1;
@@ -182,8 +211,18 @@ impl Programmer {
 
     /// Upstream deletes UDP conntrack entries of removed endpoints, since UDP
     /// flows never end on their own and would keep reaching a gone backend.
-    fn flush_udp_flows(&self, key: ServiceKey, backend_id: BackendId, maps: &mut impl ServiceMaps) -> Result<usize, MapError> {
-        let Some(backend) = self.backend_ids.iter().find(|(_, id)| **id == backend_id).map(|(b, _)| *b) else {
+    fn flush_udp_flows(
+        &self,
+        key: ServiceKey,
+        backend_id: BackendId,
+        maps: &mut impl ServiceMaps,
+    ) -> Result<usize, MapError> {
+        let Some(backend) = self
+            .backend_ids
+            .iter()
+            .find(|(_, id)| **id == backend_id)
+            .map(|(b, _)| *b)
+        else {
             return Ok(0);
         };
         maps.flush_flows(&|k, v| {
@@ -201,10 +240,22 @@ impl Programmer {
         })
     }
 
-    fn release_unused_backends(&mut self, maps: &mut impl ServiceMaps, stats: &mut SyncStats) -> Result<(), MapError> {
-        let used: BTreeSet<BackendId> = self.frontends.values().flat_map(|f| f.slots.iter().copied()).collect();
-        let unused: Vec<(Backend, BackendId)> =
-            self.backend_ids.iter().filter(|(_, id)| !used.contains(id)).map(|(b, id)| (*b, *id)).collect();
+    fn release_unused_backends(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        stats: &mut SyncStats,
+    ) -> Result<(), MapError> {
+        let used: BTreeSet<BackendId> = self
+            .frontends
+            .values()
+            .flat_map(|f| f.slots.iter().copied())
+            .collect();
+        let unused: Vec<(Backend, BackendId)> = self
+            .backend_ids
+            .iter()
+            .filter(|(_, id)| !used.contains(id))
+            .map(|(b, id)| (*b, *id))
+            .collect();
         for (backend, id) in unused {
             maps.delete_backend(id)?;
             stats.deletes += 1;
@@ -219,8 +270,10 @@ impl Programmer {
 /// with consistent hashing, flow moves) are as few as possible.
 fn stable_slots(current: &[BackendId], wanted: &[BackendId]) -> Vec<BackendId> {
     let wanted_set: BTreeSet<BackendId> = wanted.iter().copied().collect();
-    let mut slots: Vec<Option<BackendId>> =
-        current.iter().map(|id| wanted_set.contains(id).then_some(*id)).collect();
+    let mut slots: Vec<Option<BackendId>> = current
+        .iter()
+        .map(|id| wanted_set.contains(id).then_some(*id))
+        .collect();
     let placed: BTreeSet<BackendId> = slots.iter().flatten().copied().collect();
     let mut newcomers = wanted.iter().copied().filter(|id| !placed.contains(id));
     for slot in slots.iter_mut().filter(|s| s.is_none()) {
@@ -239,9 +292,12 @@ fn wanted_frontends(state: &DesiredState) -> BTreeMap<ServiceKey, Wanted> {
             .cluster_endpoints
             .iter()
             .filter_map(|ep| match ep.ip {
-                IpAddr::V4(ip) => {
-                    Some(Backend { addr_be: u32::from(ip).to_be(), port_be: ep.port.to_be(), proto, _pad: 0 })
-                }
+                IpAddr::V4(ip) => Some(Backend {
+                    addr_be: u32::from(ip).to_be(),
+                    port_be: ep.port.to_be(),
+                    proto,
+                    _pad: 0,
+                }),
                 IpAddr::V6(_) => None,
             })
             .collect();
@@ -249,7 +305,13 @@ fn wanted_frontends(state: &DesiredState) -> BTreeMap<ServiceKey, Wanted> {
         for ip in &svc.cluster_ips {
             let IpAddr::V4(vip) = ip else { continue };
             let key = ServiceKey::frontend(u32::from(*vip).to_be(), svc.port.to_be(), proto);
-            out.insert(key, Wanted { spn: svc.name.clone(), backends: backends.clone() });
+            out.insert(
+                key,
+                Wanted {
+                    spn: svc.name.clone(),
+                    backends: backends.clone(),
+                },
+            );
         }
     }
     out

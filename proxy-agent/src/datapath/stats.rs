@@ -8,7 +8,10 @@ pub fn read(stats: &PerCpuArray<MapData, u64>) -> Vec<(&'static str, u64)> {
     Counter::ALL
         .iter()
         .map(|c| {
-            let total = stats.get(&(*c as u32), 0).map(|v| v.iter().sum()).unwrap_or(0);
+            let total = stats
+                .get(&(*c as u32), 0)
+                .map(|v| v.iter().sum())
+                .unwrap_or(0);
             (c.name(), total)
         })
         .collect()

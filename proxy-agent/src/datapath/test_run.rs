@@ -18,21 +18,42 @@ pub struct Outcome {
 
 /// Runs `packet` through `tc_from_pod`.
 pub fn from_pod(ebpf: &Ebpf, packet: &[u8]) -> anyhow::Result<Outcome> {
-    let prog: &SchedClassifier = ebpf.program(PROG_FROM_POD).context("program missing")?.try_into()?;
+    let prog: &SchedClassifier = ebpf
+        .program(PROG_FROM_POD)
+        .context("program missing")?
+        .try_into()?;
     let mut out = vec![0u8; packet.len() + 256];
     let result = prog
-        .test_run(TestRunOptions { data_in: Some(packet), data_out: Some(&mut out), ..TestRunOptions::new() })
+        .test_run(TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ..TestRunOptions::new()
+        })
         .context("BPF_PROG_TEST_RUN")?;
     out.truncate(result.data_size_out as usize);
-    Ok(Outcome { verdict: result.return_value as i32, packet: out })
+    Ok(Outcome {
+        verdict: result.return_value as i32,
+        packet: out,
+    })
 }
 
 /// Runs `packet` `repeat` times in one call and returns the kernel's mean
 /// time per run.
-pub fn time_from_pod(ebpf: &Ebpf, packet: &[u8], repeat: u32) -> anyhow::Result<std::time::Duration> {
-    let prog: &SchedClassifier = ebpf.program(PROG_FROM_POD).context("program missing")?.try_into()?;
+pub fn time_from_pod(
+    ebpf: &Ebpf,
+    packet: &[u8],
+    repeat: u32,
+) -> anyhow::Result<std::time::Duration> {
+    let prog: &SchedClassifier = ebpf
+        .program(PROG_FROM_POD)
+        .context("program missing")?
+        .try_into()?;
     let result = prog
-        .test_run(TestRunOptions { data_in: Some(packet), repeat, ..TestRunOptions::new() })
+        .test_run(TestRunOptions {
+            data_in: Some(packet),
+            repeat,
+            ..TestRunOptions::new()
+        })
         .context("BPF_PROG_TEST_RUN")?;
     Ok(result.duration)
 }

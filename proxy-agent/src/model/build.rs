@@ -10,18 +10,32 @@ const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Builds the desired state from the current objects. `node_name` decides
 /// which endpoints are local.
-pub fn build_desired_state(services: &[Service], slices: &[EndpointSlice], node_name: &str) -> DesiredState {
+pub fn build_desired_state(
+    services: &[Service],
+    slices: &[EndpointSlice],
+    node_name: &str,
+) -> DesiredState {
     let mut by_service: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
     for slice in slices {
         let ns = slice.metadata.namespace.as_deref().unwrap_or("default");
-        if let Some(svc) = slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)) {
-            by_service.entry((ns, svc.as_str())).or_default().push(slice);
+        if let Some(svc) = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+        {
+            by_service
+                .entry((ns, svc.as_str()))
+                .or_default()
+                .push(slice);
         }
     }
 
     let mut state = DesiredState::default();
     for svc in services {
-        let (Some(name), Some(spec)) = (svc.metadata.name.as_deref(), svc.spec.as_ref()) else { continue };
+        let (Some(name), Some(spec)) = (svc.metadata.name.as_deref(), svc.spec.as_ref()) else {
+            continue;
+        };
         let namespace = svc.metadata.namespace.as_deref().unwrap_or("default");
         let cluster_ips: Vec<IpAddr> = spec
             .cluster_ips
@@ -34,11 +48,21 @@ pub fn build_desired_state(services: &[Service], slices: &[EndpointSlice], node_
         if cluster_ips.is_empty() {
             continue; // headless or ExternalName: nothing to program
         }
-        let slices = by_service.get(&(namespace, name)).map(Vec::as_slice).unwrap_or_default();
+        let slices = by_service
+            .get(&(namespace, name))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         for port in spec.ports.iter().flatten() {
-            let Some(protocol) = Protocol::parse(port.protocol.as_deref()) else { continue };
+            let Some(protocol) = Protocol::parse(port.protocol.as_deref()) else {
+                continue;
+            };
             let port_name = port.name.clone().unwrap_or_default();
-            let spn = ServicePortName { namespace: namespace.to_owned(), name: name.to_owned(), port_name, protocol };
+            let spn = ServicePortName {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                port_name,
+                protocol,
+            };
             let endpoints = endpoints_for(&spn, slices, node_name);
             state.services.insert(
                 spn.clone(),
@@ -55,7 +79,11 @@ pub fn build_desired_state(services: &[Service], slices: &[EndpointSlice], node_
     state
 }
 
-fn endpoints_for(spn: &ServicePortName, slices: &[&EndpointSlice], node_name: &str) -> Vec<Endpoint> {
+fn endpoints_for(
+    spn: &ServicePortName,
+    slices: &[&EndpointSlice],
+    node_name: &str,
+) -> Vec<Endpoint> {
     let mut out = Vec::new();
     for slice in slices {
         let Some(port) = slice.ports.iter().flatten().find(|p| {
@@ -64,7 +92,9 @@ fn endpoints_for(spn: &ServicePortName, slices: &[&EndpointSlice], node_name: &s
         }) else {
             continue;
         };
-        let Some(port_number) = port.port.and_then(|p| u16::try_from(p).ok()) else { continue };
+        let Some(port_number) = port.port.and_then(|p| u16::try_from(p).ok()) else {
+            continue;
+        };
         for ep in slice.endpoints.iter().flatten() {
             let cond = ep.conditions.as_ref();
             let ready = cond.and_then(|c| c.ready).unwrap_or(true);

@@ -20,14 +20,25 @@ impl Agent {
     pub fn start(ns: &str, manifests: &Path, log: PathBuf) -> Self {
         let log_file = fs::File::create(&log).unwrap();
         let child = Command::new("ip")
-            .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_proxy-agent"), "--hostname-override", "node-a", "--manifests"])
+            .args([
+                "netns",
+                "exec",
+                ns,
+                env!("CARGO_BIN_EXE_proxy-agent"),
+                "--hostname-override",
+                "node-a",
+                "--manifests",
+            ])
             .arg(manifests)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
             .expect("starting proxy-agent");
-        Self { child: Some(child), log }
+        Self {
+            child: Some(child),
+            log,
+        }
     }
 
     pub fn log_text(&self) -> String {

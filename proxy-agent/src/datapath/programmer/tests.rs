@@ -30,8 +30,14 @@ impl FakeMaps {
     fn check_invariant(&self) {
         for (key, value) in self.services.iter().filter(|(k, _)| k.slot == 0) {
             for slot in 1..=value.count {
-                let slot_value = self.services.get(&key.with_slot(slot)).unwrap_or_else(|| panic!("slot {slot} of {key:?} unwritten"));
-                assert!(self.backends.contains_key(&slot_value.backend_id), "slot names a missing backend");
+                let slot_value = self
+                    .services
+                    .get(&key.with_slot(slot))
+                    .unwrap_or_else(|| panic!("slot {slot} of {key:?} unwritten"));
+                assert!(
+                    self.backends.contains_key(&slot_value.backend_id),
+                    "slot names a missing backend"
+                );
             }
         }
     }
@@ -39,11 +45,16 @@ impl FakeMaps {
     /// VIP (host order) and port -> the backend addresses reachable through it.
     fn reachable(&self, vip: [u8; 4], port: u16, proto: u8) -> Vec<(Ipv4Addr, u16)> {
         let key = ServiceKey::frontend(u32::from(Ipv4Addr::from(vip)).to_be(), port.to_be(), proto);
-        let Some(fe) = self.services.get(&key) else { return vec![] };
+        let Some(fe) = self.services.get(&key) else {
+            return vec![];
+        };
         let mut out: Vec<_> = (1..=fe.count)
             .map(|s| {
                 let b = self.backends[&self.services[&key.with_slot(s)].backend_id];
-                (Ipv4Addr::from(u32::from_be(b.addr_be)), u16::from_be(b.port_be))
+                (
+                    Ipv4Addr::from(u32::from_be(b.addr_be)),
+                    u16::from_be(b.port_be),
+                )
             })
             .collect();
         out.sort();
@@ -75,10 +86,17 @@ impl ServiceMaps for FakeMaps {
         self.check_invariant();
         Ok(())
     }
-    fn flush_flows(&mut self, matches: &dyn Fn(&CtKey, &CtValue) -> bool) -> Result<usize, MapError> {
+    fn flush_flows(
+        &mut self,
+        matches: &dyn Fn(&CtKey, &CtValue) -> bool,
+    ) -> Result<usize, MapError> {
         let before = self.conntrack.len();
         self.conntrack.retain(|k, v| {
-            let dir = if k.5 == 0 { CtDirection::Forward } else { CtDirection::Reply };
+            let dir = if k.5 == 0 {
+                CtDirection::Forward
+            } else {
+                CtDirection::Reply
+            };
             !matches(&CtKey::new(k.0, k.1, k.2, k.3, k.4, dir), v)
         });
         Ok(before - self.conntrack.len())
@@ -98,9 +116,20 @@ fn ep(ip: [u8; 4], port: u16) -> Endpoint {
     }
 }
 
-fn service(name: &str, vip: [u8; 4], port: u16, protocol: Protocol, eps: Vec<Endpoint>) -> DesiredService {
+fn service(
+    name: &str,
+    vip: [u8; 4],
+    port: u16,
+    protocol: Protocol,
+    eps: Vec<Endpoint>,
+) -> DesiredService {
     DesiredService {
-        name: ServicePortName { namespace: "default".into(), name: name.into(), port_name: String::new(), protocol },
+        name: ServicePortName {
+            namespace: "default".into(),
+            name: name.into(),
+            port_name: String::new(),
+            protocol,
+        },
         cluster_ips: vec![IpAddr::V4(vip.into())],
         port,
         protocol,
@@ -109,7 +138,9 @@ fn service(name: &str, vip: [u8; 4], port: u16, protocol: Protocol, eps: Vec<End
 }
 
 fn state(services: Vec<DesiredService>) -> DesiredState {
-    DesiredState { services: services.into_iter().map(|s| (s.name.clone(), s)).collect() }
+    DesiredState {
+        services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
+    }
 }
 
 const VIP: [u8; 4] = [198, 19, 0, 10];
@@ -121,8 +152,19 @@ fn programs_frontend_slots_and_backends() {
     let mut maps = FakeMaps::default();
     let mut p = Programmer::new();
     let eps = vec![ep([198, 18, 1, 2], 8080), ep([198, 18, 1, 3], 8080)];
-    let stats = p.sync(&state(vec![service("web", VIP, 80, Protocol::Tcp, eps)]), &mut maps).unwrap();
-    assert_eq!(maps.reachable(VIP, 80, TCP), vec![(Ipv4Addr::new(198, 18, 1, 2), 8080), (Ipv4Addr::new(198, 18, 1, 3), 8080)]);
+    let stats = p
+        .sync(
+            &state(vec![service("web", VIP, 80, Protocol::Tcp, eps)]),
+            &mut maps,
+        )
+        .unwrap();
+    assert_eq!(
+        maps.reachable(VIP, 80, TCP),
+        vec![
+            (Ipv4Addr::new(198, 18, 1, 2), 8080),
+            (Ipv4Addr::new(198, 18, 1, 3), 8080)
+        ]
+    );
     assert_eq!((stats.frontends, stats.backends), (1, 2));
     assert_eq!(maps.services.len(), 3);
 }
@@ -131,7 +173,13 @@ fn programs_frontend_slots_and_backends() {
 fn second_identical_sync_writes_nothing() {
     let mut maps = FakeMaps::default();
     let mut p = Programmer::new();
-    let s = state(vec![service("web", VIP, 80, Protocol::Tcp, vec![ep([198, 18, 1, 2], 80)])]);
+    let s = state(vec![service(
+        "web",
+        VIP,
+        80,
+        Protocol::Tcp,
+        vec![ep([198, 18, 1, 2], 80)],
+    )]);
     p.sync(&s, &mut maps).unwrap();
     let stats = p.sync(&s, &mut maps).unwrap();
     assert_eq!((stats.writes, stats.deletes), (0, 0));
@@ -144,14 +192,42 @@ fn removing_a_backend_keeps_others_in_place_and_frees_it() {
     let a = ep([198, 18, 1, 2], 80);
     let b = ep([198, 18, 1, 3], 80);
     let c = ep([198, 18, 1, 4], 80);
-    p.sync(&state(vec![service("web", VIP, 80, Protocol::Tcp, vec![a.clone(), b, c.clone()])]), &mut maps).unwrap();
-    let slot3 = maps.services[&ServiceKey::frontend(u32::from(Ipv4Addr::from(VIP)).to_be(), 80u16.to_be(), TCP).with_slot(3)];
-    p.sync(&state(vec![service("web", VIP, 80, Protocol::Tcp, vec![a, c])]), &mut maps).unwrap();
-    assert_eq!(maps.reachable(VIP, 80, TCP), vec![(Ipv4Addr::new(198, 18, 1, 2), 80), (Ipv4Addr::new(198, 18, 1, 4), 80)]);
+    p.sync(
+        &state(vec![service(
+            "web",
+            VIP,
+            80,
+            Protocol::Tcp,
+            vec![a.clone(), b, c.clone()],
+        )]),
+        &mut maps,
+    )
+    .unwrap();
+    let slot3 = maps.services[&ServiceKey::frontend(
+        u32::from(Ipv4Addr::from(VIP)).to_be(),
+        80u16.to_be(),
+        TCP,
+    )
+    .with_slot(3)];
+    p.sync(
+        &state(vec![service("web", VIP, 80, Protocol::Tcp, vec![a, c])]),
+        &mut maps,
+    )
+    .unwrap();
+    assert_eq!(
+        maps.reachable(VIP, 80, TCP),
+        vec![
+            (Ipv4Addr::new(198, 18, 1, 2), 80),
+            (Ipv4Addr::new(198, 18, 1, 4), 80)
+        ]
+    );
     assert_eq!(maps.backends.len(), 2, "the removed backend is deleted");
     // The backend that sat in slot 3 moved into the freed slot 2; slot 1 was untouched.
     let key = ServiceKey::frontend(u32::from(Ipv4Addr::from(VIP)).to_be(), 80u16.to_be(), TCP);
-    assert_eq!(maps.services[&key.with_slot(2)].backend_id, slot3.backend_id);
+    assert_eq!(
+        maps.services[&key.with_slot(2)].backend_id,
+        slot3.backend_id
+    );
     assert!(!maps.services.contains_key(&key.with_slot(3)));
 }
 
@@ -159,7 +235,17 @@ fn removing_a_backend_keeps_others_in_place_and_frees_it() {
 fn removed_service_leaves_no_entries() {
     let mut maps = FakeMaps::default();
     let mut p = Programmer::new();
-    p.sync(&state(vec![service("web", VIP, 80, Protocol::Tcp, vec![ep([198, 18, 1, 2], 80)])]), &mut maps).unwrap();
+    p.sync(
+        &state(vec![service(
+            "web",
+            VIP,
+            80,
+            Protocol::Tcp,
+            vec![ep([198, 18, 1, 2], 80)],
+        )]),
+        &mut maps,
+    )
+    .unwrap();
     p.sync(&DesiredState::default(), &mut maps).unwrap();
     assert!(maps.services.is_empty());
     assert!(maps.backends.is_empty());
@@ -182,7 +268,11 @@ fn backends_are_shared_between_services() {
 fn service_without_endpoints_has_count_zero() {
     let mut maps = FakeMaps::default();
     let mut p = Programmer::new();
-    p.sync(&state(vec![service("web", VIP, 80, Protocol::Tcp, vec![])]), &mut maps).unwrap();
+    p.sync(
+        &state(vec![service("web", VIP, 80, Protocol::Tcp, vec![])]),
+        &mut maps,
+    )
+    .unwrap();
     let key = ServiceKey::frontend(u32::from(Ipv4Addr::from(VIP)).to_be(), 80u16.to_be(), TCP);
     assert_eq!(maps.services[&key].count, 0);
 }
@@ -193,7 +283,10 @@ fn ipv6_addresses_are_not_programmed_in_the_ipv4_maps() {
     let mut p = Programmer::new();
     let mut s = service("web", VIP, 80, Protocol::Tcp, vec![ep([198, 18, 1, 2], 80)]);
     s.cluster_ips.push("2001:db8::10".parse().unwrap());
-    s.cluster_endpoints.push(Endpoint { ip: "2001:db8::2".parse().unwrap(), ..ep([0, 0, 0, 0], 80) });
+    s.cluster_endpoints.push(Endpoint {
+        ip: "2001:db8::2".parse().unwrap(),
+        ..ep([0, 0, 0, 0], 80)
+    });
     p.sync(&state(vec![s]), &mut maps).unwrap();
     assert_eq!(maps.services.len(), 2);
     assert_eq!(maps.backends.len(), 1);
@@ -205,31 +298,76 @@ fn removing_a_udp_backend_flushes_its_flows_only() {
     let mut p = Programmer::new();
     let a = ep([198, 18, 1, 2], 53);
     let b = ep([198, 18, 1, 3], 53);
-    p.sync(&state(vec![service("dns", VIP, 53, Protocol::Udp, vec![a.clone(), b])]), &mut maps).unwrap();
+    p.sync(
+        &state(vec![service(
+            "dns",
+            VIP,
+            53,
+            Protocol::Udp,
+            vec![a.clone(), b],
+        )]),
+        &mut maps,
+    )
+    .unwrap();
     let vip_be = u32::from(Ipv4Addr::from(VIP)).to_be();
     let client = u32::from(Ipv4Addr::new(198, 18, 2, 2)).to_be();
     let id_of = |maps: &FakeMaps, last: u8| {
-        *maps.backends.iter().find(|(_, b)| b.addr_be == u32::from(Ipv4Addr::new(198, 18, 1, last)).to_be()).unwrap().0
+        *maps
+            .backends
+            .iter()
+            .find(|(_, b)| b.addr_be == u32::from(Ipv4Addr::new(198, 18, 1, last)).to_be())
+            .unwrap()
+            .0
     };
     for (last, sport) in [(2u8, 1000u16), (3, 1001)] {
         let backend = u32::from(Ipv4Addr::new(198, 18, 1, last)).to_be();
         let id = id_of(&maps, last);
-        let v = CtValue { nat_addr_be: backend, nat_port_be: 53u16.to_be(), backend_id: id, ..Default::default() };
-        maps.conntrack.insert((client, vip_be, sport.to_be(), 53u16.to_be(), UDP, 0), v);
-        let r = CtValue { nat_addr_be: vip_be, nat_port_be: 53u16.to_be(), backend_id: id, ..Default::default() };
-        maps.conntrack.insert((backend, client, 53u16.to_be(), sport.to_be(), UDP, 1), r);
+        let v = CtValue {
+            nat_addr_be: backend,
+            nat_port_be: 53u16.to_be(),
+            backend_id: id,
+            ..Default::default()
+        };
+        maps.conntrack
+            .insert((client, vip_be, sport.to_be(), 53u16.to_be(), UDP, 0), v);
+        let r = CtValue {
+            nat_addr_be: vip_be,
+            nat_port_be: 53u16.to_be(),
+            backend_id: id,
+            ..Default::default()
+        };
+        maps.conntrack
+            .insert((backend, client, 53u16.to_be(), sport.to_be(), UDP, 1), r);
     }
-    let stats = p.sync(&state(vec![service("dns", VIP, 53, Protocol::Udp, vec![a])]), &mut maps).unwrap();
+    let stats = p
+        .sync(
+            &state(vec![service("dns", VIP, 53, Protocol::Udp, vec![a])]),
+            &mut maps,
+        )
+        .unwrap();
     assert_eq!(stats.flushed_flows, 2);
     assert_eq!(maps.conntrack.len(), 2);
-    assert!(maps.conntrack.keys().all(|k| k.2 == 1000u16.to_be() || k.3 == 1000u16.to_be()));
+    assert!(
+        maps.conntrack
+            .keys()
+            .all(|k| k.2 == 1000u16.to_be() || k.3 == 1000u16.to_be())
+    );
 }
 
 #[test]
 fn failed_write_is_repaired_by_the_next_sync() {
-    let mut maps = FakeMaps { fail_after: Some(2), ..Default::default() };
+    let mut maps = FakeMaps {
+        fail_after: Some(2),
+        ..Default::default()
+    };
     let mut p = Programmer::new();
-    let s = state(vec![service("web", VIP, 80, Protocol::Tcp, vec![ep([198, 18, 1, 2], 80), ep([198, 18, 1, 3], 80)])]);
+    let s = state(vec![service(
+        "web",
+        VIP,
+        80,
+        Protocol::Tcp,
+        vec![ep([198, 18, 1, 2], 80), ep([198, 18, 1, 3], 80)],
+    )]);
     assert!(p.sync(&s, &mut maps).is_err());
     maps.fail_after = None;
     p.sync(&s, &mut maps).unwrap();

@@ -1,0 +1,147 @@
+//! The standalone manifests source: what it accepts, and that every
+//! rejection names the file, the document and the field.
+
+use std::fs;
+
+use proxy_agent::manifests::{self, ManifestError};
+
+fn load(files: &[(&str, &str)]) -> Result<manifests::Manifests, ManifestError> {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in files {
+        fs::write(dir.path().join(name), text).unwrap();
+    }
+    manifests::load_dir(dir.path())
+}
+
+const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns}\nspec:\n  clusterIP: 198.19.0.1\n  ports: [{port: 80, targetPort: 8080}]\n";
+const SLICE: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: ns, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints: [{addresses: [198.18.1.2]}]\n";
+
+#[test]
+fn the_shipped_example_loads() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/demo");
+    let m = manifests::load_dir(&dir).unwrap();
+    assert_eq!(
+        (m.services.len(), m.endpoint_slices.len(), m.nodes.len()),
+        (1, 1, 1)
+    );
+}
+
+#[test]
+fn multi_document_files_lists_and_json_are_read() {
+    let list = format!(
+        "apiVersion: v1\nkind: List\nitems:\n- {}\n",
+        serde_json::to_string(&serde_yaml::from_str::<serde_json::Value>(SLICE).unwrap()).unwrap()
+    );
+    let json = serde_json::to_string(
+        &serde_yaml::from_str::<serde_json::Value>(
+            "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\n",
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let m = load(&[
+        (
+            "a.yaml",
+            &format!("---\n{SERVICE}---\n# comment only\n---\n"),
+        ),
+        ("b.yml", &list),
+        ("c.json", &json),
+    ])
+    .unwrap();
+    assert_eq!(
+        (m.services.len(), m.endpoint_slices.len(), m.nodes.len()),
+        (1, 1, 1)
+    );
+}
+
+#[test]
+fn other_kinds_and_other_files_are_ignored() {
+    let m = load(&[
+        (
+            "a.yaml",
+            &format!(
+                "{SERVICE}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: x}}\n"
+            ),
+        ),
+        ("notes.txt", "not yaml: ["),
+        (".hidden.yaml", "not yaml: ["),
+    ])
+    .unwrap();
+    assert_eq!(m.services.len(), 1);
+}
+
+fn rejection(files: &[(&str, &str)]) -> ManifestError {
+    load(files).expect_err("must be rejected")
+}
+
+#[test]
+fn invalid_yaml_names_the_file_and_document() {
+    let e = rejection(&[("svc.yaml", &format!("{SERVICE}---\nkind: [unclosed\n"))]);
+    assert!(e.file.ends_with("svc.yaml"));
+    assert_eq!(e.document, Some(2));
+    assert!(e.to_string().contains("invalid YAML"), "{e}");
+}
+
+#[test]
+fn wrong_field_types_name_the_field_path() {
+    let bad = SERVICE.replace("port: 80,", "port: eighty,");
+    let e = rejection(&[("svc.yaml", &bad)]);
+    assert_eq!(e.field.as_deref(), Some("spec.ports[0].port"), "{e}");
+}
+
+#[test]
+fn invalid_values_name_the_field() {
+    let cases = [
+        (
+            SERVICE.replace("198.19.0.1", "198.19.0.300"),
+            "spec.clusterIP",
+        ),
+        (
+            SERVICE.replace("port: 80,", "port: 70000,"),
+            "spec.ports[0].port",
+        ),
+        (
+            SERVICE.replace("port: 80,", "port: 80, protocol: ICMP,"),
+            "spec.ports[0].protocol",
+        ),
+        (
+            SLICE.replace("198.18.1.2", "2001:db8::1"),
+            "endpoints[0].addresses[0]",
+        ),
+        (SLICE.replace("IPv4", "IPv5"), "addressType"),
+        (SLICE.replace("port: 8080", "port: 0"), "ports[0].port"),
+        (SERVICE.replace("apiVersion: v1\n", ""), "apiVersion"),
+    ];
+    for (text, field) in cases {
+        let e = rejection(&[("x.yaml", &text)]);
+        assert_eq!(e.field.as_deref(), Some(field), "for {text}: {e}");
+        assert!(e.to_string().starts_with(&e.file.display().to_string()));
+    }
+}
+
+#[test]
+fn list_items_are_named_by_index() {
+    let bad = SLICE.replace("198.18.1.2", "nope");
+    let list = format!(
+        "apiVersion: v1\nkind: List\nitems:\n- {}\n",
+        serde_json::to_string(&serde_yaml::from_str::<serde_json::Value>(&bad).unwrap()).unwrap()
+    );
+    let e = rejection(&[("list.yaml", &list)]);
+    assert_eq!(
+        e.field.as_deref(),
+        Some("items[0].endpoints[0].addresses[0]")
+    );
+}
+
+#[test]
+fn the_same_object_twice_is_rejected() {
+    let e = rejection(&[("a.yaml", SERVICE), ("b.yaml", SERVICE)]);
+    assert!(e.file.ends_with("b.yaml"));
+    assert!(e.to_string().contains("defined twice"), "{e}");
+}
+
+#[test]
+fn a_missing_directory_is_an_error() {
+    let e = manifests::load_dir(std::path::Path::new("/nonexistent/manifests")).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/manifests"));
+}

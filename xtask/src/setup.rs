@@ -1,0 +1,141 @@
+//! Installs what building and testing need, as ../shared/TOOLCHAIN.md
+//! describes, and does nothing when it is all present already.
+
+use std::{
+    ffi::OsString,
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
+
+/// Debian packages: Debian's rustc (for the BPF target, with the std sources
+/// for -Z build-std), LLVM 22 for bpf-linker, and the kernel tools the tests use.
+const PACKAGES: &[&str] = &[
+    "rustc-web",
+    "rust-web-src",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "bpftool",
+    "iproute2",
+    "iptables",
+    "nftables",
+    "ipvsadm",
+    "conntrack",
+    "ethtool",
+    "tcpdump",
+    "iputils-ping",
+    "procps",
+];
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The rustup name under which Debian's rustc is linked, used by proxy-agent/build.rs.
+const BPF_TOOLCHAIN: &str = "bpf-debian";
+
+pub fn ensure() -> anyhow::Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !package_installed(p))
+        .collect();
+    if !missing.is_empty() {
+        println!(
+            "xtask setup: installing Debian packages: {}",
+            missing.join(" ")
+        );
+        run(Command::new("apt-get").args(["update", "-q"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    if !bpf_linker_ok() {
+        println!(
+            "xtask setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (takes a few minutes)"
+        );
+        let path = prepend_path("/usr/lib/llvm-22/bin");
+        run(Command::new("cargo")
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ])
+            .env("PATH", path))?;
+    }
+    if !quiet_ok(Command::new("rustup").args(["run", BPF_TOOLCHAIN, "rustc", "--version"])) {
+        println!("xtask setup: linking Debian's rustc as rustup toolchain `{BPF_TOOLCHAIN}`");
+        run(Command::new("rustup").args(["toolchain", "link", BPF_TOOLCHAIN, "/usr"]))?;
+    }
+    if !bpffs_mounted() {
+        println!("xtask setup: mounting bpffs at /sys/fs/bpf");
+        run(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))?;
+    }
+    Ok(())
+}
+
+fn package_installed(name: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", name])
+        .output()
+        .is_ok_and(|o| {
+            o.status.success()
+                && String::from_utf8_lossy(&o.stdout).contains("install ok installed")
+        })
+}
+
+fn bpf_linker_ok() -> bool {
+    Command::new("bpf-linker")
+        .arg("--version")
+        .env("PATH", path_with_cargo_bin())
+        .output()
+        .is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION)
+        })
+}
+
+fn bpffs_mounted() -> bool {
+    std::fs::read_to_string("/proc/mounts").is_ok_and(|m| {
+        m.lines().any(|l| {
+            l.split(' ').nth(1) == Some("/sys/fs/bpf") && l.split(' ').nth(2) == Some("bpf")
+        })
+    })
+}
+
+fn quiet_ok(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn cargo_bin() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .unwrap_or_else(|| PathBuf::from("/root/.cargo"))
+        .join("bin")
+}
+
+fn prepend_path(dir: impl Into<PathBuf>) -> OsString {
+    let mut dirs = vec![dir.into()];
+    dirs.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    std::env::join_paths(dirs).expect("PATH entries have no separators")
+}
+
+/// PATH with the cargo bin directory (where bpf-linker is installed) first.
+pub fn path_with_cargo_bin() -> OsString {
+    prepend_path(cargo_bin())
+}
