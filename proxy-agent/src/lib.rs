@@ -2,3 +2,6 @@
 
 pub mod datapath;
 pub mod model;
+pub mod runner;
+pub mod sync;
+pub mod watch;
