@@ -18,7 +18,10 @@ pub const DEFAULT_CONNTRACK_MIN: i32 = 128 * 1024;
 /// True when `bind_address` (possibly a comma-separated dual-stack pair) starts with IPv6.
 fn bind_is_ipv6(bind_address: &str) -> bool {
     let first = bind_address.split(',').next().unwrap_or("").trim();
-    matches!(first.parse::<IpAddr>(), Ok(IpAddr::V6(_)))
+    matches!(
+        super::validate::parse_bracketed_ip(first),
+        Some(IpAddr::V6(_))
+    )
 }
 
 /// `proxyutil.AppendPortIfNeeded`: a bare IP gets `:port`, anything else is left alone.

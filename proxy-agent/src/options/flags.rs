@@ -65,8 +65,12 @@ fn quantity(s: &str) -> Result<Quantity, String> {
 fn feature_gates(s: &str) -> Result<BTreeMap<String, bool>, String> {
     features::parse_flag(s)
 }
+/// The value of `--vmodule`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct VModuleList(pub Vec<VModuleItem>);
+
 /// `--vmodule pattern=N,...`
-fn vmodule(s: &str) -> Result<Vec<VModuleItem>, String> {
+fn vmodule(s: &str) -> Result<VModuleList, String> {
     let mut out = Vec::new();
     for pat in s.split(',').filter(|p| !p.is_empty()) {
         let parts: Vec<&str> = pat.split('=').collect();
@@ -83,7 +87,7 @@ fn vmodule(s: &str) -> Result<Vec<VModuleItem>, String> {
             verbosity: v,
         });
     }
-    Ok(out)
+    Ok(VModuleList(out))
 }
 /// klog severity: a name or 0..3.
 fn severity(s: &str) -> Result<String, String> {
@@ -330,7 +334,7 @@ pub struct Flags {
     pub v: u32,
     /// Per-file verbosity as comma-separated pattern=N (text format only).
     #[arg(long, value_name = "pattern=N,...", value_parser = vmodule)]
-    pub vmodule: Option<Vec<VModuleItem>>,
+    pub vmodule: Option<VModuleList>,
     /// Log format. Permitted formats: "text".
     #[arg(long = "logging-format", value_name = "string", default_value = "text")]
     pub logging_format: String,

@@ -181,7 +181,7 @@ fn overlay_logging(p: &ParsedFlags, c: &mut KubeProxyConfiguration) {
         c.logging.verbosity = f.v;
     }
     if p.is_set("vmodule") {
-        let mut v = f.vmodule.clone().unwrap_or_default();
+        let mut v = f.vmodule.clone().unwrap_or_default().0;
         v.append(&mut c.logging.vmodule);
         c.logging.vmodule = v;
     }

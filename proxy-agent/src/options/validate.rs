@@ -30,6 +30,15 @@ pub fn parse_ip(s: &str) -> Option<IpAddr> {
     s.parse().ok()
 }
 
+/// An IP that may be written in brackets (`[::]`), as `bindAddress` accepts.
+pub fn parse_bracketed_ip(s: &str) -> Option<IpAddr> {
+    let t = s
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .unwrap_or(s);
+    parse_ip(t)
+}
+
 /// Go's `net.ParseCIDR`: `ip/prefix`, host bits allowed.
 pub fn parse_cidr(s: &str) -> Option<IpNet> {
     let (ip, len) = s.split_once('/')?;
@@ -271,7 +280,7 @@ pub fn validate(c: &KubeProxyConfiguration) -> Result<(), FieldErrors> {
         let parts: Vec<&str> = c.bind_address.split(',').collect();
         let mut families = Vec::new();
         for p in &parts {
-            match parse_ip(p) {
+            match parse_bracketed_ip(p) {
                 Some(ip) => families.push(ip.is_ipv4()),
                 None => errs.push(FieldError::invalid_str(
                     "bindAddress",
