@@ -154,10 +154,10 @@ pub struct Flags {
     #[arg(long = "write-config-to", value_name = "string")]
     pub write_config_to: Option<PathBuf>,
     /// Remove every rule, table, interface and BPF object any proxy mode (ours or upstream kube-proxy's) left on this node, report it, and exit.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub cleanup: bool,
     /// Do only the steps that need full root (conntrack sysctls, mode set-up) and exit; the proxy can then run with CAP_NET_ADMIN only.
-    #[arg(long = "init-only", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "init-only", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub init_only: bool,
     /// --version or --version=raw prints version information and exits; --version=vX.Y.Z sets the version reported.
     #[arg(long, value_name = "version[=true]", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = version_value)]
@@ -199,7 +199,7 @@ pub struct Flags {
     )]
     pub bind_address: String,
     /// Exit when a server port cannot be bound, instead of only logging it.
-    #[arg(long = "bind-address-hard-fail", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "bind-address-hard-fail", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub bind_address_hard_fail: bool,
     /// IP and port of the health check server (/healthz, /livez). Empty disables it. Ignored with --config.
     #[arg(long = "healthz-bind-address", value_name = "ipport", default_value = "0.0.0.0:10256", value_parser = ip_port)]
@@ -214,7 +214,7 @@ pub struct Flags {
     #[arg(long = "metrics-port", value_name = "int32", default_value = "10249", value_parser = go_i32, hide = true)]
     pub metrics_port: i32,
     /// Serve /debug/pprof on the metrics server. Ignored with --config.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub profiling: bool,
     /// The previous minor version (<major>.<minor>, e.g. 1.32) whose now-hidden metrics should still be shown. Ignored with --config.
     #[arg(
@@ -229,7 +229,7 @@ pub struct Flags {
     #[arg(long = "proxy-mode", value_name = "ProxyMode", default_value = "")]
     pub proxy_mode: String,
     /// Source NAT all traffic sent to Service cluster IPs. Some CNI plugins need it.
-    #[arg(long = "masquerade-all", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "masquerade-all", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub masquerade_all: bool,
     /// Pod CIDR(s) of the cluster (a dual-stack pair may be comma-separated). With --detect-local-mode=ClusterCIDR, traffic from these is local. Ignored with --config.
     #[arg(long = "cluster-cidr", value_name = "string", default_value = "")]
@@ -273,7 +273,7 @@ pub struct Flags {
     #[arg(long = "conntrack-min", value_name = "int32", default_value = "131072", value_parser = go_i32, allow_hyphen_values = true)]
     pub conntrack_min: i32,
     /// Set nf_conntrack_tcp_be_liberal=1 (accept out-of-window TCP packets).
-    #[arg(long = "conntrack-tcp-be-liberal", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "conntrack-tcp-be-liberal", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub conntrack_tcp_be_liberal: bool,
     /// Timeout of TCP connections in CLOSE_WAIT.
     #[arg(long = "conntrack-tcp-timeout-close-wait", value_name = "duration", default_value = "1h0m0s", value_parser = go_duration, allow_hyphen_values = true)]
@@ -290,7 +290,7 @@ pub struct Flags {
 
     // ---- iptables / nftables -----------------------------------------------------------
     /// Allow NodePorts on localhost (iptables mode, IPv4 only; never in other modes).
-    #[arg(long = "iptables-localhost-nodeports", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "iptables-localhost-nodeports", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub iptables_localhost_nodeports: bool,
     /// Bit of the packet mark that flags packets for SNAT (iptables and ipvs modes), within [0, 31].
     #[arg(long = "iptables-masquerade-bit", value_name = "int32", default_value = "14", value_parser = go_i32, allow_hyphen_values = true)]
@@ -313,7 +313,7 @@ pub struct Flags {
     #[arg(long = "ipvs-scheduler", value_name = "string", default_value = "")]
     pub ipvs_scheduler: String,
     /// Set arp_ignore=1 and arp_announce=2 (strict ARP) for the ipvs mode.
-    #[arg(long = "ipvs-strict-arp", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "ipvs-strict-arp", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub ipvs_strict_arp: bool,
     /// Maximum interval between full IPVS resyncs (e.g. '5s', '1m', '2h22m'); must be greater than 0.
     #[arg(long = "ipvs-sync-period", value_name = "duration", default_value = "30s", value_parser = go_duration, allow_hyphen_values = true)]
@@ -345,15 +345,15 @@ pub struct Flags {
     #[arg(long = "log-text-info-buffer-size", value_name = "quantity", value_parser = quantity)]
     pub log_text_info_buffer_size: Option<Quantity>,
     /// [Alpha] In text format, errors go to stderr and info to stdout. Needs the LoggingAlphaOptions gate.
-    #[arg(long = "log-text-split-stream", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "log-text-split-stream", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub log_text_split_stream: bool,
 
     // klog's flags: accepted for compatibility; logs always go to stderr here.
     /// Prefix log lines with the source file's directory (accepted, no effect).
-    #[arg(long = "add_dir_header", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "add_dir_header", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub add_dir_header: bool,
     /// Log to stderr as well as files (accepted, no effect: logs go to stderr).
-    #[arg(long = "alsologtostderr", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "alsologtostderr", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub alsologtostderr: bool,
     /// Emit a stack trace when logging at file:N (accepted, no effect).
     #[arg(long = "log_backtrace_at", value_name = "<a string in the form 'file:N'>", default_value = ":0", value_parser = trace_location)]
@@ -368,16 +368,16 @@ pub struct Flags {
     #[arg(long = "log_file_max_size", value_name = "uint", default_value = "1800", value_parser = go_u64)]
     pub log_file_max_size: u64,
     /// Log to stderr instead of files (always the case here).
-    #[arg(long = "logtostderr", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "logtostderr", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub logtostderr: bool,
     /// Write each log line only to the file of its own severity (accepted, no effect).
-    #[arg(long = "one_output", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "one_output", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub one_output: bool,
     /// Omit the header prefix of log lines (accepted, no effect).
-    #[arg(long = "skip_headers", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "skip_headers", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub skip_headers: bool,
     /// Omit the header of new log files (accepted, no effect).
-    #[arg(long = "skip_log_headers", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "skip_log_headers", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub skip_log_headers: bool,
     /// Severity from which logs also go to stderr when logging to files (accepted, no effect).
     #[arg(long = "stderrthreshold", value_name = "int", default_value = "2", value_parser = severity)]
@@ -418,7 +418,7 @@ pub struct Flags {
     #[arg(long = "ebpf-maglev-table-size", value_name = "uint32", default_value = "16381", value_parser = go_u32)]
     pub ebpf_maglev_table_size: u32,
     /// [ours] Socket-level balancing of ClusterIP traffic from host processes (cgroup connect/sendmsg hooks).
-    #[arg(long = "ebpf-socket-lb", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long = "ebpf-socket-lb", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub ebpf_socket_lb: bool,
 
     #[arg(hide = true, num_args = 0.., trailing_var_arg = false)]
