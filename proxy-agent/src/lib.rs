@@ -1,5 +1,6 @@
 //! The node agent: turns Service / EndpointSlice / Node state into datapath programming.
 
+pub mod cleanup;
 pub mod datapath;
 pub mod hostsetup;
 pub mod model;
