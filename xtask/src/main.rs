@@ -94,7 +94,7 @@ fn run(task: Task) -> anyhow::Result<()> {
             setup::ensure()?;
             require_root()?;
             let status = cargo()
-                .args(["test", "--workspace"])
+                .args(["test"])
                 .args(&args)
                 .status()
                 .context("running cargo test")?;

@@ -289,7 +289,7 @@ fn wanted_frontends(state: &DesiredState) -> BTreeMap<ServiceKey, Wanted> {
     for svc in state.services.values() {
         let proto = svc.protocol.ip_proto();
         let mut backends: Vec<Backend> = svc
-            .cluster_endpoints
+            .internal_endpoints()
             .iter()
             .filter_map(|ep| match ep.ip {
                 IpAddr::V4(ip) => Some(Backend {

@@ -104,16 +104,7 @@ impl ServiceMaps for FakeMaps {
 }
 
 fn ep(ip: [u8; 4], port: u16) -> Endpoint {
-    Endpoint {
-        ip: IpAddr::V4(ip.into()),
-        port,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: None,
-        zone: None,
-        is_local: false,
-    }
+    Endpoint::new(IpAddr::V4(ip.into()), port)
 }
 
 fn service(
@@ -123,18 +114,13 @@ fn service(
     protocol: Protocol,
     eps: Vec<Endpoint>,
 ) -> DesiredService {
-    DesiredService {
-        name: ServicePortName {
-            namespace: "default".into(),
-            name: name.into(),
-            port_name: String::new(),
-            protocol,
-        },
-        cluster_ips: vec![IpAddr::V4(vip.into())],
-        port,
+    let name = ServicePortName {
+        namespace: "default".into(),
+        name: name.into(),
+        port_name: String::new(),
         protocol,
-        cluster_endpoints: eps,
-    }
+    };
+    DesiredService::cluster_ip(name, vec![IpAddr::V4(vip.into())], port, eps)
 }
 
 fn state(services: Vec<DesiredService>) -> DesiredState {

@@ -1,0 +1,116 @@
+//! `--cleanup`: remove everything any proxy mode left on the node — ours (BPF pins and
+//! attachments, our iptables chains and nftables table, IPVS state) and upstream kube-proxy's
+//! (KUBE-* chains, `kube-proxy` nftables tables, IPVS services, `kube-ipvs0`, KUBE-* ipsets) —
+//! report it, and succeed when nothing was there. Running it twice is harmless.
+
+pub mod bpf;
+pub mod exec;
+pub mod iptables;
+pub mod ipvs;
+pub mod nftables;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use exec::{CommandRunner, FakeRunner, ProcessRunner};
+pub use ipvs::{FakeGenl, GenlTransport, NetlinkTransport};
+
+/// One thing removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removed {
+    BpfPin {
+        path: PathBuf,
+    },
+    Xdp {
+        iface: String,
+    },
+    TcFilter {
+        iface: String,
+        direction: &'static str,
+    },
+    NftTable {
+        family: String,
+        name: String,
+    },
+    IptablesChain {
+        family: &'static str,
+        table: String,
+        chain: String,
+    },
+    IptablesRule {
+        family: &'static str,
+        table: String,
+        rule: String,
+    },
+    IpvsServices {
+        count: usize,
+    },
+    Link {
+        name: String,
+    },
+    IpSet {
+        name: String,
+    },
+}
+
+impl fmt::Display for Removed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Removed::BpfPin { path } => write!(f, "BPF pin {}", path.display()),
+            Removed::Xdp { iface } => write!(f, "XDP program on {iface}"),
+            Removed::TcFilter { iface, direction } => write!(f, "TC {direction} filter on {iface}"),
+            Removed::NftTable { family, name } => write!(f, "nftables table {family} {name}"),
+            Removed::IptablesChain {
+                family,
+                table,
+                chain,
+            } => write!(f, "{family} iptables chain {table}/{chain}"),
+            Removed::IptablesRule {
+                family,
+                table,
+                rule,
+            } => write!(f, "{family} iptables rule in {table}: {rule}"),
+            Removed::IpvsServices { count } => write!(f, "{count} IPVS virtual service(s)"),
+            Removed::Link { name } => write!(f, "interface {name}"),
+            Removed::IpSet { name } => write!(f, "ipset {name}"),
+        }
+    }
+}
+
+/// What a cleanup did.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    pub removed: Vec<Removed>,
+    /// Failures; any makes `--cleanup` exit non-zero.
+    pub errors: Vec<String>,
+    /// Things deliberately left alone.
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    pub fn is_ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("encountered an error while tearing down rules: {}", errors.join("; "))]
+pub struct CleanupError {
+    pub errors: Vec<String>,
+}
+
+/// Runs every cleaner. Order: BPF attachments and pins, nftables, iptables, then IPVS (its
+/// ipsets can only go once no iptables rule references them).
+pub fn cleanup_all(
+    run: &mut dyn CommandRunner,
+    genl: &mut dyn GenlTransport,
+    pin_root: &Path,
+) -> Report {
+    let mut report = Report::default();
+    bpf::detach(run, &mut report);
+    bpf::remove_pins(pin_root, &mut report);
+    nftables::cleanup(run, &mut report);
+    iptables::cleanup(run, &mut report);
+    ipvs::cleanup(genl, run, &mut report);
+    report
+}

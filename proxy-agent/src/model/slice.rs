@@ -1,0 +1,179 @@
+//! EndpointSlice -> the few fields kube-proxy needs (upstream `endpointSliceInfo`),
+//! and the per-service-port endpoint lists built from a service's slices.
+
+use std::{
+    collections::{BTreeMap, btree_map::Entry},
+    net::IpAddr,
+};
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use super::{Endpoint, NamespacedName, Protocol};
+
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// `(port name, protocol)` of a service port, the per-service half of a `ServicePortName`.
+pub type PortKey = (String, Protocol);
+
+/// Endpoints of one service, per port, sorted and de-duplicated.
+pub type EndpointsByPort = BTreeMap<PortKey, Vec<Endpoint>>;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlicePort {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    /// Upstream only ever uses `addresses[0]`.
+    pub ip: IpAddr,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub zone_hints: Vec<String>,
+    pub node_hints: Vec<String>,
+}
+
+/// One slice, reduced. Compared whole to decide whether an update changed anything.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceInfo {
+    pub service: NamespacedName,
+    pub ports: Vec<SlicePort>,
+    pub endpoints: Vec<SliceEndpoint>,
+}
+
+/// `(namespace, slice name)`.
+pub fn slice_key(slice: &EndpointSlice) -> Option<(String, String)> {
+    let name = slice.metadata.name.as_deref()?;
+    Some((
+        slice
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or("default")
+            .to_owned(),
+        name.to_owned(),
+    ))
+}
+
+/// `None` for slices kube-proxy ignores: FQDN address type or no service-name label.
+pub fn slice_info(slice: &EndpointSlice) -> Option<SliceInfo> {
+    if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
+        return None;
+    }
+    let (namespace, _) = slice_key(slice)?;
+    let service = slice
+        .metadata
+        .labels
+        .as_ref()?
+        .get(SERVICE_NAME_LABEL)
+        .filter(|s| !s.is_empty())?;
+    let mut ports: Vec<SlicePort> = slice
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| {
+            // A nil or zero port is invalid upstream ("TODO: nil means all"), so skipped.
+            let port = u16::try_from(p.port?).ok().filter(|p| *p != 0)?;
+            Some(SlicePort {
+                name: p.name.clone().unwrap_or_default(),
+                protocol: Protocol::parse(p.protocol.as_deref())?,
+                port,
+            })
+        })
+        .collect();
+    ports.sort_by_key(|p| p.port);
+    let mut endpoints: Vec<SliceEndpoint> = slice
+        .endpoints
+        .iter()
+        .flatten()
+        .filter_map(|ep| {
+            let ip: IpAddr = ep.addresses.first()?.parse().ok()?;
+            let cond = ep.conditions.as_ref();
+            let hints = ep.hints.as_ref();
+            let mut zone_hints: Vec<String> = hints
+                .and_then(|h| h.for_zones.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|z| z.name.clone())
+                .collect();
+            let mut node_hints: Vec<String> = hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|n| n.name.clone())
+                .collect();
+            zone_hints.sort();
+            zone_hints.dedup();
+            node_hints.sort();
+            node_hints.dedup();
+            Some(SliceEndpoint {
+                ip,
+                node_name: ep.node_name.clone(),
+                zone: ep.zone.clone(),
+                ready: cond.and_then(|c| c.ready).unwrap_or(true),
+                serving: cond.and_then(|c| c.serving).unwrap_or(true),
+                terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
+                zone_hints,
+                node_hints,
+            })
+        })
+        .collect();
+    endpoints.sort_by_key(|e| e.ip);
+    Some(SliceInfo {
+        service: NamespacedName::new(namespace, service.clone()),
+        ports,
+        endpoints,
+    })
+}
+
+/// Merges a service's slices into per-port endpoint lists. Each slice resolves a
+/// named target port to its own number, so one port name can map to different
+/// ports on different endpoints. The same `ip:port` in several slices appears
+/// once, a local copy winning, as upstream's `addEndpoints`.
+pub fn endpoints_by_port<'a>(
+    slices: impl IntoIterator<Item = &'a SliceInfo>,
+    node_name: &str,
+) -> EndpointsByPort {
+    let mut merged: BTreeMap<PortKey, BTreeMap<(IpAddr, u16), Endpoint>> = BTreeMap::new();
+    for slice in slices {
+        for port in &slice.ports {
+            let set = merged
+                .entry((port.name.clone(), port.protocol))
+                .or_default();
+            for ep in &slice.endpoints {
+                let is_local = !node_name.is_empty() && ep.node_name.as_deref() == Some(node_name);
+                let endpoint = Endpoint {
+                    ip: ep.ip,
+                    port: port.port,
+                    ready: ep.ready,
+                    serving: ep.serving,
+                    terminating: ep.terminating,
+                    node_name: ep.node_name.clone(),
+                    zone: ep.zone.clone(),
+                    is_local,
+                    zone_hints: ep.zone_hints.clone(),
+                    node_hints: ep.node_hints.clone(),
+                };
+                match set.entry((ep.ip, port.port)) {
+                    Entry::Vacant(v) => {
+                        v.insert(endpoint);
+                    }
+                    Entry::Occupied(mut o) if is_local => {
+                        o.insert(endpoint);
+                    }
+                    Entry::Occupied(_) => {}
+                }
+            }
+        }
+    }
+    merged
+        .into_iter()
+        .filter(|(_, set)| !set.is_empty())
+        .map(|(key, set)| (key, set.into_values().collect()))
+        .collect()
+}

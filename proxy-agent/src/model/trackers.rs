@@ -1,0 +1,193 @@
+//! Change trackers (upstream `servicechangetracker.go`, `endpointschangetracker.go`,
+//! `endpointslicecache.go`). Updates land in `pending`; [`apply`] moves them to
+//! the applied state and reports only the services whose result really changed.
+//!
+//! Unlike upstream, objects are reduced on arrival ([`ServicePorts`], [`SliceInfo`]),
+//! so no previous object needs to be kept or passed in.
+//!
+//! [`apply`]: ServiceChangeTracker::apply
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+
+use super::{
+    NamespacedName,
+    service::{ServicePorts, service_name, service_ports},
+    slice::{EndpointsByPort, SliceInfo, endpoints_by_port, slice_info, slice_key},
+};
+
+#[derive(Debug, Default)]
+pub struct ServiceChangeTracker {
+    applied: HashMap<NamespacedName, ServicePorts>,
+    pending: HashMap<NamespacedName, ServicePorts>,
+}
+
+impl ServiceChangeTracker {
+    /// Records an added or modified Service. Returns whether anything is pending,
+    /// as upstream's `ServiceChangeTracker.Update`.
+    pub fn update(&mut self, svc: &Service) -> bool {
+        match service_name(svc) {
+            Some(nn) => self.set(nn, service_ports(svc)),
+            None => self.has_pending(),
+        }
+    }
+
+    pub fn delete(&mut self, service: &NamespacedName) -> bool {
+        self.set(service.clone(), ServicePorts::new())
+    }
+
+    fn set(&mut self, nn: NamespacedName, ports: ServicePorts) -> bool {
+        // A change that returns to the applied state cancels out.
+        if self
+            .applied
+            .get(&nn)
+            .map_or(ports.is_empty(), |applied| *applied == ports)
+        {
+            self.pending.remove(&nn);
+        } else {
+            self.pending.insert(nn, ports);
+        }
+        self.has_pending()
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Applies the pending changes; returns the services added, changed or removed.
+    pub fn apply(&mut self) -> BTreeSet<NamespacedName> {
+        let mut changed = BTreeSet::new();
+        for (nn, ports) in self.pending.drain() {
+            if ports.is_empty() {
+                self.applied.remove(&nn);
+            } else {
+                self.applied.insert(nn.clone(), ports);
+            }
+            changed.insert(nn);
+        }
+        changed
+    }
+
+    pub fn ports(&self, service: &NamespacedName) -> Option<&ServicePorts> {
+        self.applied.get(service)
+    }
+
+    pub fn services(&self) -> impl Iterator<Item = (&NamespacedName, &ServicePorts)> {
+        self.applied.iter()
+    }
+}
+
+#[derive(Debug, Default)]
+struct ServiceSlices {
+    applied: BTreeMap<String, SliceInfo>,
+    /// `None` = the slice is to be removed.
+    pending: BTreeMap<String, Option<SliceInfo>>,
+    endpoints: EndpointsByPort,
+}
+
+/// Upstream's `EndpointSliceCache` + `EndpointsChangeTracker`.
+#[derive(Debug)]
+pub struct EndpointsChangeTracker {
+    node_name: String,
+    services: HashMap<NamespacedName, ServiceSlices>,
+    /// Which service each slice was last filed under, so a slice whose
+    /// service-name label changes leaves its old service (upstream does not).
+    owners: HashMap<(String, String), NamespacedName>,
+    pending_services: BTreeSet<NamespacedName>,
+}
+
+impl EndpointsChangeTracker {
+    /// `node_name` decides which endpoints are local.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        EndpointsChangeTracker {
+            node_name: node_name.into(),
+            services: HashMap::new(),
+            owners: HashMap::new(),
+            pending_services: BTreeSet::new(),
+        }
+    }
+
+    /// Records an added or modified slice. Returns whether this update changed
+    /// anything, as upstream's `EndpointSliceUpdate`.
+    pub fn update(&mut self, slice: &EndpointSlice) -> bool {
+        let Some((namespace, name)) = slice_key(slice) else {
+            return false;
+        };
+        let Some(info) = slice_info(slice) else {
+            // Lost its service label or turned FQDN: gone as far as we are concerned.
+            return self.delete(&namespace, &name);
+        };
+        let key = (namespace, name);
+        let mut changed = false;
+        if let Some(old) = self
+            .owners
+            .get(&key)
+            .filter(|old| **old != info.service)
+            .cloned()
+        {
+            changed |= self.set_pending(old, &key.1, None);
+        }
+        self.owners.insert(key.clone(), info.service.clone());
+        changed | self.set_pending(info.service.clone(), &key.1, Some(info))
+    }
+
+    pub fn delete(&mut self, namespace: &str, name: &str) -> bool {
+        match self.owners.remove(&(namespace.to_owned(), name.to_owned())) {
+            Some(owner) => self.set_pending(owner, name, None),
+            None => false,
+        }
+    }
+
+    fn set_pending(
+        &mut self,
+        service: NamespacedName,
+        slice: &str,
+        info: Option<SliceInfo>,
+    ) -> bool {
+        let entry = self.services.entry(service.clone()).or_default();
+        let current = match entry.pending.get(slice) {
+            Some(pending) => pending.as_ref(),
+            None => entry.applied.get(slice),
+        };
+        if current == info.as_ref() {
+            return false;
+        }
+        entry.pending.insert(slice.to_owned(), info);
+        self.pending_services.insert(service);
+        true
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.pending_services.is_empty()
+    }
+
+    /// Applies the pending slices; returns the services whose endpoints changed.
+    pub fn apply(&mut self) -> BTreeSet<NamespacedName> {
+        let mut changed = BTreeSet::new();
+        for service in std::mem::take(&mut self.pending_services) {
+            let Some(entry) = self.services.get_mut(&service) else {
+                continue;
+            };
+            for (name, info) in std::mem::take(&mut entry.pending) {
+                match info {
+                    Some(info) => entry.applied.insert(name, info),
+                    None => entry.applied.remove(&name),
+                };
+            }
+            let endpoints = endpoints_by_port(entry.applied.values(), &self.node_name);
+            if endpoints != entry.endpoints {
+                entry.endpoints = endpoints;
+                changed.insert(service.clone());
+            }
+            if entry.applied.is_empty() {
+                self.services.remove(&service);
+            }
+        }
+        changed
+    }
+
+    pub fn endpoints(&self, service: &NamespacedName) -> Option<&EndpointsByPort> {
+        self.services.get(service).map(|s| &s.endpoints)
+    }
+}

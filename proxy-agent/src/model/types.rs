@@ -1,0 +1,163 @@
+//! Keys and value types shared by the whole model.
+
+use std::{fmt, net::IpAddr};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// Parses a Kubernetes protocol; a missing protocol means TCP, as in the API defaults.
+    pub fn parse(s: Option<&str>) -> Option<Self> {
+        match s.unwrap_or("TCP") {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+
+    pub fn ip_proto(self) -> u8 {
+        match self {
+            Protocol::Tcp => proxy_common::proto::TCP,
+            Protocol::Udp => proxy_common::proto::UDP,
+            Protocol::Sctp => proxy_common::proto::SCTP,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    pub fn of(ip: &IpAddr) -> Self {
+        if ip.is_ipv4() {
+            IpFamily::V4
+        } else {
+            IpFamily::V6
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NamespacedName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl NamespacedName {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        NamespacedName {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for NamespacedName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Upstream's key: namespace/name plus the service port's name and protocol.
+///
+/// Field order matters: ordering by namespace and name first lets a
+/// `BTreeMap<ServicePortName, _>` be range-scanned per service.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServicePortName {
+    pub namespace: String,
+    pub name: String,
+    pub port_name: String,
+    pub protocol: Protocol,
+}
+
+impl ServicePortName {
+    pub fn new(service: &NamespacedName, port_name: impl Into<String>, protocol: Protocol) -> Self {
+        ServicePortName {
+            namespace: service.namespace.clone(),
+            name: service.name.clone(),
+            port_name: port_name.into(),
+            protocol,
+        }
+    }
+
+    pub fn service(&self) -> NamespacedName {
+        NamespacedName::new(self.namespace.clone(), self.name.clone())
+    }
+
+    pub fn belongs_to(&self, service: &NamespacedName) -> bool {
+        self.namespace == service.namespace && self.name == service.name
+    }
+
+    /// The smallest key of `service`, for range scans.
+    pub(crate) fn first_of(service: &NamespacedName) -> Self {
+        ServicePortName::new(service, String::new(), Protocol::Tcp)
+    }
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)?;
+        if !self.port_name.is_empty() {
+            write!(f, ":{}", self.port_name)?;
+        }
+        write!(f, "/{}", self.protocol)
+    }
+}
+
+/// One endpoint address and the target port resolved for this service port.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    pub port: u16,
+    /// Ready as upstream reads it: the slice's `ready` (nil = true), or any
+    /// endpoint of a service with `publishNotReadyAddresses`.
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    /// True when the endpoint runs on this node.
+    pub is_local: bool,
+    /// `hints.forZones`, sorted; empty when the slice carries none.
+    pub zone_hints: Vec<String>,
+    /// `hints.forNodes`, sorted; empty when the slice carries none.
+    pub node_hints: Vec<String>,
+}
+
+impl Endpoint {
+    pub fn family(&self) -> IpFamily {
+        IpFamily::of(&self.ip)
+    }
+
+    /// Upstream's "serving and terminating" fallback class.
+    pub fn is_serving_terminating(&self) -> bool {
+        self.serving && self.terminating
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ip {
+            IpAddr::V4(ip) => write!(f, "{ip}:{}", self.port),
+            IpAddr::V6(ip) => write!(f, "[{ip}]:{}", self.port),
+        }
+    }
+}

@@ -1,0 +1,112 @@
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use super::{Proxier, SourceState, SyncChanges};
+use crate::model::{DesiredState, NamespacedName, NodeTopology};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("{mode} sync of {changed} service ports failed; next sync will be full")]
+    Proxier {
+        mode: &'static str,
+        changed: usize,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyncOutcome {
+    /// Services or EndpointSlices not listed yet.
+    NotInitialized,
+    Synced(SyncChanges),
+}
+
+/// Owns the desired state and the proxier; `sync` is the runner's function.
+pub struct Syncer<P> {
+    source: Arc<Mutex<SourceState>>,
+    proxier: P,
+    desired: DesiredState,
+    applied_node: NodeTopology,
+    need_full_sync: bool,
+    full_sync_period: Duration,
+    last_full_sync: Option<Instant>,
+}
+
+impl<P: Proxier> Syncer<P> {
+    /// `full_sync_period`: how often a sync is forced to be full even without failures.
+    pub fn new(source: Arc<Mutex<SourceState>>, proxier: P, full_sync_period: Duration) -> Self {
+        Syncer {
+            source,
+            proxier,
+            desired: DesiredState::default(),
+            applied_node: NodeTopology::default(),
+            need_full_sync: true,
+            full_sync_period,
+            last_full_sync: None,
+        }
+    }
+
+    pub fn desired(&self) -> &DesiredState {
+        &self.desired
+    }
+
+    pub fn proxier(&self) -> &P {
+        &self.proxier
+    }
+
+    pub fn sync(&mut self) -> Result<SyncOutcome, SyncError> {
+        let changes = {
+            let mut guard = self.source.lock().unwrap_or_else(|e| e.into_inner());
+            let src = &mut *guard;
+            if !src.is_initialized() {
+                return Ok(SyncOutcome::NotInitialized);
+            }
+            let mut touched: std::collections::BTreeSet<NamespacedName> = src.services.apply();
+            touched.extend(src.endpoints.apply());
+            let periodic = self
+                .last_full_sync
+                .is_none_or(|t| t.elapsed() >= self.full_sync_period);
+            let full =
+                self.need_full_sync || periodic || src.node.topology_differs(&self.applied_node);
+            self.applied_node = src.node.clone();
+            if full {
+                self.desired = DesiredState::rebuild(&src.services, &src.endpoints, &src.node);
+                SyncChanges {
+                    full: true,
+                    changed: Default::default(),
+                }
+            } else {
+                let changed = self.desired.update_services(
+                    &touched,
+                    &src.services,
+                    &src.endpoints,
+                    &src.node,
+                );
+                SyncChanges {
+                    full: false,
+                    changed,
+                }
+            }
+        };
+        if let Err(err) = self.proxier.sync(&self.desired, &changes) {
+            // The trackers were already flushed into `desired`, so only a full
+            // sync can be sure to catch the backend up.
+            self.need_full_sync = true;
+            return Err(SyncError::Proxier {
+                mode: if changes.full { "full" } else { "partial" },
+                changed: changes.changed.len(),
+                source: Box::new(err),
+            });
+        }
+        if changes.full {
+            self.need_full_sync = false;
+            self.last_full_sync = Some(Instant::now());
+        }
+        Ok(SyncOutcome::Synced(changes))
+    }
+}

@@ -1,0 +1,85 @@
+//! The Kubernetes API source: kube-rs watchers on Services, EndpointSlices
+//! (discovery.k8s.io/v1) and this node's Node, turned into [`SourceEvent`]s.
+//!
+//! kube-rs' watcher resumes from the last resourceVersion after a disconnect
+//! and relists after 410 Gone; [`relist`] turns a relist into deletions of
+//! what disappeared meanwhile, and the first complete list into `*Synced`.
+
+mod client;
+mod relist;
+
+use futures::{Stream, StreamExt, stream};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, watcher},
+};
+
+pub use client::{ClientError, ClientOptions, build_client};
+pub use relist::{Kind, NodeKind, Relister, ServiceKind, SliceKind};
+
+use crate::sync::SourceEvent;
+
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+
+/// Upstream's informer selector for Services and EndpointSlices: objects
+/// meant for another proxy, or for headless services, are not even listed.
+pub fn proxy_label_selector() -> String {
+    format!("!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}")
+}
+
+/// All three watches merged into one stream, which never ends.
+pub fn events(client: Client, node_name: &str) -> impl Stream<Item = SourceEvent> + Send + use<> {
+    stream::select_all([
+        service_events(client.clone()).boxed(),
+        slice_events(client.clone()).boxed(),
+        node_events(client, node_name).boxed(),
+    ])
+}
+
+pub fn service_events(client: Client) -> impl Stream<Item = SourceEvent> + Send {
+    let config = watcher::Config::default().labels(&proxy_label_selector());
+    relisted(watcher(Api::<Service>::all(client), config), ServiceKind)
+}
+
+pub fn slice_events(client: Client) -> impl Stream<Item = SourceEvent> + Send {
+    let config = watcher::Config::default().labels(&proxy_label_selector());
+    relisted(
+        watcher(Api::<EndpointSlice>::all(client), config),
+        SliceKind,
+    )
+}
+
+pub fn node_events(
+    client: Client,
+    node_name: &str,
+) -> impl Stream<Item = SourceEvent> + Send + use<> {
+    let config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    relisted(watcher(Api::<Node>::all(client), config), NodeKind)
+}
+
+fn relisted<K, S>(watch: S, kind: K) -> impl Stream<Item = SourceEvent> + Send
+where
+    K: Kind + Send + 'static,
+    K::Object: Send + 'static,
+    S: Stream<Item = Result<watcher::Event<K::Object>, watcher::Error>> + Send,
+{
+    let mut relister = Relister::new(kind);
+    watch
+        .default_backoff()
+        .filter_map(move |event| {
+            let out = match event {
+                Ok(event) => relister.on_event(event),
+                Err(error) => {
+                    tracing::warn!(kind = K::NAME, %error, "watch failed; retrying with backoff");
+                    Vec::new()
+                }
+            };
+            futures::future::ready(Some(stream::iter(out)))
+        })
+        .flatten()
+}

@@ -1,0 +1,110 @@
+//! Helpers shared by the options_* integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use proxy_agent::options::mode::FixedSupport;
+use proxy_agent::options::{Environment, OptionsError, Parsed, ProxyMode, ProxyOptions, parse};
+
+pub const HOSTNAME: &str = "Test-Node";
+
+/// A directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "options-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn file(&self, name: &str, content: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, content).unwrap();
+        p
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn support(modes: &[ProxyMode]) -> FixedSupport {
+    FixedSupport {
+        supported: modes.to_vec(),
+    }
+}
+
+/// Parses with a node that supports only iptables (so a blank mode means iptables, as upstream).
+pub fn try_parse(args: &[&str]) -> Result<Parsed, OptionsError> {
+    try_parse_with(args, &[ProxyMode::Iptables])
+}
+
+pub fn try_parse_with(args: &[&str], modes: &[ProxyMode]) -> Result<Parsed, OptionsError> {
+    let s = support(modes);
+    let env = Environment {
+        support: &s,
+        hostname: Some(HOSTNAME.into()),
+    };
+    let mut all = vec!["kube-proxy"];
+    all.extend_from_slice(args);
+    parse(all, &env)
+}
+
+pub fn opts(args: &[&str]) -> ProxyOptions {
+    opts_with(args, &[ProxyMode::Iptables])
+}
+
+pub fn opts_with(args: &[&str], modes: &[ProxyMode]) -> ProxyOptions {
+    match try_parse_with(args, modes) {
+        Ok(Parsed::Run(o)) => *o,
+        Ok(other) => panic!("expected a run configuration for {args:?}, got {other:?}"),
+        Err(e) => panic!("parsing {args:?} failed: {e}"),
+    }
+}
+
+pub fn err(args: &[&str]) -> OptionsError {
+    match try_parse(args) {
+        Err(e) => e,
+        Ok(p) => panic!("expected {args:?} to fail, got {p:?}"),
+    }
+}
+
+/// A config file with the standard header and `body`.
+pub fn config_file(dir: &TempDir, body: &str) -> String {
+    let text = format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{body}"
+    );
+    dir.file("config.yaml", &text)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Loads `body` as a --config file (iptables-only node) and returns the parse result.
+pub fn parse_file(body: &str) -> Result<Parsed, OptionsError> {
+    let dir = TempDir::new("file");
+    let path = config_file(&dir, body);
+    try_parse(&["--config", &path])
+}
+
+/// Value at a dotted path in the serialised config.
+pub fn value_at(v: &serde_yaml::Value, path: &str) -> serde_yaml::Value {
+    let mut cur = v.clone();
+    for key in path.split('.') {
+        cur = cur
+            .get(key)
+            .unwrap_or_else(|| panic!("no {key} in path {path}"))
+            .clone();
+    }
+    cur
+}

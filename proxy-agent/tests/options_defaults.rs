@@ -1,0 +1,275 @@
+//! Every field's default (config_rules.md §1 and the first rows of §4), for both sources:
+//! no flags at all, and a --config file holding only apiVersion/kind.
+
+mod options_common;
+use options_common::*;
+use proxy_agent::options::ProxyMode;
+use serde_yaml::Value;
+
+/// (v1alpha1 path, expected value as YAML) after defaulting on a Linux node where only iptables
+/// works (so the blank mode resolves to iptables exactly as upstream's platform default).
+const DEFAULTS: &[(&str, &str)] = &[
+    ("apiVersion", "kubeproxy.config.k8s.io/v1alpha1"),
+    ("kind", "KubeProxyConfiguration"),
+    ("featureGates", "{}"),
+    ("clientConnection.kubeconfig", "''"),
+    ("clientConnection.acceptContentTypes", "''"),
+    (
+        "clientConnection.contentType",
+        "application/vnd.kubernetes.protobuf",
+    ),
+    ("clientConnection.qps", "5.0"),
+    ("clientConnection.burst", "10"),
+    ("logging.format", "text"),
+    ("logging.flushFrequency", "5s"),
+    ("logging.verbosity", "0"),
+    ("logging.vmodule", "[]"),
+    ("logging.options.text.infoBufferSize", "'0'"),
+    ("logging.options.json.infoBufferSize", "'0'"),
+    ("hostnameOverride", "''"),
+    ("bindAddress", "0.0.0.0"),
+    ("healthzBindAddress", "0.0.0.0:10256"),
+    ("metricsBindAddress", "127.0.0.1:10249"),
+    ("bindAddressHardFail", "false"),
+    ("enableProfiling", "false"),
+    ("showHiddenMetricsForVersion", "''"),
+    ("mode", "iptables"),
+    ("iptables.masqueradeBit", "14"),
+    ("iptables.masqueradeAll", "false"),
+    ("iptables.localhostNodePorts", "true"),
+    ("iptables.syncPeriod", "30s"),
+    ("iptables.minSyncPeriod", "1s"),
+    ("ipvs.syncPeriod", "30s"),
+    ("ipvs.minSyncPeriod", "0s"),
+    ("ipvs.scheduler", "''"),
+    ("ipvs.excludeCIDRs", "[]"),
+    ("ipvs.strictARP", "false"),
+    ("ipvs.tcpTimeout", "0s"),
+    ("ipvs.tcpFinTimeout", "0s"),
+    ("ipvs.udpTimeout", "0s"),
+    ("nftables.masqueradeBit", "14"),
+    ("nftables.masqueradeAll", "false"),
+    ("nftables.syncPeriod", "30s"),
+    ("nftables.minSyncPeriod", "1s"),
+    ("winkernel.networkName", "''"),
+    ("winkernel.sourceVip", "''"),
+    ("winkernel.enableDSR", "false"),
+    ("winkernel.rootHnsEndpointName", "''"),
+    ("winkernel.forwardHealthCheckVip", "false"),
+    ("detectLocalMode", "ClusterCIDR"),
+    ("detectLocal.bridgeInterface", "''"),
+    ("detectLocal.interfaceNamePrefix", "''"),
+    ("clusterCIDR", "''"),
+    ("nodePortAddresses", "[]"),
+    ("oomScoreAdj", "-999"),
+    ("conntrack.maxPerCore", "32768"),
+    ("conntrack.min", "131072"),
+    ("conntrack.tcpEstablishedTimeout", "24h0m0s"),
+    ("conntrack.tcpCloseWaitTimeout", "1h0m0s"),
+    ("conntrack.tcpBeLiberal", "false"),
+    ("conntrack.udpTimeout", "0s"),
+    ("conntrack.udpStreamTimeout", "0s"),
+    ("configSyncPeriod", "15m0s"),
+    ("portRange", "''"),
+    ("windowsRunAsService", "false"),
+];
+
+fn check_defaults(source: &str, o: &proxy_agent::options::ProxyOptions) {
+    let v = serde_yaml::to_value(&o.config).unwrap();
+    for (path, want) in DEFAULTS {
+        let want: Value = serde_yaml::from_str(want).unwrap();
+        assert_eq!(value_at(&v, path), want, "{source}: default of {path}");
+    }
+}
+
+#[test]
+fn no_flags_no_file() {
+    let o = opts(&[]);
+    check_defaults("flags", &o);
+    assert_eq!(o.mode, ProxyMode::Iptables);
+    assert_eq!(o.sync_period().to_string(), "30s");
+    assert_eq!(o.min_sync_period().to_string(), "1s");
+    assert_eq!(o.node_name, "test-node", "OS hostname, lower-cased");
+    assert!(!o.cleanup && !o.init_only);
+}
+
+#[test]
+fn empty_file() {
+    let dir = TempDir::new("defaults");
+    let path = config_file(&dir, "");
+    check_defaults("file", &opts(&["--config", &path]));
+}
+
+#[test]
+fn every_leaf_field_is_in_the_table() {
+    // Guards the table itself: a field added to the type without a default row fails here.
+    let v = serde_yaml::to_value(&opts(&[]).config).unwrap();
+    fn leaves(prefix: &str, v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Mapping(m) if !m.is_empty() && prefix != "featureGates" => {
+                for (k, sub) in m {
+                    let k = k.as_str().unwrap();
+                    let p = if prefix.is_empty() {
+                        k.to_string()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    leaves(&p, sub, out);
+                }
+            }
+            _ => out.push(prefix.to_string()),
+        }
+    }
+    let mut all = Vec::new();
+    leaves("", &v, &mut all);
+    for leaf in all {
+        assert!(
+            DEFAULTS.iter().any(|(p, _)| *p == leaf),
+            "no default row for {leaf}"
+        );
+    }
+}
+
+#[test]
+fn ipv6_bind_address_moves_server_defaults() {
+    let o = opts(&["--bind-address=fd00::1"]);
+    assert_eq!(o.config.healthz_bind_address, "[::]:10256");
+    assert_eq!(o.config.metrics_bind_address, "[::1]:10249");
+}
+
+#[test]
+fn file_addresses_without_port_get_the_default_port() {
+    let dir = TempDir::new("defaults");
+    let path = config_file(
+        &dir,
+        "healthzBindAddress: 0.0.0.0\nmetricsBindAddress: \"::1\"\n",
+    );
+    let o = opts(&["--config", &path]);
+    assert_eq!(o.config.healthz_bind_address, "0.0.0.0:10256");
+    assert_eq!(o.config.metrics_bind_address, "[::1]:10249");
+}
+
+#[test]
+fn zero_durations_in_a_file_are_defaulted_pointer_ones_are_kept() {
+    // syncPeriod is a plain Duration (0 = unset); minSyncPeriod is *Duration (0 stays 0).
+    let dir = TempDir::new("defaults");
+    let path = config_file(
+        &dir,
+        "iptables:\n  syncPeriod: 0s\n  minSyncPeriod: 0s\n  masqueradeBit: 0\nconntrack:\n  maxPerCore: 0\n  tcpEstablishedTimeout: 0s\noomScoreAdj: 0\n",
+    );
+    let o = opts(&["--config", &path]);
+    assert_eq!(o.config.iptables.sync_period.to_string(), "30s");
+    assert_eq!(o.config.iptables.min_sync_period.unwrap().to_string(), "0s");
+    assert_eq!(o.config.iptables.masquerade_bit, Some(0));
+    assert_eq!(o.config.conntrack.max_per_core, Some(0));
+    assert_eq!(
+        o.config
+            .conntrack
+            .tcp_established_timeout
+            .unwrap()
+            .to_string(),
+        "0s"
+    );
+    assert_eq!(o.config.oom_score_adj, Some(0));
+}
+
+#[test]
+fn nftables_mode_defaults_node_port_addresses_to_primary() {
+    let o = opts(&["--proxy-mode=nftables"]);
+    assert_eq!(o.config.node_port_addresses, vec!["primary".to_string()]);
+    assert_eq!(o.sync_period().to_string(), "30s");
+    assert_eq!(o.min_sync_period().to_string(), "1s");
+    assert_eq!(o.masquerade_bit(), 14);
+    assert_eq!(
+        o.node_port_addresses(),
+        proxy_agent::options::NodePortAddresses::Primary
+    );
+}
+
+#[test]
+fn blank_mode_picks_the_best_supported_mode() {
+    let all = [ProxyMode::Ebpf, ProxyMode::Nftables, ProxyMode::Iptables];
+    let o = opts_with(&[], &all);
+    assert_eq!(o.mode, ProxyMode::Ebpf);
+    assert_eq!(o.config.mode, "ebpf");
+    assert!(o.mode_choice.as_ref().unwrap().reason.contains("ebpf"));
+    let o = opts_with(&[], &[ProxyMode::Nftables, ProxyMode::Iptables]);
+    assert_eq!(o.mode, ProxyMode::Nftables);
+    assert!(
+        o.mode_choice
+            .unwrap()
+            .reason
+            .contains("ebpf is unavailable")
+    );
+    assert_eq!(o.config.node_port_addresses, vec!["primary".to_string()]);
+    let o = opts_with(&["--proxy-mode=ipvs"], &[]);
+    assert_eq!(o.mode, ProxyMode::Ipvs);
+    assert!(o.mode_choice.is_none(), "explicit modes are not probed");
+}
+
+#[test]
+fn unsupported_explicit_mode_is_fatal_at_startup() {
+    let o = opts_with(&["--proxy-mode=ipvs"], &[ProxyMode::Iptables]);
+    let e = o
+        .check_mode_supported(&support(&[ProxyMode::Iptables]))
+        .unwrap_err();
+    assert!(
+        e.to_string().starts_with("can't use the ipvs proxier: "),
+        "{e}"
+    );
+    assert!(o.check_mode_supported(&support(&[ProxyMode::Ipvs])).is_ok());
+}
+
+#[test]
+fn ebpf_extension_defaults() {
+    let o = opts(&[]);
+    let e = &o.ebpf;
+    assert_eq!(e.api_version, "ebpf.kube-ebpf-proxy.io/v1alpha1");
+    assert_eq!(e.kind, "EbpfDatapathConfiguration");
+    assert_eq!(
+        e.pod_prefixes(),
+        ["veth", "cali", "lxc", "cni", "gke", "eni", "azv"]
+    );
+    assert!(
+        !e.pod_prefixes()
+            .iter()
+            .any(|p| "vxlan.calico".starts_with(p.as_str()))
+    );
+    assert!(e.external_interfaces.is_empty());
+    assert_eq!(e.xdp_mode, proxy_agent::options::ebpf::XdpMode::Auto);
+    assert_eq!(
+        (e.maps.services, e.maps.backends, e.maps.conntrack),
+        (65536, 65536, 0)
+    );
+    assert_eq!(
+        e.load_balancing.algorithm,
+        proxy_agent::options::ebpf::LbAlgorithm::Random
+    );
+    assert_eq!(e.load_balancing.maglev_table_size, 16381);
+    assert!(e.socket_lb_enabled());
+}
+
+#[test]
+fn ebpf_conntrack_is_sized_and_expired_from_the_conntrack_settings() {
+    use proxy_agent::options::ebpf::conntrack_params;
+    let o = opts(&["--conntrack-udp-timeout=45s"]);
+    let p = conntrack_params(&o.config, &o.ebpf, 2);
+    assert_eq!(p.max_entries, 131072, "max(32768*2, min 131072)");
+    assert_eq!(conntrack_params(&o.config, &o.ebpf, 8).max_entries, 262144);
+    assert_eq!(
+        conntrack_params(&o.config, &o.ebpf, 256).max_entries,
+        1 << 20,
+        "capped"
+    );
+    assert_eq!(p.tcp_established.to_string(), "24h0m0s");
+    assert_eq!(p.tcp_close_wait.to_string(), "1h0m0s");
+    assert_eq!(p.udp.to_string(), "45s");
+    assert_eq!(p.udp_stream.to_string(), "2m0s", "0 = kernel default");
+    let o = opts(&[
+        "--ebpf-map-size-conntrack=4096",
+        "--conntrack-max-per-core=0",
+    ]);
+    assert_eq!(conntrack_params(&o.config, &o.ebpf, 4).max_entries, 4096);
+    let o = opts(&["--conntrack-max-per-core=0"]);
+    assert_eq!(conntrack_params(&o.config, &o.ebpf, 4).max_entries, 262144);
+}

@@ -1,0 +1,425 @@
+//! The API source against a scripted fake API server (kube's tower-test mock
+//! pattern), fed JSON as a real apiserver sends it: lists with
+//! metadata.resourceVersion, watch ADDED/MODIFIED/DELETED/BOOKMARK lines, and an
+//! ERROR event carrying a 410 Status that forces a relist.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use http::{Request, Response};
+use kube::{Client, client::Body};
+use proxy_agent::{
+    model::{NamespacedName, Protocol, ServicePortName},
+    sync::{Proxier, SourceEvent, SourceState, SyncChanges, Syncer},
+    watch,
+};
+use serde_json::{Value, json};
+use tower_test::mock;
+
+const NODE: &str = "node-a";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Res {
+    Services,
+    Slices,
+    Nodes,
+}
+
+/// One scripted answer: what the request must look like, and the body.
+struct Step {
+    watch: bool,
+    /// Expected `resourceVersion` query parameter of a watch.
+    rv: Option<&'static str>,
+    body: String,
+}
+
+fn list(kind: &str, api_version: &str, rv: &str, items: Vec<Value>) -> Step {
+    let body = json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": rv}, "items": items});
+    Step {
+        watch: false,
+        rv: None,
+        body: body.to_string(),
+    }
+}
+
+fn watch_lines(rv: &'static str, events: Vec<Value>) -> Step {
+    let body = events.iter().map(|e| e.to_string() + "\n").collect();
+    Step {
+        watch: true,
+        rv: Some(rv),
+        body,
+    }
+}
+
+fn ev(kind: &str, object: Value) -> Value {
+    json!({"type": kind, "object": object})
+}
+
+fn gone(rv: &str) -> Value {
+    ev(
+        "ERROR",
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("too old resource version: {rv} (150)"), "reason": "Expired", "code": 410}),
+    )
+}
+
+fn service(name: &str, rv: &str, port: i32) -> Value {
+    json!({"kind": "Service", "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "resourceVersion": rv},
+        "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+            "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "sessionAffinity": "None",
+            "internalTrafficPolicy": "Cluster",
+            "ports": [{"name": "http", "port": port, "protocol": "TCP", "targetPort": 8080}]},
+        "status": {"loadBalancer": {}}})
+}
+
+fn endpoint_slice(name: &str, service: &str, rv: &str, ip: &str) -> Value {
+    json!({"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+        "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv, "generateName": format!("{service}-"),
+            "labels": {"kubernetes.io/service-name": service, "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": service, "uid": format!("uid-{service}")}]},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": true, "serving": true, "terminating": false},
+            "nodeName": "node-b", "zone": "z1", "targetRef": {"kind": "Pod", "namespace": "ns", "name": "pod"}}],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
+}
+
+fn node(rv: &str, zone: &str) -> Value {
+    json!({"kind": "Node", "apiVersion": "v1",
+        "metadata": {"name": NODE, "resourceVersion": rv,
+            "labels": {"kubernetes.io/hostname": NODE, "topology.kubernetes.io/zone": zone}},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.10"}]}})
+}
+
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() + 1 {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+fn query(req: &Request<Body>) -> BTreeMap<String, String> {
+    req.uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+/// Serves scripted steps per resource, in order; requests past the end of a
+/// script are held open forever, like an idle watch. Mismatches are recorded.
+fn fake_apiserver(scripts: Vec<(Res, Vec<Step>)>) -> (Client, Arc<Mutex<Vec<String>>>) {
+    let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let errs = errors.clone();
+    let mut scripts: BTreeMap<Res, VecDeque<Step>> =
+        scripts.into_iter().map(|(r, s)| (r, s.into())).collect();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let res = match req.uri().path() {
+                "/api/v1/services" => Res::Services,
+                "/apis/discovery.k8s.io/v1/endpointslices" => Res::Slices,
+                "/api/v1/nodes" => Res::Nodes,
+                other => {
+                    errs.lock()
+                        .unwrap()
+                        .push(format!("unexpected path {other}"));
+                    continue;
+                }
+            };
+            let q = query(&req);
+            let selector_ok = match res {
+                Res::Services | Res::Slices => {
+                    q.get("labelSelector").map(String::as_str)
+                        == Some(
+                            "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless",
+                        )
+                }
+                Res::Nodes => {
+                    q.get("fieldSelector").map(String::as_str) == Some("metadata.name=node-a")
+                }
+            };
+            if !selector_ok {
+                errs.lock()
+                    .unwrap()
+                    .push(format!("{res:?}: bad selector in {}", req.uri()));
+            }
+            let Some(step) = scripts.get_mut(&res).and_then(VecDeque::pop_front) else {
+                held.push(send);
+                continue;
+            };
+            let is_watch = q.get("watch").map(String::as_str) == Some("true");
+            if is_watch != step.watch
+                || (step.watch && q.get("resourceVersion").map(String::as_str) != step.rv)
+            {
+                errs.lock().unwrap().push(format!(
+                    "{res:?}: expected watch={} rv={:?}, got {}",
+                    step.watch,
+                    step.rv,
+                    req.uri()
+                ));
+            }
+            send.send_response(
+                Response::builder()
+                    .status(200)
+                    .body(Body::from(step.body.into_bytes()))
+                    .unwrap(),
+            );
+        }
+    });
+    (Client::new(svc, "default"), errors)
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unused")]
+struct Never;
+
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<SyncChanges>>>);
+
+impl Proxier for Recorder {
+    type Error = Never;
+    fn sync(
+        &mut self,
+        _: &proxy_agent::model::DesiredState,
+        changes: &SyncChanges,
+    ) -> Result<(), Never> {
+        self.0.lock().unwrap().push(changes.clone());
+        Ok(())
+    }
+}
+
+fn describe(e: &SourceEvent) -> String {
+    match e {
+        SourceEvent::ServiceApplied(s) => {
+            format!(
+                "svc+ {} port {}",
+                s.metadata.name.as_deref().unwrap(),
+                s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port
+            )
+        }
+        SourceEvent::ServiceDeleted(nn) => format!("svc- {}", nn.name),
+        SourceEvent::ServicesSynced => "svc synced".into(),
+        SourceEvent::SliceApplied(s) => format!(
+            "slice+ {} -> {}",
+            s.metadata.name.as_deref().unwrap(),
+            s.metadata.labels.as_ref().unwrap()["kubernetes.io/service-name"]
+        ),
+        SourceEvent::SliceDeleted(nn) => format!("slice- {}", nn.name),
+        SourceEvent::SlicesSynced => "slices synced".into(),
+        SourceEvent::NodeApplied(n) => format!(
+            "node {}",
+            n.metadata.labels.as_ref().unwrap()["topology.kubernetes.io/zone"]
+        ),
+        SourceEvent::NodeDeleted => "node-".into(),
+    }
+}
+
+/// Collects events until the stream has been quiet for a minute of paused time.
+async fn drain(
+    stream: &mut (impl futures::Stream<Item = SourceEvent> + Unpin),
+) -> Vec<SourceEvent> {
+    let mut out = Vec::new();
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_secs(60), stream.next()).await {
+        out.push(e);
+    }
+    out
+}
+
+fn of(events: &[SourceEvent], prefix: &str) -> Vec<String> {
+    events
+        .iter()
+        .map(describe)
+        .filter(|d| d.starts_with(prefix))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn lists_watches_bookmark_410_relist_slice_move_and_node_labels() {
+    let scripts = vec![
+        (
+            Res::Services,
+            vec![
+                list(
+                    "ServiceList",
+                    "v1",
+                    "100",
+                    vec![service("a", "10", 80), service("b", "11", 80)],
+                ),
+                watch_lines(
+                    "100",
+                    vec![
+                        ev("ADDED", service("c", "101", 80)),
+                        ev("MODIFIED", service("a", "102", 8080)),
+                        ev(
+                            "BOOKMARK",
+                            json!({"kind": "Service", "apiVersion": "v1", "metadata": {"resourceVersion": "105"}}),
+                        ),
+                    ],
+                ),
+                // Resumes from the bookmark's resourceVersion.
+                watch_lines("105", vec![ev("DELETED", service("b", "106", 80))]),
+                watch_lines("106", vec![gone("106")]),
+                // Relist after 410: "c" vanished while we were not watching.
+                list(
+                    "ServiceList",
+                    "v1",
+                    "200",
+                    vec![service("a", "102", 8080), service("d", "150", 80)],
+                ),
+            ],
+        ),
+        (
+            Res::Slices,
+            vec![
+                list(
+                    "EndpointSliceList",
+                    "discovery.k8s.io/v1",
+                    "300",
+                    vec![
+                        endpoint_slice("a-1", "a", "30", "10.0.0.1"),
+                        endpoint_slice("b-1", "b", "31", "10.0.0.2"),
+                    ],
+                ),
+                watch_lines(
+                    "300",
+                    vec![
+                        ev("MODIFIED", endpoint_slice("a-1", "d", "301", "10.0.0.1")),
+                        ev("ADDED", endpoint_slice("a-2", "a", "302", "10.0.0.3")),
+                        ev("DELETED", endpoint_slice("b-1", "b", "303", "10.0.0.2")),
+                    ],
+                ),
+            ],
+        ),
+        (
+            Res::Nodes,
+            vec![
+                list("NodeList", "v1", "500", vec![node("50", "z1")]),
+                watch_lines("500", vec![ev("MODIFIED", node("501", "z2"))]),
+            ],
+        ),
+    ];
+    let (client, errors) = fake_apiserver(scripts);
+    let mut stream = Box::pin(watch::events(client, NODE));
+    let events = drain(&mut stream).await;
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:#?}",
+        errors.lock().unwrap()
+    );
+
+    assert_eq!(
+        of(&events, "svc"),
+        [
+            "svc+ a port 80",
+            "svc+ b port 80",
+            "svc synced",
+            "svc+ c port 80",
+            "svc+ a port 8080",
+            "svc- b",
+            "svc+ a port 8080",
+            "svc+ d port 80",
+            "svc- c",
+            "svc synced",
+        ]
+    );
+    assert_eq!(
+        of(&events, "slice"),
+        [
+            "slice+ a-1 -> a",
+            "slice+ b-1 -> b",
+            "slices synced",
+            "slice+ a-1 -> d",
+            "slice+ a-2 -> a",
+            "slice- b-1",
+        ]
+    );
+    assert_eq!(of(&events, "node"), ["node z1", "node z2"]);
+
+    // The same events through the engine: final state and what asked for syncs.
+    let source = Arc::new(Mutex::new(SourceState::new(NODE)));
+    let rec = Recorder::default();
+    let mut syncer = Syncer::new(source.clone(), rec.clone(), Duration::from_secs(3600));
+    let mut wants = Vec::new();
+    for e in events {
+        let d = describe(&e);
+        let want = source.lock().unwrap().handle(e);
+        wants.push((d, want));
+    }
+    assert!(
+        wants.iter().any(|(d, w)| d == "node z2" && *w),
+        "zone change asks for a sync: {wants:?}"
+    );
+    syncer.sync().unwrap();
+    let spn = |n: &str| ServicePortName {
+        namespace: "ns".into(),
+        name: n.into(),
+        port_name: "http".into(),
+        protocol: Protocol::Tcp,
+    };
+    let desired = syncer.desired();
+    assert_eq!(
+        desired.services.keys().cloned().collect::<Vec<_>>(),
+        [spn("a"), spn("d")]
+    );
+    let ips = |n: &str| {
+        desired.services[&spn(n)]
+            .cluster_endpoints
+            .iter()
+            .map(|e| e.ip.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(desired.services[&spn("a")].port, 8080);
+    assert_eq!(ips("a"), ["10.0.0.3"], "a-1 moved to d");
+    assert_eq!(ips("d"), ["10.0.0.1"]);
+    assert_eq!(rec.0.lock().unwrap().len(), 1);
+    let _ = NamespacedName::new("ns", "unused");
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_synced_while_endpoint_slices_are_not_listed() {
+    // Services list fine; the EndpointSlice list never answers.
+    let scripts = vec![(
+        Res::Services,
+        vec![list("ServiceList", "v1", "1", vec![service("a", "1", 80)])],
+    )];
+    let (client, errors) = fake_apiserver(scripts);
+    let mut stream = Box::pin(watch::events(client, NODE));
+    let events = drain(&mut stream).await;
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:#?}",
+        errors.lock().unwrap()
+    );
+    assert_eq!(
+        events.iter().map(describe).collect::<Vec<_>>(),
+        ["svc+ a port 80", "svc synced"]
+    );
+    let source = Arc::new(Mutex::new(SourceState::new(NODE)));
+    let rec = Recorder::default();
+    let mut syncer = Syncer::new(source.clone(), rec.clone(), Duration::from_secs(3600));
+    for e in events {
+        assert!(!source.lock().unwrap().handle(e));
+    }
+    syncer.sync().unwrap();
+    assert!(rec.0.lock().unwrap().is_empty());
+}
