@@ -29,7 +29,7 @@ pub enum SessionAffinity {
 /// per-family upstream proxier never sees them. Within a family, an empty
 /// `load_balancer_source_ranges` means "no restriction" (upstream filters the
 /// ranges per family the same way).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServicePortInfo {
     pub cluster_ips: Vec<IpAddr>,
     pub port: u16,

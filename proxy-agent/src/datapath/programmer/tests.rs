@@ -95,6 +95,7 @@ fn ep(ip: [u8; 4], port: u16) -> Endpoint {
         node_name: None,
         zone: None,
         is_local: false,
+        ..Default::default()
     }
 }
 
@@ -105,6 +106,7 @@ fn service(name: &str, vip: [u8; 4], port: u16, protocol: Protocol, eps: Vec<End
         port,
         protocol,
         cluster_endpoints: eps,
+        ..Default::default()
     }
 }
 
