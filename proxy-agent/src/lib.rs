@@ -6,5 +6,6 @@ pub mod hostsetup;
 pub mod model;
 pub mod options;
 pub mod runner;
+pub mod startup;
 pub mod sync;
 pub mod watch;
