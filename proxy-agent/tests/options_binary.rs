@@ -111,3 +111,47 @@ fn write_config_to_exits_0_and_reloads() {
         std::fs::read_to_string(&ext2).unwrap()
     );
 }
+
+#[path = "cleanup_common/mod.rs"]
+mod cleanup_common;
+
+#[test]
+fn init_only_sets_the_mode_sysctls_and_exits_0() {
+    // Inside a test namespace; route_localnet and the conntrack timeouts are per-namespace.
+    let ns = cleanup_common::NetNs::new();
+    let read = |k: &str| {
+        ns.sh("cat", &[&format!("/proc/sys/{k}")])
+            .trim()
+            .to_string()
+    };
+    ns.sh(
+        "sysctl",
+        &["-q", "-w", "net.ipv4.conf.all.route_localnet=0"],
+    );
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.name,
+            BIN,
+            "--init-only",
+            "--proxy-mode=iptables",
+            "--conntrack-max-per-core=0",
+        ])
+        .args([
+            "--conntrack-tcp-timeout-established=2h",
+            "--conntrack-tcp-timeout-close-wait=0",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read("net/ipv4/conf/all/route_localnet"), "1");
+    assert_eq!(
+        read("net/netfilter/nf_conntrack_tcp_timeout_established"),
+        "7200"
+    );
+}
