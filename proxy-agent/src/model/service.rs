@@ -98,7 +98,7 @@ pub fn service_ports(svc: &Service) -> ServicePorts {
         Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
         _ => spec.cluster_ip.as_deref().into_iter().collect(),
     };
-    if raw_ips.iter().any(|ip| *ip == "None") {
+    if raw_ips.contains(&"None") {
         return out;
     }
     let cluster_ips: Vec<IpAddr> = raw_ips
