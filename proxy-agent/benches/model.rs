@@ -109,27 +109,36 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+fn build(events: Vec<SourceEvent>) -> (Arc<Mutex<SourceState>>, Syncer<Sink>) {
+    let source = Arc::new(Mutex::new(SourceState::new(NODE)));
+    let syncer = Syncer::new(source.clone(), Sink(0), Duration::from_secs(3600));
+    {
+        let mut src = source.lock().unwrap();
+        for event in events {
+            src.handle(event);
+        }
+    }
+    (source, syncer)
+}
+
 fn main() {
     let services: Vec<Service> = (0..SERVICES).map(service).collect();
     let slices: Vec<EndpointSlice> = (0..SERVICES).map(|i| slice(i, 0)).collect();
-    let changed_slices: Vec<EndpointSlice> = (0..2).map(|g| slice(SERVICES / 2, g * 7)).collect();
+    let changed_slices: Vec<EndpointSlice> = (1..=2).map(|g| slice(SERVICES / 2, g * 7)).collect();
 
-    let heap_before = LIVE.load(Ordering::Relaxed);
-    let rss_before = statm_rss_bytes();
+    // Timing: events are built first, as the watch hands over owned objects.
+    let events: Vec<SourceEvent> = services
+        .iter()
+        .map(|s| SourceEvent::ServiceApplied(Box::new(s.clone())))
+        .chain(
+            slices
+                .iter()
+                .map(|s| SourceEvent::SliceApplied(Box::new(s.clone()))),
+        )
+        .chain([SourceEvent::ServicesSynced, SourceEvent::SlicesSynced])
+        .collect();
     let start = Instant::now();
-    let source = Arc::new(Mutex::new(SourceState::new(NODE)));
-    let mut syncer = Syncer::new(source.clone(), Sink(0), Duration::from_secs(3600));
-    {
-        let mut src = source.lock().unwrap();
-        for s in &services {
-            src.handle(SourceEvent::ServiceApplied(Box::new(s.clone())));
-        }
-        for s in &slices {
-            src.handle(SourceEvent::SliceApplied(Box::new(s.clone())));
-        }
-        src.handle(SourceEvent::ServicesSynced);
-        src.handle(SourceEvent::SlicesSynced);
-    }
+    let (source, mut syncer) = build(events);
     let fed = start.elapsed();
     let outcome = syncer.sync().unwrap();
     let full = start.elapsed();
@@ -138,6 +147,24 @@ fn main() {
         SyncOutcome::Synced(SyncChanges { full: true, .. })
     ));
     assert_eq!(syncer.desired().services.len(), SERVICES);
+    drop((source, syncer));
+
+    // Memory: what the agent keeps (trackers + desired state), inputs excluded.
+    let heap_before = LIVE.load(Ordering::Relaxed);
+    let rss_before = statm_rss_bytes();
+    let events: Vec<SourceEvent> = services
+        .iter()
+        .map(|s| SourceEvent::ServiceApplied(Box::new(s.clone())))
+        .chain(
+            slices
+                .iter()
+                .map(|s| SourceEvent::SliceApplied(Box::new(s.clone()))),
+        )
+        .chain([SourceEvent::ServicesSynced, SourceEvent::SlicesSynced])
+        .collect();
+    let input = LIVE.load(Ordering::Relaxed) - heap_before;
+    let (source, mut syncer) = build(events);
+    syncer.sync().unwrap();
     let heap_state = LIVE.load(Ordering::Relaxed) - heap_before;
     let rss_after = statm_rss_bytes();
 
@@ -190,7 +217,7 @@ fn main() {
         );
     }
     println!(
-        "  (input objects alone: {:.1} MiB, not kept by the agent)",
-        mib(heap_before)
+        "  (the 20,000 input objects: {:.1} MiB, dropped as they are fed)",
+        mib(input)
     );
 }

@@ -1,91 +1,108 @@
-//! The agent's main loop in standalone mode: watch the manifests directory
-//! and the node's interfaces, keep the datapath programmed, and tear
-//! everything down on SIGTERM/SIGINT.
+//! The agent's runtime: loads the datapath, keeps it attached to pod
+//! interfaces, feeds the chosen source (API server or manifests directory)
+//! through the sync engine into the ebpf proxier, and tears everything down
+//! on SIGTERM/SIGINT.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
+use futures::{Stream, StreamExt};
 use tokio::signal::unix::{SignalKind, signal};
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
-use crate::{datapath::Datapath, manifests, model};
+use crate::{
+    datapath::{self, Attacher, EbpfProxier, MapSizes},
+    manifests,
+    options::{ProxyMode, ProxyOptions, ebpf::conntrack_params},
+    sync::{self, SourceEvent, SyncTiming},
+    watch,
+};
 
-/// How often the directory and the interfaces are looked at; changes are
-/// applied within this period.
+/// How often pod interfaces and the manifests directory are looked at.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
-pub struct Settings {
-    pub manifests_dir: PathBuf,
-    pub node_name: String,
-    /// Host-side interfaces whose name starts with one of these face pods.
-    pub pod_interface_prefixes: Vec<String>,
-}
+pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
+    if opts.mode != ProxyMode::Ebpf {
+        bail!(
+            "proxy mode {} is accepted but not implemented yet; use --proxy-mode ebpf",
+            opts.mode
+        );
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let sizes = MapSizes {
+        services: opts.ebpf.maps.services,
+        backends: opts.ebpf.maps.backends,
+        conntrack: conntrack_params(&opts.config, &opts.ebpf, cpus).max_entries,
+    };
+    let prefixes = opts.ebpf.pod_interface_prefixes.clone().unwrap_or_default();
+    let mut ebpf = datapath::load_with(sizes)?;
+    let (maps, stats) = datapath::kernel_maps(&mut ebpf)?;
+    let mut attacher = Attacher::new(ebpf, prefixes.clone());
+    let proxier = EbpfProxier::new(maps);
+    info!(node = %opts.node_name, ?sizes, ?prefixes, "datapath loaded");
 
-pub async fn run(settings: Settings) -> anyhow::Result<()> {
-    let mut datapath = Datapath::new(settings.pod_interface_prefixes.clone())?;
-    info!(
-        manifests = %settings.manifests_dir.display(),
-        node = %settings.node_name,
-        prefixes = ?settings.pod_interface_prefixes,
-        "datapath loaded"
-    );
+    let timing = SyncTiming {
+        min_sync_period: opts.min_sync_period().to_std().unwrap_or_default(),
+        sync_period: opts
+            .sync_period()
+            .to_std()
+            .unwrap_or(Duration::from_secs(30)),
+        ..SyncTiming::default()
+    };
+    let events = source(&opts).await?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut tick = tokio::time::interval(POLL_INTERVAL);
-    let mut last_fingerprint = None;
 
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
-            _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
-        }
-        if let Err(e) = datapath.reconcile_interfaces() {
-            warn!(error = %format!("{e:#}"), "reconciling pod interfaces");
-        }
-        let fingerprint = match manifests::fingerprint(&settings.manifests_dir) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                warn!(dir = %settings.manifests_dir.display(), error = %e, "cannot read the manifests directory");
-                continue;
-            }
-        };
-        if fingerprint == last_fingerprint {
-            continue;
-        }
-        last_fingerprint = fingerprint;
-        match manifests::load_dir(&settings.manifests_dir) {
-            Ok(objects) => {
-                let state = model::build_desired_state(
-                    &objects.services,
-                    &objects.endpoint_slices,
-                    &settings.node_name,
-                );
-                match datapath.sync(&state) {
-                    Ok(stats) => info!(
-                        services = state.services.len(),
-                        frontends = stats.frontends,
-                        backends = stats.backends,
-                        writes = stats.writes,
-                        deletes = stats.deletes,
-                        flushed_flows = stats.flushed_flows,
-                        "datapath synced"
-                    ),
-                    Err(e) => {
-                        error!(error = %e, "datapath sync failed; retrying");
-                        last_fingerprint = None;
-                    }
-                }
-            }
-            Err(e) => {
-                error!(error = %e, "manifests rejected; the last good state stays programmed")
+    let engine = sync::run(
+        events,
+        &opts.node_name,
+        proxier,
+        timing,
+        std::future::pending(),
+    );
+    let interfaces = async {
+        let mut tick = tokio::time::interval(POLL_INTERVAL);
+        loop {
+            tick.tick().await;
+            if let Err(e) = attacher.reconcile() {
+                warn!(error = %format!("{e:#}"), "reconciling pod interfaces");
             }
         }
+    };
+    // Cancelling the engine is safe: a sync runs without awaiting, so it is
+    // never cut half-way.
+    tokio::select! {
+        result = engine => result.context("the sync engine stopped")?,
+        _ = interfaces => {}
+        _ = sigterm.recv() => info!("SIGTERM: shutting down"),
+        _ = sigint.recv() => info!("SIGINT: shutting down"),
     }
 
-    let interfaces: Vec<String> = datapath.attached_interfaces().map(str::to_owned).collect();
-    let counters = datapath.counters();
-    drop(datapath);
-    info!(detached = ?interfaces, counters = ?counters, "programs detached and maps released");
+    let detached: Vec<String> = attacher.attached_interfaces().map(str::to_owned).collect();
+    drop(attacher);
+    info!(detached = ?detached, counters = ?datapath::stats::read(&stats), "programs detached and maps released");
     Ok(())
+}
+
+async fn source(
+    opts: &ProxyOptions,
+) -> anyhow::Result<std::pin::Pin<Box<dyn Stream<Item = SourceEvent> + Send>>> {
+    if let Some(dir) = &opts.manifests {
+        info!(dir = %dir.display(), "source: manifests directory");
+        return Ok(manifests::events(dir.clone(), opts.node_name.clone(), POLL_INTERVAL).boxed());
+    }
+    let cc = &opts.config.client_connection;
+    let client = watch::build_client(&watch::ClientOptions {
+        kubeconfig: Some(cc.kubeconfig.clone())
+            .filter(|k| !k.is_empty())
+            .map(Into::into),
+        master: Some(opts.master.clone()).filter(|m| !m.is_empty()),
+        qps: Some(cc.qps),
+        burst: u32::try_from(cc.burst).ok(),
+        content_type: Some(cc.content_type.clone()).filter(|c| !c.is_empty()),
+    })
+    .await
+    .context("connecting to the API server")?;
+    info!("source: API server");
+    Ok(watch::events(client, &opts.node_name).boxed())
 }

@@ -9,5 +9,6 @@ pub mod model;
 pub mod options;
 pub mod packet;
 pub mod runner;
+pub mod startup;
 pub mod sync;
 pub mod watch;

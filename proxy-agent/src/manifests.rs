@@ -13,6 +13,8 @@ use std::{
 use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
 use serde::de::DeserializeOwned;
 
+use crate::{model::NamespacedName, sync::SourceEvent};
+
 /// The objects of one consistent read of the directory.
 #[derive(Debug, Default, Clone)]
 pub struct Manifests {
@@ -289,4 +291,143 @@ fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
         }
     }
     Ok(())
+}
+
+/// The directory as a source of [`SourceEvent`]s, polled every `interval`:
+/// the first good read lists everything and marks both kinds synced; later
+/// reads send only what changed. A bad read sends nothing, so the last good
+/// state stays programmed. The stream never ends.
+pub fn events(
+    dir: PathBuf,
+    node_name: String,
+    interval: std::time::Duration,
+) -> impl futures::Stream<Item = SourceEvent> + Send {
+    struct Poll {
+        dir: PathBuf,
+        node_name: String,
+        interval: std::time::Duration,
+        fingerprint: Option<Vec<(PathBuf, u64, SystemTime)>>,
+        last: Option<Manifests>,
+        pending: std::collections::VecDeque<SourceEvent>,
+    }
+    let state = Poll {
+        dir,
+        node_name,
+        interval,
+        fingerprint: None,
+        last: None,
+        pending: Default::default(),
+    };
+    futures::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(event) = s.pending.pop_front() {
+                return Some((event, s));
+            }
+            if s.fingerprint.is_some() {
+                tokio::time::sleep(s.interval).await;
+            }
+            let fingerprint = match fingerprint(&s.dir) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    tracing::warn!(dir = %s.dir.display(), error = %e, "cannot read the manifests directory");
+                    s.fingerprint = Some(Vec::new());
+                    continue;
+                }
+            };
+            if fingerprint == s.fingerprint {
+                continue;
+            }
+            s.fingerprint = fingerprint;
+            match load_dir(&s.dir) {
+                Ok(next) => {
+                    s.pending.extend(diff(s.last.as_ref(), &next, &s.node_name));
+                    tracing::info!(
+                        dir = %s.dir.display(),
+                        services = next.services.len(),
+                        endpoint_slices = next.endpoint_slices.len(),
+                        changes = s.pending.len(),
+                        "manifests read"
+                    );
+                    s.last = Some(next);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "manifests rejected; the last good state stays programmed")
+                }
+            }
+        }
+    })
+}
+
+fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> NamespacedName {
+    NamespacedName::new(
+        meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Events that turn `prev` into `next` (everything, plus the synced markers, when `prev` is `None`).
+fn diff(prev: Option<&Manifests>, next: &Manifests, node_name: &str) -> Vec<SourceEvent> {
+    use std::collections::BTreeMap;
+    fn index<T>(
+        items: &[T],
+        meta: impl Fn(&T) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> BTreeMap<NamespacedName, &T> {
+        items.iter().map(|i| (key(meta(i)), i)).collect()
+    }
+    let empty = Manifests::default();
+    let old = prev.unwrap_or(&empty);
+    let mut out = Vec::new();
+
+    let (before, after) = (
+        index(&old.services, |s| &s.metadata),
+        index(&next.services, |s| &s.metadata),
+    );
+    for (k, svc) in &after {
+        if before.get(k) != Some(svc) {
+            out.push(SourceEvent::ServiceApplied(Box::new((*svc).clone())));
+        }
+    }
+    out.extend(
+        before
+            .keys()
+            .filter(|k| !after.contains_key(*k))
+            .cloned()
+            .map(SourceEvent::ServiceDeleted),
+    );
+
+    let (before, after) = (
+        index(&old.endpoint_slices, |s| &s.metadata),
+        index(&next.endpoint_slices, |s| &s.metadata),
+    );
+    for (k, slice) in &after {
+        if before.get(k) != Some(slice) {
+            out.push(SourceEvent::SliceApplied(Box::new((*slice).clone())));
+        }
+    }
+    out.extend(
+        before
+            .keys()
+            .filter(|k| !after.contains_key(*k))
+            .cloned()
+            .map(SourceEvent::SliceDeleted),
+    );
+
+    let ours = |nodes: &[Node]| {
+        nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(node_name))
+            .cloned()
+    };
+    match (ours(&old.nodes), ours(&next.nodes)) {
+        (before, Some(node)) if before.as_ref() != Some(&node) => {
+            out.push(SourceEvent::NodeApplied(Box::new(node)))
+        }
+        (Some(_), None) => out.push(SourceEvent::NodeDeleted),
+        _ => {}
+    }
+    if prev.is_none() {
+        out.push(SourceEvent::ServicesSynced);
+        out.push(SourceEvent::SlicesSynced);
+    }
+    out
 }

@@ -52,7 +52,10 @@ impl Fixture {
 
     /// web: VIP:80/TCP and VIP:53/UDP -> `backends`:8080; empty: EMPTY_VIP:80 with none.
     fn program(&mut self, backends: &[Ipv4Addr]) {
-        let eps: Vec<Endpoint> = backends.iter().map(|ip| Endpoint::new(IpAddr::V4(*ip), TARGET_PORT)).collect();
+        let eps: Vec<Endpoint> = backends
+            .iter()
+            .map(|ip| Endpoint::new(IpAddr::V4(*ip), TARGET_PORT))
+            .collect();
         let svc = |name: &str, vip: Ipv4Addr, port: u16, protocol: Protocol, eps: Vec<Endpoint>| {
             let name = ServicePortName {
                 namespace: "default".into(),
@@ -60,7 +63,10 @@ impl Fixture {
                 port_name: protocol.to_string(),
                 protocol,
             };
-            (name.clone(), DesiredService::cluster_ip(name, vec![IpAddr::V4(vip)], port, eps))
+            (
+                name.clone(),
+                DesiredService::cluster_ip(name, vec![IpAddr::V4(vip)], port, eps),
+            )
         };
         let state = DesiredState {
             services: [

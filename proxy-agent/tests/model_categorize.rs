@@ -89,11 +89,21 @@ fn endpoint(e: &E) -> Endpoint {
         ready: e.ready,
         serving: e.serving,
         terminating: e.terminating,
-        node_name: Some(if e.local { NODE } else { "other" }.to_owned()),
+        node_name: Some(if e.local { NODE } else { "other" }.into()),
         zone: None,
         is_local: e.local,
-        zone_hints: e.zones.iter().map(|z| z.to_string()).collect(),
-        node_hints: e.nodes.iter().map(|z| z.to_string()).collect(),
+        zone_hints: e
+            .zones
+            .iter()
+            .map(|z| z.to_string())
+            .collect::<Vec<_>>()
+            .into(),
+        node_hints: e
+            .nodes
+            .iter()
+            .map(|z| z.to_string())
+            .collect::<Vec<_>>()
+            .into(),
     }
 }
 

@@ -423,3 +423,19 @@ async fn nothing_is_synced_while_endpoint_slices_are_not_listed() {
     syncer.sync().unwrap();
     assert!(rec.0.lock().unwrap().is_empty());
 }
+
+#[test]
+fn node_name_is_the_override_or_hostname_lower_cased() {
+    assert_eq!(
+        watch::node_name(Some(" Node-A.Example ")).unwrap(),
+        "node-a.example"
+    );
+    let host = watch::node_name(None).unwrap();
+    assert!(!host.is_empty());
+    assert_eq!(host, host.to_lowercase());
+    assert_eq!(
+        watch::node_name(Some("")).unwrap(),
+        host,
+        "an empty override falls back to the hostname"
+    );
+}

@@ -233,11 +233,10 @@ impl GenlTransport for NetlinkTransport {
                     }
                     let m = buf[off..off + len].to_vec();
                     let ty = u16_at(&m, 4).unwrap_or(0);
-                    finished |= ty == NLMSG_ERROR
-                        || ty == NLMSG_DONE
-                        || !dump
-                            && ty != NLMSG_ERROR
-                            && u16_at(msg, 6).unwrap_or(0) & NLM_F_ACK == 0;
+                    let wants_ack = u16_at(msg, 6).unwrap_or(0) & NLM_F_ACK != 0;
+                    // ERROR ends everything (it is also the ACK), DONE ends a dump, and a
+                    // plain request without ACK ends with its single reply.
+                    finished |= ty == NLMSG_ERROR || ty == NLMSG_DONE || (!dump && !wants_ack);
                     out.push(m);
                     off += align4(len);
                 }

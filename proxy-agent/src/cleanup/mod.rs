@@ -114,3 +114,31 @@ pub fn cleanup_all(
     ipvs::cleanup(genl, run, &mut report);
     report
 }
+
+/// Best-effort removal, at a normal start, of what *other* modes left behind (upstream's
+/// `platformCleanup` without `--cleanup`): nftables mode removes iptables and IPVS leftovers,
+/// iptables/ipvs modes remove nftables leftovers, and ebpf mode removes all three so a node
+/// migrated from kube-proxy carries no stale rules. Our BPF pins are never touched here.
+pub fn leftovers_of_other_modes(
+    mode: crate::options::ProxyMode,
+    run: &mut dyn CommandRunner,
+    genl: &mut dyn GenlTransport,
+) -> Report {
+    use crate::options::ProxyMode;
+    let mut report = Report::default();
+    let (ipt, ipvs_too, nft) = match mode {
+        ProxyMode::Nftables => (true, true, false),
+        ProxyMode::Iptables | ProxyMode::Ipvs => (false, false, true),
+        ProxyMode::Ebpf => (true, true, true),
+    };
+    if nft {
+        nftables::cleanup(run, &mut report);
+    }
+    if ipt {
+        iptables::cleanup(run, &mut report);
+    }
+    if ipvs_too {
+        ipvs::cleanup(genl, run, &mut report);
+    }
+    report
+}

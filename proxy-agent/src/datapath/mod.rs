@@ -22,16 +22,47 @@ pub use maps::{KernelMaps, MapError, ServiceMaps};
 pub use object::{OBJECT, PROG_FROM_POD};
 pub use programmer::{Programmer, SyncStats};
 
-use crate::model::DesiredState;
+use crate::{
+    model::DesiredState,
+    sync::{Proxier, SyncChanges},
+};
+
+/// Capacities of the maps, chosen at load time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSizes {
+    pub services: u32,
+    pub backends: u32,
+    pub conntrack: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        use proxy_common::maps::*;
+        MapSizes {
+            services: MAX_SERVICE_ENTRIES,
+            backends: MAX_BACKENDS,
+            conntrack: MAX_CONNTRACK,
+        }
+    }
+}
+
+/// Loads the embedded object into the kernel with the default map sizes, without attaching anything.
+pub fn load() -> anyhow::Result<Ebpf> {
+    load_with(MapSizes::default())
+}
 
 /// Loads the embedded object into the kernel without attaching anything.
-pub fn load() -> anyhow::Result<Ebpf> {
+pub fn load_with(sizes: MapSizes) -> anyhow::Result<Ebpf> {
+    use proxy_common::maps as names;
     if OBJECT.is_empty() {
         bail!(
             "this binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it"
         );
     }
     let mut ebpf = EbpfLoader::new()
+        .map_max_entries(names::SERVICES, sizes.services)
+        .map_max_entries(names::BACKENDS, sizes.backends)
+        .map_max_entries(names::CONNTRACK, sizes.conntrack)
         .load(OBJECT)
         .context("loading the eBPF object into the kernel")?;
     let prog: &mut SchedClassifier = ebpf
@@ -64,42 +95,62 @@ pub fn kernel_maps(ebpf: &mut Ebpf) -> anyhow::Result<(KernelMaps, PerCpuArray<M
     ))
 }
 
-/// A loaded and attached datapath. Dropping it detaches every program
-/// (TCX links are owned by this process) and frees the maps.
-pub struct Datapath {
-    ebpf: Ebpf,
+/// The ebpf mode's [`Proxier`]: programs the service maps from the desired state.
+pub struct EbpfProxier {
     maps: KernelMaps,
-    stats: PerCpuArray<MapData, u64>,
     programmer: Programmer,
+}
+
+impl EbpfProxier {
+    pub fn new(maps: KernelMaps) -> Self {
+        Self {
+            maps,
+            programmer: Programmer::new(),
+        }
+    }
+}
+
+impl Proxier for EbpfProxier {
+    type Error = MapError;
+
+    /// Every sync diffs the whole desired state against what is programmed,
+    /// which is already minimal in writes; `changes` is not needed for that.
+    fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), MapError> {
+        let stats = self.programmer.sync(desired, &mut self.maps)?;
+        info!(
+            full = changes.full,
+            changed = changes.changed.len(),
+            frontends = stats.frontends,
+            backends = stats.backends,
+            writes = stats.writes,
+            deletes = stats.deletes,
+            flushed_flows = stats.flushed_flows,
+            "datapath synced"
+        );
+        Ok(())
+    }
+}
+
+/// Keeps `tc_from_pod` attached to every pod-facing interface. Dropping it
+/// detaches everything (TCX links are owned by this process).
+pub struct Attacher {
+    ebpf: Ebpf,
     interface_prefixes: Vec<String>,
     attached: BTreeMap<String, (u32, SchedClassifierLinkId)>,
 }
 
-impl Datapath {
-    pub fn new(interface_prefixes: Vec<String>) -> anyhow::Result<Self> {
-        let mut ebpf = load()?;
-        let (maps, stats) = kernel_maps(&mut ebpf)?;
-        Ok(Self {
+impl Attacher {
+    pub fn new(ebpf: Ebpf, interface_prefixes: Vec<String>) -> Self {
+        Self {
             ebpf,
-            maps,
-            stats,
-            programmer: Programmer::new(),
             interface_prefixes,
             attached: BTreeMap::new(),
-        })
-    }
-
-    pub fn sync(&mut self, state: &DesiredState) -> Result<SyncStats, MapError> {
-        self.programmer.sync(state, &mut self.maps)
-    }
-
-    pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        stats::read(&self.stats)
+        }
     }
 
     /// Attaches to pod interfaces that appeared and forgets ones that went
     /// away (the kernel drops their links with them).
-    pub fn reconcile_interfaces(&mut self) -> anyhow::Result<()> {
+    pub fn reconcile(&mut self) -> anyhow::Result<()> {
         let present =
             interfaces::matching(&self.interface_prefixes).context("listing /sys/class/net")?;
         let prog: &mut SchedClassifier = self

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::{DesiredService, Endpoint, FamilySet, ServicePortName, SessionAffinity};
+use super::{DesiredService, Endpoint, FamilySet, ServicePortName};
 
 impl Endpoint {
     /// A ready, serving endpoint on no particular node.
@@ -13,12 +13,7 @@ impl Endpoint {
             port,
             ready: true,
             serving: true,
-            terminating: false,
-            node_name: None,
-            zone: None,
-            is_local: false,
-            zone_hints: Vec::new(),
-            node_hints: Vec::new(),
+            ..Default::default()
         }
     }
 }
@@ -41,16 +36,8 @@ impl DesiredService {
             cluster_ips,
             port,
             cluster_endpoints: endpoints,
-            local_endpoints: Vec::new(),
-            node_port: None,
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            load_balancer_source_ranges: Vec::new(),
-            session_affinity: SessionAffinity::None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
             has_any_endpoints,
+            ..Default::default()
         }
     }
 }

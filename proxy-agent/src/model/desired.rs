@@ -67,7 +67,7 @@ impl FamilySet {
 
 /// Everything a mode needs to program one service port. Address lists mix
 /// both families; each endpoint list was categorised per family.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DesiredService {
     pub name: ServicePortName,
     pub cluster_ips: Vec<IpAddr>,

@@ -1,15 +1,16 @@
 //! Service -> one [`ServicePortInfo`] per service port (upstream `serviceport.go`
 //! and `servicechangetracker.go`'s `serviceToServiceMap`).
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Service;
 
 use super::{IpFamily, NamespacedName, Protocol, ServicePortName};
 
-/// All ports of one service, keyed as everywhere else.
-pub type ServicePorts = BTreeMap<ServicePortName, ServicePortInfo>;
+/// All ports of one service, sorted by key. A Vec, not a map: services have
+/// few ports and a BTreeMap node per service costs kilobytes at 10k services.
+pub type ServicePorts = Vec<(ServicePortName, ServicePortInfo)>;
 
 /// Upstream's default `sessionAffinityConfig.clientIP.timeoutSeconds`.
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
@@ -29,7 +30,7 @@ pub enum SessionAffinity {
 /// per-family upstream proxier never sees them. Within a family, an empty
 /// `load_balancer_source_ranges` means "no restriction" (upstream filters the
 /// ranges per family the same way).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServicePortInfo {
     pub cluster_ips: Vec<IpAddr>,
     pub port: u16,
@@ -97,7 +98,7 @@ pub fn service_ports(svc: &Service) -> ServicePorts {
         Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
         _ => spec.cluster_ip.as_deref().into_iter().collect(),
     };
-    if raw_ips.iter().any(|ip| *ip == "None") {
+    if raw_ips.contains(&"None") {
         return out;
     }
     let cluster_ips: Vec<IpAddr> = raw_ips
@@ -173,7 +174,7 @@ pub fn service_ports(svc: &Service) -> ServicePorts {
             continue;
         };
         let spn = ServicePortName::new(&nn, port.name.clone().unwrap_or_default(), protocol);
-        out.insert(
+        out.push((
             spn,
             ServicePortInfo {
                 cluster_ips: cluster_ips.clone(),
@@ -192,7 +193,10 @@ pub fn service_ports(svc: &Service) -> ServicePorts {
                 health_check_node_port,
                 publish_not_ready_addresses,
             },
-        );
+        ));
     }
+    // API validation forbids duplicate name/protocol pairs; manifests might not.
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out.dedup_by(|a, b| a.0 == b.0);
     out
 }

@@ -4,6 +4,7 @@
 use std::{
     collections::{BTreeMap, btree_map::Entry},
     net::IpAddr,
+    sync::Arc,
 };
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -29,13 +30,13 @@ pub struct SlicePort {
 pub struct SliceEndpoint {
     /// Upstream only ever uses `addresses[0]`.
     pub ip: IpAddr,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub zone_hints: Vec<String>,
-    pub node_hints: Vec<String>,
+    pub zone_hints: Arc<[String]>,
+    pub node_hints: Arc<[String]>,
 }
 
 /// One slice, reduced. Compared whole to decide whether an update changed anything.
@@ -113,13 +114,13 @@ pub fn slice_info(slice: &EndpointSlice) -> Option<SliceInfo> {
             node_hints.dedup();
             Some(SliceEndpoint {
                 ip,
-                node_name: ep.node_name.clone(),
-                zone: ep.zone.clone(),
+                node_name: ep.node_name.as_deref().map(Arc::from),
+                zone: ep.zone.as_deref().map(Arc::from),
                 ready: cond.and_then(|c| c.ready).unwrap_or(true),
                 serving: cond.and_then(|c| c.serving).unwrap_or(true),
                 terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
-                zone_hints,
-                node_hints,
+                zone_hints: zone_hints.into(),
+                node_hints: node_hints.into(),
             })
         })
         .collect();

@@ -1,9 +1,14 @@
 //! Keys and value types shared by the whole model.
 
-use std::{fmt, net::IpAddr};
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr},
+    sync::Arc,
+};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Protocol {
+    #[default]
     Tcp,
     Udp,
     Sctp,
@@ -80,7 +85,7 @@ impl fmt::Display for NamespacedName {
 ///
 /// Field order matters: ordering by namespace and name first lets a
 /// `BTreeMap<ServicePortName, _>` be range-scanned per service.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePortName {
     pub namespace: String,
     pub name: String,
@@ -132,14 +137,32 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
+    /// Shared with the slice cache: cloning an endpoint never copies strings.
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
     /// True when the endpoint runs on this node.
     pub is_local: bool,
     /// `hints.forZones`, sorted; empty when the slice carries none.
-    pub zone_hints: Vec<String>,
+    pub zone_hints: Arc<[String]>,
     /// `hints.forNodes`, sorted; empty when the slice carries none.
-    pub node_hints: Vec<String>,
+    pub node_hints: Arc<[String]>,
+}
+
+impl Default for Endpoint {
+    fn default() -> Self {
+        Endpoint {
+            ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            port: 0,
+            ready: true,
+            serving: true,
+            terminating: false,
+            node_name: None,
+            zone: None,
+            is_local: false,
+            zone_hints: Arc::new([]),
+            node_hints: Arc::new([]),
+        }
+    }
 }
 
 impl Endpoint {

@@ -128,18 +128,12 @@ pub struct LoadBalancing {
     pub maglev_table_size: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SocketLb {
     /// Socket-level (connect/sendmsg) balancing for ClusterIP traffic from host processes.
     #[serde(default)]
     pub enabled: Option<bool>,
-}
-
-impl Default for SocketLb {
-    fn default() -> Self {
-        SocketLb { enabled: None }
-    }
 }
 
 impl EbpfDatapathConfiguration {
@@ -184,7 +178,7 @@ fn is_prime(n: u32) -> bool {
     n >= 2
         && (2..)
             .take_while(|d: &u32| (*d as u64) * (*d as u64) <= n as u64)
-            .all(|d| n % d != 0)
+            .all(|d| !n.is_multiple_of(d))
 }
 
 fn valid_ifname(s: &str) -> bool {

@@ -32,6 +32,18 @@ pub fn proxy_label_selector() -> String {
     format!("!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}")
 }
 
+/// `--hostname-override`, else the kernel hostname; trimmed and lower-cased
+/// as upstream's `GetHostname`.
+pub fn node_name(hostname_override: Option<&str>) -> std::io::Result<String> {
+    let name = match hostname_override.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(name) => name.to_owned(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")?
+            .trim()
+            .to_owned(),
+    };
+    Ok(name.to_lowercase())
+}
+
 /// All three watches merged into one stream, which never ends.
 pub fn events(client: Client, node_name: &str) -> impl Stream<Item = SourceEvent> + Send + use<> {
     stream::select_all([

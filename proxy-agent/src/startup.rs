@@ -1,0 +1,175 @@
+//! The start-up sequence of config_rules.md §3, from the raw command line to validated
+//! settings ready for the proxy runtime: options -> `--help`/`--version` -> logging ->
+//! `--write-config-to` -> `--cleanup` -> mode support -> leftovers of other modes ->
+//! host set-up (sysctls) -> `--init-only` -> OOM score. Bad input exits 1 before any step
+//! that changes the node.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::cleanup::{self, NetlinkTransport, ProcessRunner};
+use crate::hostsetup::{self, ProcParams};
+use crate::options::{self, Environment, HostSupport, Parsed, ProxyOptions, write};
+
+/// What `main` does next.
+pub enum Next {
+    /// Run the proxy with these settings.
+    Run(Box<ProxyOptions>),
+    /// Exit now with this code (help, version, write-config, cleanup, init-only, errors).
+    Exit(ExitCode),
+}
+
+fn fail(msg: impl std::fmt::Display) -> Next {
+    eprintln!("error: {msg}");
+    Next::Exit(ExitCode::FAILURE)
+}
+
+/// Maps klog verbosity to a tracing level: 0-1 info, 2-4 debug, 5+ trace. `RUST_LOG` wins.
+fn init_logging(o: &ProxyOptions) {
+    let level = match o.config.logging.verbosity {
+        0 | 1 => "info",
+        2..=4 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    use std::io::IsTerminal as _;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+/// Runs the start-up sequence on `args` (program name first).
+pub fn prepare(args: impl IntoIterator<Item = OsString>) -> Next {
+    let env = Environment {
+        support: &HostSupport,
+        hostname: None,
+    };
+    let o = match options::parse(args, &env) {
+        Ok(Parsed::Help(h)) => {
+            print!("{h}");
+            return Next::Exit(ExitCode::SUCCESS);
+        }
+        Ok(Parsed::Version(v)) => {
+            println!("{v}");
+            return Next::Exit(ExitCode::SUCCESS);
+        }
+        Ok(Parsed::Run(o)) => o,
+        Err(e) => return fail(e),
+    };
+    init_logging(&o);
+    for w in &o.warnings {
+        tracing::warn!("{w}");
+    }
+
+    if o.write_config_to.is_some() || o.ebpf_write_config_to.is_some() {
+        if let Some(p) = &o.write_config_to {
+            if let Err(e) = write::write_file(p, &o.config) {
+                return fail(e);
+            }
+            tracing::info!(path = %p.display(), "wrote KubeProxyConfiguration");
+        }
+        if let Some(p) = &o.ebpf_write_config_to {
+            if let Err(e) = write::write_file(p, &o.ebpf) {
+                return fail(e);
+            }
+            tracing::info!(path = %p.display(), "wrote EbpfDatapathConfiguration");
+        }
+        return Next::Exit(ExitCode::SUCCESS);
+    }
+
+    if o.cleanup {
+        let report = cleanup::cleanup_all(
+            &mut ProcessRunner::default(),
+            &mut NetlinkTransport,
+            Path::new(options::ebpf::PIN_ROOT),
+        );
+        if report.removed.is_empty() {
+            println!("nothing to clean up");
+        }
+        for r in &report.removed {
+            println!("removed {r}");
+        }
+        for n in &report.notes {
+            println!("note: {n}");
+        }
+        if !report.is_ok() {
+            return fail(cleanup::CleanupError {
+                errors: report.errors,
+            });
+        }
+        return Next::Exit(ExitCode::SUCCESS);
+    }
+
+    if let Err(e) = o.check_mode_supported(&HostSupport) {
+        return fail(e);
+    }
+    match &o.mode_choice {
+        Some(c) => tracing::info!(mode = %o.mode, reason = %c.reason, "proxy mode chosen"),
+        None => tracing::info!(mode = %o.mode, "proxy mode set by configuration"),
+    }
+
+    let leftovers = cleanup::leftovers_of_other_modes(
+        o.mode,
+        &mut ProcessRunner::default(),
+        &mut NetlinkTransport,
+    );
+    for r in &leftovers.removed {
+        tracing::info!("removed leftover {r}");
+    }
+    for e in &leftovers.errors {
+        tracing::warn!("leftover cleanup: {e}");
+    }
+
+    let mut params = ProcParams::default();
+    if o.mode.uses_kernel_conntrack() {
+        match hostsetup::conntrack::apply(
+            &o.config,
+            hostsetup::conntrack::online_cpus(),
+            &mut params,
+        ) {
+            Ok(r) => {
+                for w in &r.writes {
+                    tracing::info!(key = %w.key, old = ?w.old, new = %w.new, "set conntrack parameter");
+                }
+                for w in &r.warnings {
+                    tracing::warn!("{w}");
+                }
+            }
+            Err(e) => return fail(e),
+        }
+    } else {
+        let ct = options::ebpf::conntrack_params(
+            &o.config,
+            &o.ebpf,
+            hostsetup::conntrack::online_cpus(),
+        );
+        tracing::info!(
+            ?ct,
+            "ebpf mode: conntrack settings size and expire the BPF conntrack table"
+        );
+    }
+    match hostsetup::modes::apply(&o, &mut params) {
+        Ok(writes) => {
+            for w in writes {
+                tracing::info!(key = %w.key, new = %w.new, "set sysctl");
+            }
+        }
+        Err(e) => return fail(e),
+    }
+
+    if o.init_only {
+        tracing::info!("--init-only: host initialisation done, exiting");
+        return Next::Exit(ExitCode::SUCCESS);
+    }
+
+    if let Some(adj) = o.config.oom_score_adj
+        && let Err(e) = hostsetup::oom::apply(adj, Path::new(hostsetup::oom::SELF_OOM_SCORE_ADJ))
+    {
+        tracing::warn!(value = adj, error = %e, "failed to set oom_score_adj");
+    }
+    Next::Run(o)
+}
