@@ -11,8 +11,10 @@ pub enum MapError {
         #[source]
         source: aya::maps::MapError,
     },
-    #[error("a service has {count} backends, more than the 65535 slots a frontend can address")]
+    #[error("too many backends ({count}): a frontend addresses at most 65535 slots")]
     TooManyBackends { count: usize },
+    #[error("more than 65535 service ports: no service id left")]
+    TooManyServices,
 }
 
 pub trait ServiceMaps {

@@ -113,10 +113,13 @@ impl EbpfProxier {
 impl Proxier for EbpfProxier {
     type Error = MapError;
 
-    /// Every sync diffs the whole desired state against what is programmed,
-    /// which is already minimal in writes; `changes` is not needed for that.
     fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), MapError> {
-        let stats = self.programmer.sync(desired, &mut self.maps)?;
+        let stats = if changes.full {
+            self.programmer.sync(desired, &mut self.maps)?
+        } else {
+            self.programmer
+                .sync_changed(desired, &changes.changed, &mut self.maps)?
+        };
         info!(
             full = changes.full,
             changed = changes.changed.len(),

@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
 use proxy_common::{CtDirection, CtKey, CtValue};
@@ -366,4 +366,93 @@ fn stable_slots_fills_holes_with_newcomers() {
     assert_eq!(stable_slots(&[1, 2, 3], &[3, 1, 4]), vec![1, 4, 3]);
     assert_eq!(stable_slots(&[], &[5, 6]), vec![5, 6]);
     assert_eq!(stable_slots(&[1, 2], &[]), Vec::<BackendId>::new());
+}
+
+#[test]
+fn partial_sync_touches_only_the_changed_ports() {
+    let mut maps = FakeMaps::default();
+    let mut p = Programmer::new();
+    let shared = ep([198, 18, 1, 2], 80);
+    let a = service("a", VIP, 80, Protocol::Tcp, vec![shared.clone()]);
+    let b = service(
+        "b",
+        [198, 19, 0, 11],
+        80,
+        Protocol::Tcp,
+        vec![shared.clone()],
+    );
+    p.sync(&state(vec![a.clone(), b.clone()]), &mut maps)
+        .unwrap();
+
+    // `a` changes in the state but only `b` is named as changed: `a` must stay as programmed.
+    let a2 = service("a", VIP, 80, Protocol::Tcp, vec![ep([198, 18, 1, 9], 80)]);
+    let b2 = service(
+        "b",
+        [198, 19, 0, 11],
+        80,
+        Protocol::Tcp,
+        vec![shared, ep([198, 18, 1, 3], 80)],
+    );
+    let changed: BTreeSet<ServicePortName> = [b2.name.clone()].into();
+    let stats = p
+        .sync_changed(&state(vec![a2, b2]), &changed, &mut maps)
+        .unwrap();
+    assert_eq!(stats.writes, 3, "one backend, one slot, one count");
+    assert_eq!(
+        maps.reachable(VIP, 80, TCP),
+        vec![(Ipv4Addr::new(198, 18, 1, 2), 80)]
+    );
+    assert_eq!(maps.reachable([198, 19, 0, 11], 80, TCP).len(), 2);
+}
+
+#[test]
+fn partial_sync_removes_a_deleted_port_but_keeps_shared_backends() {
+    let mut maps = FakeMaps::default();
+    let mut p = Programmer::new();
+    let shared = ep([198, 18, 1, 2], 80);
+    let a = service("a", VIP, 80, Protocol::Tcp, vec![shared.clone()]);
+    let b = service(
+        "b",
+        [198, 19, 0, 11],
+        80,
+        Protocol::Tcp,
+        vec![shared, ep([198, 18, 1, 3], 80)],
+    );
+    p.sync(&state(vec![a.clone(), b.clone()]), &mut maps)
+        .unwrap();
+    let changed: BTreeSet<ServicePortName> = [b.name.clone()].into();
+    p.sync_changed(&state(vec![a]), &changed, &mut maps)
+        .unwrap();
+    assert!(maps.reachable([198, 19, 0, 11], 80, TCP).is_empty());
+    assert_eq!(
+        maps.reachable(VIP, 80, TCP),
+        vec![(Ipv4Addr::new(198, 18, 1, 2), 80)]
+    );
+    assert_eq!(
+        maps.backends.len(),
+        1,
+        "198.18.1.3 is unused now, 198.18.1.2 still used by a"
+    );
+    assert_eq!(maps.services.len(), 2);
+}
+
+#[test]
+fn ids_are_reused_after_release() {
+    let mut maps = FakeMaps::default();
+    let mut p = Programmer::new();
+    for round in 0..3u8 {
+        let s = service(
+            "web",
+            VIP,
+            80,
+            Protocol::Tcp,
+            vec![ep([198, 18, 2, round], 80)],
+        );
+        p.sync(&state(vec![s]), &mut maps).unwrap();
+    }
+    assert_eq!(
+        maps.backends.keys().copied().collect::<Vec<_>>(),
+        vec![1],
+        "the freed id 1 is reused"
+    );
 }
