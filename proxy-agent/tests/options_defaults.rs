@@ -239,7 +239,7 @@ fn ebpf_extension_defaults() {
     assert_eq!(e.xdp_mode, proxy_agent::options::ebpf::XdpMode::Auto);
     assert_eq!(
         (e.maps.services, e.maps.backends, e.maps.conntrack),
-        (65536, 65536, 0)
+        (262144, 131072, 0)
     );
     assert_eq!(
         e.load_balancing.algorithm,

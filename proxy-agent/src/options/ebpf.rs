@@ -13,7 +13,7 @@
 //! podInterfacePrefixes: [veth, cali, lxc, cni, gke, eni, azv]
 //! externalInterfaces: []      # XDP (NodePort/LB/externalIPs); empty = the node-IP interfaces
 //! xdpMode: auto               # auto | native | generic | disabled
-//! maps: {services: 65536, backends: 65536, conntrack: 0}   # conntrack 0 = from `conntrack.*`
+//! maps: {services: 262144, backends: 131072, conntrack: 0}   # conntrack 0 = from `conntrack.*`
 //! loadBalancing: {algorithm: random, maglevTableSize: 16381}
 //! socketLB: {enabled: true}
 //! ```
@@ -34,8 +34,9 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/kube-ebpf-proxy";
 /// GKE, AWS VPC CNI, Azure CNI. Tunnel/host devices (`vxlan.calico`, `flannel.1`, `cilium_host`)
 /// deliberately do not match.
 pub const DEFAULT_POD_PREFIXES: [&str; 7] = ["veth", "cali", "lxc", "cni", "gke", "eni", "azv"];
-pub const DEFAULT_SERVICES_MAP: u32 = 65_536;
-pub const DEFAULT_BACKENDS_MAP: u32 = 65_536;
+/// Frontends plus one entry per backend slot, so several times the service count.
+pub const DEFAULT_SERVICES_MAP: u32 = 262_144;
+pub const DEFAULT_BACKENDS_MAP: u32 = 131_072;
 pub const DEFAULT_MAGLEV_TABLE: u32 = 16_381;
 pub const MAX_MAP_ENTRIES: u32 = 1 << 24;
 /// Conntrack table size cap, the same as upstream's nf_conntrack_max cap.
