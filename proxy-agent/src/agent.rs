@@ -28,6 +28,7 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
             opts.mode
         );
     }
+    warn_unimplemented(&opts);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let sizes = MapSizes {
         services: opts.ebpf.maps.services,
@@ -105,4 +106,20 @@ async fn source(
     .context("connecting to the API server")?;
     info!("source: API server");
     Ok(watch::events(client, &opts.node_name).boxed())
+}
+
+/// Settings that validate but that this datapath does not act on yet: say so
+/// instead of silently ignoring them.
+fn warn_unimplemented(opts: &ProxyOptions) {
+    use crate::options::ebpf::LbAlgorithm;
+    let ext = &opts.ebpf;
+    if ext.load_balancing.algorithm != LbAlgorithm::Random {
+        warn!("loadBalancing.algorithm {:?} is not implemented yet; balancing is random", ext.load_balancing.algorithm);
+    }
+    if ext.socket_lb.enabled == Some(true) {
+        warn!("socketLB.enabled is not implemented yet; services are balanced by the TC programs only");
+    }
+    if !ext.external_interfaces.is_empty() {
+        warn!("externalInterfaces is not used yet: there is no XDP program so far");
+    }
 }
