@@ -114,10 +114,15 @@ fn warn_unimplemented(opts: &ProxyOptions) {
     use crate::options::ebpf::LbAlgorithm;
     let ext = &opts.ebpf;
     if ext.load_balancing.algorithm != LbAlgorithm::Random {
-        warn!("loadBalancing.algorithm {:?} is not implemented yet; balancing is random", ext.load_balancing.algorithm);
+        warn!(
+            "loadBalancing.algorithm {:?} is not implemented yet; balancing is random",
+            ext.load_balancing.algorithm
+        );
     }
     if ext.socket_lb.enabled == Some(true) {
-        warn!("socketLB.enabled is not implemented yet; services are balanced by the TC programs only");
+        warn!(
+            "socketLB.enabled is not implemented yet; services are balanced by the TC programs only"
+        );
     }
     if !ext.external_interfaces.is_empty() {
         warn!("externalInterfaces is not used yet: there is no XDP program so far");

@@ -44,6 +44,8 @@ enum Task {
     },
     /// Build a testbed, run the agent on the example Service and show balancing. Needs root.
     Demo,
+    /// Run the benchmarks and print their measurements.
+    Bench,
 }
 
 fn main() -> ExitCode {
@@ -82,7 +84,7 @@ fn run(task: Task) -> anyhow::Result<()> {
             };
             cmd.arg("--manifests")
                 .arg(manifests)
-                .args(["--pod-interface-prefixes", &iface]);
+                .args(["--ebpf-pod-interface-prefixes", &iface]);
             println!("xtask: running {cmd:?} (Ctrl-C detaches and exits)");
             let status = cmd.status().context("starting proxy-agent")?;
             if !status.success() {
@@ -100,6 +102,17 @@ fn run(task: Task) -> anyhow::Result<()> {
                 .context("running cargo test")?;
             if !status.success() {
                 bail!("tests failed ({status})");
+            }
+            Ok(())
+        }
+        Task::Bench => {
+            setup::ensure()?;
+            let status = cargo()
+                .args(["bench", "--package", "proxy-agent", "--bench", "model"])
+                .status()
+                .context("running cargo bench")?;
+            if !status.success() {
+                bail!("benchmarks failed ({status})");
             }
             Ok(())
         }
