@@ -36,24 +36,3 @@ pub fn from_pod(ebpf: &Ebpf, packet: &[u8]) -> anyhow::Result<Outcome> {
         packet: out,
     })
 }
-
-/// Runs `packet` `repeat` times in one call and returns the kernel's mean
-/// time per run.
-pub fn time_from_pod(
-    ebpf: &Ebpf,
-    packet: &[u8],
-    repeat: u32,
-) -> anyhow::Result<std::time::Duration> {
-    let prog: &SchedClassifier = ebpf
-        .program(PROG_FROM_POD)
-        .context("program missing")?
-        .try_into()?;
-    let result = prog
-        .test_run(TestRunOptions {
-            data_in: Some(packet),
-            repeat,
-            ..TestRunOptions::new()
-        })
-        .context("BPF_PROG_TEST_RUN")?;
-    Ok(result.duration)
-}
