@@ -4,7 +4,10 @@
 
 use std::{
     collections::BTreeSet,
-    sync::{Mutex, Once},
+    sync::{
+        Mutex, Once,
+        atomic::{AtomicU32, Ordering},
+    },
 };
 
 use signal_hook::{
@@ -16,6 +19,17 @@ use crate::netns;
 
 /// Every testbed namespace name starts with this, followed by the creator's pid.
 pub const PREFIX: &str = "kpt";
+
+/// A name no other testbed of any live process uses: `kpt<pid>x<n>`; the
+/// namespaces of a testbed are named `<id>-<role>`.
+pub fn unique_id() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{PREFIX}{}x{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    )
+}
 
 static LIVE: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 static HANDLER: Once = Once::new();

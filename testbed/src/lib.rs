@@ -1,16 +1,17 @@
 //! Builds network-namespace topologies for tests, the demo and benchmarks:
 //! a node namespace (where the agent runs), pods on veths behind it, and an
-//! external client on a separate link. Addresses come from 198.18.0.0/15.
-//! Everything is removed when the [`Testbed`] drops, on panic, and on Ctrl-C.
+//! external client on a separate link ([`Testbed`]); or two nodes and a
+//! client on one lan ([`cluster::Cluster`]). Addresses come from 198.18.0.0/15.
+//! Everything is removed on drop, on panic, and on Ctrl-C.
 
 pub mod cleanup;
+pub mod clients;
+pub mod cluster;
+pub mod ethtool;
 pub mod netns;
 pub mod servers;
 
-use std::{
-    net::Ipv4Addr,
-    sync::atomic::{AtomicU32, Ordering},
-};
+use std::net::Ipv4Addr;
 
 use anyhow::Context as _;
 
@@ -55,19 +56,12 @@ pub struct Testbed {
     namespaces: Vec<String>,
 }
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
 impl Testbed {
     /// A node with `pod_names` pods (in that order, addresses 198.18.1.10, .11, ...)
     /// and an external client.
     pub fn new(cni: Cni, pod_names: &[&str]) -> anyhow::Result<Self> {
         cleanup::sweep_stale();
-        let id = format!(
-            "{}{}x{}",
-            cleanup::PREFIX,
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
+        let id = cleanup::unique_id();
         let mut tb = Testbed {
             node_ns: format!("{id}-node"),
             external_ns: format!("{id}-ext"),
@@ -190,48 +184,13 @@ impl Testbed {
         let pod_ns = format!("{}-{name}", self.id);
         self.add_ns(&pod_ns)?;
         let node = Some(self.node_ns.as_str());
-        netns::ip(
-            node,
-            &[
-                "link", "add", &host_veth, "type", "veth", "peer", "name", "eth0", "netns", &pod_ns,
-            ],
-        )?;
         let pod = Some(pod_ns.as_str());
         match self.cni {
             Cni::Routed => {
-                netns::ip(node, &["link", "set", &host_veth, "up"])?;
-                netns::ip(
-                    node,
-                    &["route", "add", &format!("{ip}/32"), "dev", &host_veth],
-                )?;
-                netns::ip(pod, &["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
-                netns::ip(pod, &["link", "set", "eth0", "up"])?;
-                netns::ip(
-                    pod,
-                    &[
-                        "route",
-                        "add",
-                        &ROUTED_GATEWAY.to_string(),
-                        "dev",
-                        "eth0",
-                        "scope",
-                        "link",
-                    ],
-                )?;
-                netns::ip(
-                    pod,
-                    &[
-                        "route",
-                        "add",
-                        "default",
-                        "via",
-                        &ROUTED_GATEWAY.to_string(),
-                        "dev",
-                        "eth0",
-                    ],
-                )?;
+                wire_routed_pod(&self.node_ns, &pod_ns, &host_veth, ip, ROUTED_GATEWAY)?;
             }
             Cni::Bridge => {
+                add_pod_veth(&self.node_ns, &host_veth, &pod_ns)?;
                 netns::ip(
                     node,
                     &["link", "set", &host_veth, "master", BRIDGE_NAME, "up"],
@@ -274,6 +233,46 @@ impl Testbed {
             self.namespaces.retain(|n| n != &pod.ns);
         }
     }
+}
+
+/// A veth named `host_veth` in `node_ns` whose peer is `eth0` in `pod_ns`.
+fn add_pod_veth(node_ns: &str, host_veth: &str, pod_ns: &str) -> anyhow::Result<()> {
+    netns::ip(
+        Some(node_ns),
+        &[
+            "link", "add", host_veth, "type", "veth", "peer", "name", "eth0", "netns", pod_ns,
+        ],
+    )
+}
+
+/// Wires a pod as routed CNIs do: the pod's /32 is routed to its veth in the
+/// node, and the pod's default route goes via `gateway`, an address of the
+/// node that the pod reaches on-link (the node answers ARP for it).
+pub(crate) fn wire_routed_pod(
+    node_ns: &str,
+    pod_ns: &str,
+    host_veth: &str,
+    ip: Ipv4Addr,
+    gateway: Ipv4Addr,
+) -> anyhow::Result<()> {
+    add_pod_veth(node_ns, host_veth, pod_ns)?;
+    let (node, pod) = (Some(node_ns), Some(pod_ns));
+    let gateway = gateway.to_string();
+    netns::ip(node, &["link", "set", host_veth, "up"])?;
+    netns::ip(
+        node,
+        &["route", "add", &format!("{ip}/32"), "dev", host_veth],
+    )?;
+    netns::ip(pod, &["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+    netns::ip(pod, &["link", "set", "eth0", "up"])?;
+    netns::ip(
+        pod,
+        &["route", "add", &gateway, "dev", "eth0", "scope", "link"],
+    )?;
+    netns::ip(
+        pod,
+        &["route", "add", "default", "via", &gateway, "dev", "eth0"],
+    )
 }
 
 impl Drop for Testbed {

@@ -3,7 +3,7 @@
 
 use std::{
     io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -77,6 +77,37 @@ impl IdentityServer {
             threads,
         })
     }
+}
+
+impl IdentityServer {
+    /// The source address of every TCP connection accepted so far, in order:
+    /// the client's own, or the node's when the datapath masqueraded it.
+    pub fn tcp_sources(&self) -> Vec<Ipv4Addr> {
+        ipv4s(&self.seen.tcp)
+    }
+
+    /// The source address of every UDP request so far, in order.
+    pub fn udp_sources(&self) -> Vec<Ipv4Addr> {
+        ipv4s(&self.seen.udp)
+    }
+
+    /// Forgets what was seen, e.g. between the phases of a test.
+    pub fn clear_seen(&self) {
+        self.seen.tcp.lock().unwrap().clear();
+        self.seen.udp.lock().unwrap().clear();
+    }
+}
+
+fn ipv4s(peers: &Mutex<Vec<SocketAddr>>) -> Vec<Ipv4Addr> {
+    peers
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|peer| match peer {
+            SocketAddr::V4(peer) => Some(*peer.ip()),
+            SocketAddr::V6(_) => None,
+        })
+        .collect()
 }
 
 impl Drop for IdentityServer {

@@ -1,0 +1,375 @@
+//! A two-node routed cluster on one L2 segment, with an external client:
+//!
+//! ```text
+//!             lan namespace: bridge br0 (no address)
+//!        port-a |          port-b |          port-client |
+//!   node A eth0 198.18.0.1   node B eth0 198.18.0.2   client eth0 198.18.0.100
+//!   pods 198.18.1.0/24       pods 198.18.2.0/24       (no route to pods)
+//! ```
+//!
+//! Each node routes the other's pod CIDR via the other's node IP (no
+//! encapsulation). Pods are wired as [`crate::Cni::Routed`] pods are, with
+//! their node's IP as gateway. Every namespace is removed on drop, on panic
+//! and on SIGINT/SIGTERM (see [`crate::cleanup`]).
+
+use std::{fmt, net::Ipv4Addr};
+
+use anyhow::Context as _;
+
+use crate::{
+    POD_VETH_PREFIX, Pod, cleanup,
+    ethtool::{self, Offload},
+    netns,
+};
+
+pub const LAN_BRIDGE: &str = "br0";
+/// The lan-facing interface of nodes and of the client.
+pub const LAN_IFACE: &str = "eth0";
+pub const LAN_PREFIX_LEN: u8 = 24;
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+/// Pod IPs on each node start at this last octet.
+pub const FIRST_POD_HOST: u8 = 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NodeId {
+    A,
+    B,
+}
+
+impl NodeId {
+    pub const ALL: [NodeId; 2] = [NodeId::A, NodeId::B];
+
+    fn index(self) -> usize {
+        match self {
+            NodeId::A => 0,
+            NodeId::B => 1,
+        }
+    }
+
+    /// 1 for A, 2 for B: the last octet of the node IP and the third of its pod CIDR.
+    fn number(self) -> u8 {
+        self.index() as u8 + 1
+    }
+
+    pub fn other(self) -> NodeId {
+        match self {
+            NodeId::A => NodeId::B,
+            NodeId::B => NodeId::A,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            NodeId::A => "a",
+            NodeId::B => "b",
+        }
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Cidr {
+    pub addr: Ipv4Addr,
+    pub prefix_len: u8,
+}
+
+impl Ipv4Cidr {
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        let mask = u32::MAX
+            .checked_shl(32 - u32::from(self.prefix_len))
+            .unwrap_or(0);
+        u32::from(ip) & mask == u32::from(self.addr) & mask
+    }
+}
+
+impl fmt::Display for Ipv4Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix_len)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub id: NodeId,
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    /// The node's interface on the lan (where an XDP program would attach).
+    pub eth0: String,
+    pub pod_cidr: Ipv4Cidr,
+    pub pods: Vec<Pod>,
+    pods_created: u8,
+}
+
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub eth0: String,
+}
+
+pub struct Cluster {
+    pub id: String,
+    pub lan_ns: String,
+    nodes: [Node; 2],
+    client: Client,
+    namespaces: Vec<String>,
+}
+
+impl Cluster {
+    pub fn new() -> anyhow::Result<Self> {
+        cleanup::sweep_stale();
+        let id = cleanup::unique_id();
+        let node = |n: NodeId| Node {
+            id: n,
+            ns: format!("{id}-node-{n}"),
+            ip: Ipv4Addr::new(198, 18, 0, n.number()),
+            eth0: LAN_IFACE.to_owned(),
+            pod_cidr: Ipv4Cidr {
+                addr: Ipv4Addr::new(198, 18, n.number(), 0),
+                prefix_len: 24,
+            },
+            pods: Vec::new(),
+            pods_created: 0,
+        };
+        let mut cluster = Cluster {
+            lan_ns: format!("{id}-lan"),
+            nodes: [node(NodeId::A), node(NodeId::B)],
+            client: Client {
+                ns: format!("{id}-client"),
+                ip: CLIENT_IP,
+                eth0: LAN_IFACE.to_owned(),
+            },
+            id,
+            namespaces: Vec::new(),
+        };
+        cluster.setup_lan().context("setting up the lan")?;
+        for n in NodeId::ALL {
+            cluster
+                .setup_node(n)
+                .with_context(|| format!("setting up node {n}"))?;
+        }
+        cluster
+            .setup_client()
+            .context("setting up the external client")?;
+        Ok(cluster)
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.index()]
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Every namespace of the cluster that exists now.
+    pub fn namespaces(&self) -> Vec<String> {
+        self.namespaces.clone()
+    }
+
+    /// Every lan-facing veth end as (namespace, interface): node and client
+    /// `eth0`s and the bridge ports.
+    pub fn lan_interfaces(&self) -> Vec<(String, String)> {
+        let mut ifaces = Vec::new();
+        for (ns, port) in self.lan_members() {
+            ifaces.push((ns, LAN_IFACE.to_owned()));
+            ifaces.push((self.lan_ns.clone(), port));
+        }
+        ifaces
+    }
+
+    /// The namespace of each node and of the client, with its bridge port name.
+    fn lan_members(&self) -> Vec<(String, String)> {
+        let mut members: Vec<_> = NodeId::ALL
+            .iter()
+            .map(|&n| (self.node(n).ns.clone(), format!("port-{n}")))
+            .collect();
+        members.push((self.client.ns.clone(), "port-client".to_owned()));
+        members
+    }
+
+    fn add_ns(&mut self, name: &str) -> anyhow::Result<()> {
+        cleanup::register(name);
+        self.namespaces.push(name.to_owned());
+        netns::add(name)
+    }
+
+    fn setup_lan(&mut self) -> anyhow::Result<()> {
+        self.add_ns(&self.lan_ns.clone())?;
+        let lan = Some(self.lan_ns.as_str());
+        netns::ip(lan, &["link", "add", LAN_BRIDGE, "type", "bridge"])?;
+        netns::ip(lan, &["link", "set", LAN_BRIDGE, "up"])
+    }
+
+    /// A veth from bridge port `port` to `eth0` of namespace `ns`, both up.
+    ///
+    /// TX checksum offload is off on both ends so frames on the lan carry
+    /// complete checksums as on a wire: a veth otherwise passes on
+    /// CHECKSUM_PARTIAL packets whose L4 checksum only covers the pseudo
+    /// header, which an XDP program sees and cannot fix. GRO on the port
+    /// enables NAPI on it, without which XDP_TX from the peer `eth0` is dropped.
+    fn plug_into_lan(&self, ns: &str, port: &str) -> anyhow::Result<()> {
+        let lan = Some(self.lan_ns.as_str());
+        netns::ip(
+            lan,
+            &[
+                "link", "add", port, "type", "veth", "peer", "name", LAN_IFACE, "netns", ns,
+            ],
+        )?;
+        for (ns, iface) in [(self.lan_ns.as_str(), port), (ns, LAN_IFACE)] {
+            for offload in [Offload::TxChecksum, Offload::Tso, Offload::Gso] {
+                ethtool::set_offload(ns, iface, offload, false)?;
+            }
+        }
+        ethtool::set_offload(&self.lan_ns, port, Offload::Gro, true)?;
+        netns::ip(lan, &["link", "set", port, "master", LAN_BRIDGE, "up"])?;
+        netns::ip(Some(ns), &["link", "set", LAN_IFACE, "up"])
+    }
+
+    fn setup_node(&mut self, id: NodeId) -> anyhow::Result<()> {
+        let node = self.node(id).clone();
+        self.add_ns(&node.ns)?;
+        // Before any interface exists, so that they all inherit the defaults.
+        netns::sysctl(&node.ns, "net.ipv4.ip_forward", "1")?;
+        netns::sysctl(&node.ns, "net.ipv4.conf.all.rp_filter", "0")?;
+        netns::sysctl(&node.ns, "net.ipv4.conf.default.rp_filter", "0")?;
+        self.plug_into_lan(&node.ns, &format!("port-{id}"))?;
+        let ns = Some(node.ns.as_str());
+        netns::ip(
+            ns,
+            &[
+                "addr",
+                "add",
+                &format!("{}/{LAN_PREFIX_LEN}", node.ip),
+                "dev",
+                LAN_IFACE,
+            ],
+        )?;
+        let other = self.node(id.other());
+        netns::ip(
+            ns,
+            &[
+                "route",
+                "add",
+                &other.pod_cidr.to_string(),
+                "via",
+                &other.ip.to_string(),
+                "dev",
+                LAN_IFACE,
+            ],
+        )
+    }
+
+    /// No default route: the client is outside the cluster and reaches only
+    /// the lan (and what [`Cluster::client_add_route`] adds).
+    fn setup_client(&mut self) -> anyhow::Result<()> {
+        let ns = self.client.ns.clone();
+        self.add_ns(&ns)?;
+        self.plug_into_lan(&ns, "port-client")?;
+        self.client_add_address(&format!("{}/{LAN_PREFIX_LEN}", self.client.ip))
+    }
+
+    /// Adds an address (`"198.18.0.101/24"`) to the client's `eth0`, so a
+    /// test can send from it by binding its socket there. Use lan addresses
+    /// (198.18.0.0/24): nodes reach those on-link.
+    pub fn client_add_address(&self, cidr: &str) -> anyhow::Result<()> {
+        netns::ip(
+            Some(&self.client.ns),
+            &["addr", "add", cidr, "dev", LAN_IFACE],
+        )
+    }
+
+    /// Routes `dst` (`"198.18.3.0/24"`, e.g. load-balancer IPs) from the
+    /// client via node `via`, as an upstream router would.
+    pub fn client_add_route(&self, dst: &str, via: NodeId) -> anyhow::Result<()> {
+        netns::ip(
+            Some(&self.client.ns),
+            &[
+                "route",
+                "add",
+                dst,
+                "via",
+                &self.node(via).ip.to_string(),
+                "dev",
+                LAN_IFACE,
+            ],
+        )
+    }
+
+    /// Adds a pod behind `node`, as a routed CNI does when a pod starts. Pod
+    /// IPs are .10, .11, ... of the node's pod CIDR in order of creation,
+    /// never reused; the node-side veths are `veth0`, `veth1`, ...
+    /// Pod names are unique across the cluster.
+    pub fn add_pod(&mut self, node: NodeId, name: &str) -> anyhow::Result<Pod> {
+        anyhow::ensure!(self.find_pod(name).is_none(), "pod {name} exists");
+        let pod_ns = format!("{}-{name}", self.id);
+        let n = &mut self.nodes[node.index()];
+        let index = n.pods_created;
+        n.pods_created = index.saturating_add(1);
+        let host = FIRST_POD_HOST
+            .checked_add(index)
+            .filter(|&h| h < 255)
+            .with_context(|| format!("too many pods on node {node}"))?;
+        let ip = Ipv4Addr::new(198, 18, node.number(), host);
+        let pod = Pod {
+            name: name.to_owned(),
+            ns: pod_ns,
+            ip,
+            host_veth: format!("{POD_VETH_PREFIX}{index}"),
+        };
+        let (node_ns, gateway) = (n.ns.clone(), n.ip);
+        self.add_ns(&pod.ns)?;
+        crate::wire_routed_pod(&node_ns, &pod.ns, &pod.host_veth, ip, gateway)
+            .with_context(|| format!("setting up pod {name} on node {node}"))?;
+        self.nodes[node.index()].pods.push(pod.clone());
+        Ok(pod)
+    }
+
+    /// The pod named `name` on any node; panics if there is none.
+    pub fn pod(&self, name: &str) -> &Pod {
+        self.find_pod(name)
+            .map(|(_, pod)| pod)
+            .unwrap_or_else(|| panic!("no pod {name} in the cluster"))
+    }
+
+    /// The node `name` runs on; panics if there is no such pod.
+    pub fn node_of(&self, name: &str) -> NodeId {
+        self.find_pod(name)
+            .map(|(node, _)| node)
+            .unwrap_or_else(|| panic!("no pod {name} in the cluster"))
+    }
+
+    fn find_pod(&self, name: &str) -> Option<(NodeId, &Pod)> {
+        NodeId::ALL.into_iter().find_map(|n| {
+            self.node(n)
+                .pods
+                .iter()
+                .find(|p| p.name == name)
+                .map(|p| (n, p))
+        })
+    }
+
+    /// Removes a pod, its veth and its route, as a CNI does when a pod is deleted.
+    pub fn remove_pod(&mut self, name: &str) {
+        for node in &mut self.nodes {
+            if let Some(i) = node.pods.iter().position(|p| p.name == name) {
+                let pod = node.pods.remove(i);
+                cleanup::release(&pod.ns);
+                self.namespaces.retain(|n| n != &pod.ns);
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for ns in self.namespaces.drain(..).rev() {
+            cleanup::release(&ns);
+        }
+    }
+}

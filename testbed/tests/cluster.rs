@@ -1,0 +1,321 @@
+//! The two-node cluster: who reaches whom, what the lan carries, and that
+//! nothing is left behind. Needs root (it creates network namespaces).
+
+use std::{
+    io::{self, BufRead as _, BufReader},
+    mem,
+    net::{Ipv4Addr, SocketAddrV4},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use testbed::{
+    clients::{ConnectOutcome, UdpOutcome, tcp_connect_outcome, udp_outcome},
+    cluster::{Cluster, NodeId},
+    ethtool::{self, Offload},
+    netns,
+    servers::IdentityServer,
+};
+
+const PORT: u16 = 8080;
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn our_namespaces(cluster_id: &str) -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| name.starts_with(&format!("{cluster_id}-")))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_client_reaches_both_nodes_from_any_of_its_addresses() {
+    let cluster = Cluster::new().unwrap();
+    let extra = Ipv4Addr::new(198, 18, 0, 101);
+    cluster.client_add_address(&format!("{extra}/24")).unwrap();
+    let client = cluster.client();
+    for n in NodeId::ALL {
+        let node = cluster.node(n);
+        let server = IdentityServer::start(&node.ns, &format!("node-{n}"), PORT).unwrap();
+        let dst = SocketAddrV4::new(node.ip, PORT);
+        for src in [None, Some(extra)] {
+            let outcome = tcp_connect_outcome(&client.ns, src, dst, TIMEOUT);
+            assert_eq!(
+                outcome.identity(),
+                Some(server.identity.as_str()),
+                "{outcome:?}"
+            );
+            match udp_outcome(&client.ns, src, dst, TIMEOUT) {
+                UdpOutcome::Reply { identity, from } => {
+                    assert_eq!((identity.as_str(), from), (server.identity.as_str(), dst));
+                }
+                other => panic!("UDP to node {n} from {src:?}: {other:?}"),
+            }
+        }
+        assert_eq!(server.tcp_sources(), [client.ip, extra]);
+        assert_eq!(server.udp_sources(), [client.ip, extra]);
+        server.clear_seen();
+        assert!(server.tcp_sources().is_empty());
+    }
+}
+
+#[test]
+fn a_closed_port_is_refused_at_once_not_timed_out() {
+    let cluster = Cluster::new().unwrap();
+    let dst = SocketAddrV4::new(cluster.node(NodeId::B).ip, PORT);
+    let client = &cluster.client().ns;
+    match tcp_connect_outcome(client, None, dst, TIMEOUT) {
+        ConnectOutcome::Refused { elapsed } => assert!(elapsed < Duration::from_secs(1)),
+        other => panic!("{other:?}"),
+    }
+    let outcome = udp_outcome(client, None, dst, TIMEOUT);
+    assert!(matches!(outcome, UdpOutcome::Refused), "{outcome:?}");
+}
+
+#[test]
+fn pods_on_different_nodes_reach_each_other_without_nat() {
+    let mut cluster = Cluster::new().unwrap();
+    let a = cluster.add_pod(NodeId::A, "a1").unwrap();
+    let b = cluster.add_pod(NodeId::B, "b1").unwrap();
+    assert_eq!(a.ip, Ipv4Addr::new(198, 18, 1, 10));
+    assert_eq!(b.ip, Ipv4Addr::new(198, 18, 2, 10));
+    assert!(cluster.node(NodeId::A).pod_cidr.contains(a.ip));
+    assert_eq!(cluster.node_of("b1"), NodeId::B);
+    assert!(a.host_veth.starts_with("veth"));
+
+    let server_b = IdentityServer::start(&b.ns, "b1", PORT).unwrap();
+    let server_a = IdentityServer::start(&a.ns, "a1", PORT).unwrap();
+    let to_b = SocketAddrV4::new(b.ip, PORT);
+    let outcome = tcp_connect_outcome(&a.ns, None, to_b, TIMEOUT);
+    assert_eq!(outcome.identity(), Some("b1"), "{outcome:?}");
+    let outcome = udp_outcome(&b.ns, None, SocketAddrV4::new(a.ip, PORT), TIMEOUT);
+    assert_eq!(outcome.identity(), Some("a1"), "{outcome:?}");
+    assert_eq!(server_b.tcp_sources(), [a.ip]);
+    assert_eq!(server_a.udp_sources(), [b.ip]);
+}
+
+#[test]
+fn the_client_has_no_route_to_pods() {
+    let mut cluster = Cluster::new().unwrap();
+    let pod = cluster.add_pod(NodeId::A, "a1").unwrap();
+    let _server = IdentityServer::start(&pod.ns, "a1", PORT).unwrap();
+    let dst = SocketAddrV4::new(pod.ip, PORT);
+    match tcp_connect_outcome(&cluster.client().ns, None, dst, TIMEOUT) {
+        ConnectOutcome::Other(e) => assert_eq!(e.kind(), io::ErrorKind::NetworkUnreachable),
+        other => panic!("{other:?}"),
+    }
+    // Once routed via a node, as an upstream router would, the pod answers.
+    let cidr = cluster.node(NodeId::A).pod_cidr.to_string();
+    cluster.client_add_route(&cidr, NodeId::A).unwrap();
+    let outcome = tcp_connect_outcome(&cluster.client().ns, None, dst, TIMEOUT);
+    assert_eq!(outcome.identity(), Some("a1"), "{outcome:?}");
+}
+
+#[test]
+fn lan_veths_have_tx_checksum_offload_off() {
+    let mut cluster = Cluster::new().unwrap();
+    let lan = cluster.lan_interfaces();
+    assert_eq!(lan.len(), 6);
+    for (ns, iface) in &lan {
+        for offload in [Offload::TxChecksum, Offload::Tso, Offload::Gso] {
+            assert!(
+                !ethtool::offload(ns, iface, offload).unwrap(),
+                "{offload:?} on {ns}/{iface}"
+            );
+        }
+    }
+    // Pod veths keep the veth default, which shows the read-back is real.
+    let pod = cluster.add_pod(NodeId::A, "a1").unwrap();
+    let node_ns = &cluster.node(NodeId::A).ns;
+    assert!(ethtool::offload(node_ns, &pod.host_veth, Offload::TxChecksum).unwrap());
+}
+
+#[test]
+fn packets_on_the_lan_carry_full_checksums() {
+    let mut cluster = Cluster::new().unwrap();
+    let a = cluster.add_pod(NodeId::A, "a1").unwrap();
+    let b = cluster.add_pod(NodeId::B, "b1").unwrap();
+    let node_b = cluster.node(NodeId::B).clone();
+    let client = cluster.client().clone();
+    let _on_node = IdentityServer::start(&node_b.ns, "node-b", PORT).unwrap();
+    let _on_pod = IdentityServer::start(&b.ns, "b1", PORT).unwrap();
+    let exchange = |ns: &str, dst: Ipv4Addr| {
+        let dst = SocketAddrV4::new(dst, PORT);
+        assert!(
+            tcp_connect_outcome(ns, None, dst, TIMEOUT)
+                .identity()
+                .is_some()
+        );
+        assert!(udp_outcome(ns, None, dst, TIMEOUT).identity().is_some());
+    };
+
+    let packets = capture(&node_b.ns, &node_b.eth0, || {
+        exchange(&client.ns, node_b.ip);
+        exchange(&a.ns, b.ip);
+    });
+    for sender in [client.ip, a.ip] {
+        let sent: Vec<_> = packets.iter().filter(|p| source(p) == sender).collect();
+        assert!(sent.len() >= 4, "{sender}: {} packets", sent.len());
+        for p in sent {
+            assert!(checksums_ok(p), "{sender}: bad checksum in {p:02x?}");
+        }
+    }
+
+    // Control: with offload back on along the path, the same capture sees
+    // the partial checksums a veth passes on.
+    ethtool::set_offload(&client.ns, &client.eth0, Offload::TxChecksum, true).unwrap();
+    ethtool::set_offload(&cluster.lan_ns, "port-b", Offload::TxChecksum, true).unwrap();
+    let packets = capture(&node_b.ns, &node_b.eth0, || exchange(&client.ns, node_b.ip));
+    assert!(
+        packets
+            .iter()
+            .any(|p| source(p) == client.ip && !checksums_ok(p))
+    );
+}
+
+#[test]
+fn drop_and_remove_pod_leave_no_namespace_behind() {
+    let mut cluster = Cluster::new().unwrap();
+    cluster.add_pod(NodeId::A, "a1").unwrap();
+    cluster.add_pod(NodeId::B, "b1").unwrap();
+    let id = cluster.id.clone();
+    assert_eq!(our_namespaces(&id).len(), 6);
+    let pod_ns = cluster.pod("a1").ns.clone();
+    cluster.remove_pod("a1");
+    assert!(!netns::exists(&pod_ns));
+    assert!(cluster.node(NodeId::A).pods.is_empty());
+    assert_eq!(our_namespaces(&id).len(), 5);
+    drop(cluster);
+    assert_eq!(our_namespaces(&id), Vec::<String>::new());
+}
+
+#[test]
+fn a_panic_leaves_no_namespace_behind() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let result = std::thread::spawn(move || {
+        let mut cluster = Cluster::new().unwrap();
+        cluster.add_pod(NodeId::B, "b1").unwrap();
+        tx.send(cluster.id.clone()).unwrap();
+        panic!("test body failed");
+    })
+    .join();
+    assert!(result.is_err());
+    let id = rx.recv().unwrap();
+    assert_eq!(our_namespaces(&id), Vec::<String>::new());
+}
+
+#[test]
+fn sigint_leaves_no_namespace_behind() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_testbed-hold"))
+        .arg("cluster")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let names: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+    assert_eq!(names.len(), 6, "{line}");
+    assert!(names.iter().all(|n| netns::exists(n)));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert_eq!(child.wait().unwrap().code(), Some(128 + libc::SIGINT));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while names.iter().any(|n| netns::exists(n)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<_> = names.iter().filter(|n| netns::exists(n)).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Every IPv4 packet `iface` of `ns` received while `traffic` ran, from the
+/// IP header on: the bytes an XDP program there would see.
+fn capture(ns: &str, iface: &str, traffic: impl FnOnce()) -> Vec<Vec<u8>> {
+    let iface = iface.to_owned();
+    let sock = netns::run_in(ns, move || packet_socket(&iface))
+        .unwrap()
+        .unwrap();
+    traffic();
+    let mut packets = Vec::new();
+    let mut buf = [0u8; 2048];
+    loop {
+        // SAFETY: buf is valid for its length.
+        let n = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        let Ok(n) = usize::try_from(n) else {
+            break;
+        };
+        packets.push(buf[..n].to_vec());
+    }
+    packets
+}
+
+fn packet_socket(iface: &str) -> io::Result<OwnedFd> {
+    let proto = (libc::ETH_P_IP as u16).to_be();
+    // SAFETY: plain syscalls; the fd is owned at once.
+    unsafe {
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM, i32::from(proto));
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let sock = OwnedFd::from_raw_fd(fd);
+        let name = std::ffi::CString::new(iface).unwrap();
+        let mut addr: libc::sockaddr_ll = mem::zeroed();
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = proto;
+        addr.sll_ifindex = libc::if_nametoindex(name.as_ptr()) as i32;
+        let rc = libc::bind(
+            fd,
+            (&raw const addr).cast(),
+            mem::size_of::<libc::sockaddr_ll>() as u32,
+        );
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(sock)
+    }
+}
+
+fn source(ip_packet: &[u8]) -> Ipv4Addr {
+    Ipv4Addr::new(ip_packet[12], ip_packet[13], ip_packet[14], ip_packet[15])
+}
+
+/// The IPv4 header checksum and, for TCP and UDP, the full L4 checksum.
+fn checksums_ok(p: &[u8]) -> bool {
+    let header_len = usize::from(p[0] & 0x0f) * 4;
+    let total_len = usize::from(u16::from_be_bytes([p[2], p[3]]));
+    if fold(sum(&p[..header_len])) != 0xffff {
+        return false;
+    }
+    let proto = p[9];
+    if proto != 6 && proto != 17 {
+        return true;
+    }
+    let l4 = &p[header_len..total_len];
+    let pseudo = sum(&p[12..20]) + u32::from(proto) + l4.len() as u32;
+    fold(pseudo + sum(l4)) == 0xffff
+}
+
+fn sum(bytes: &[u8]) -> u32 {
+    bytes
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum()
+}
+
+fn fold(mut sum: u32) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
