@@ -234,7 +234,7 @@ fn service_without_endpoints_drops_and_counts() {
     let f = Fixture::new();
     let out = f.run(&Frame::tcp(CLIENT, 40007, EMPTY_VIP, 80).build(b"x"));
     assert_eq!(out.verdict, TC_ACT_SHOT);
-    assert_eq!(f.counter(Counter::DropNoEndpoints), 1);
+    assert_eq!(f.counter(Counter::DropNoLocalEndpoints), 1);
 }
 
 #[test]

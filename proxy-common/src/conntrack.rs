@@ -1,9 +1,9 @@
 //! The conntrack map (LRU hash).
 //!
 //! A new flow to a service writes two entries: the original direction keyed by
-//! the client's tuple towards the frontend (`Forward`, remembers the backend),
-//! and the reply direction keyed by the backend's tuple towards the client
-//! (`Reply`, remembers the frontend address to restore as the source).
+//! the client's tuple towards the frontend (`Forward`, remembers the backend
+//! and any source NAT), and the reply direction keyed by the tuple the
+//! backend's replies carry (`Reply`, remembers what to restore).
 
 #[repr(u8)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -46,24 +46,42 @@ impl CtKey {
     }
 }
 
+/// Bits of [`CtValue::flags`].
+pub mod flags {
+    /// The flow is source-NATed (masqueraded).
+    pub const SNAT: u16 = 1 << 0;
+    /// A TCP FIN or RST was seen: the closing timeout applies.
+    pub const CLOSING: u16 = 1 << 1;
+    /// A reply was seen: a UDP flow counts as a stream.
+    pub const SEEN_REPLY: u16 = 1 << 2;
+}
+
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct CtValue {
-    /// Forward: the translated destination. Reply: the frontend to restore as source.
+    /// Forward: the translated destination (backend). Reply: the frontend to restore as source.
     pub nat_addr_be: u32,
     pub nat_port_be: u16,
     pub service_id: u16,
     /// Forward: the chosen backend, re-checked on every packet.
     pub backend_id: u32,
-    pub flags: u32,
-    /// `bpf_ktime_get_ns()` of the last packet in either direction.
+    pub flags: u16,
+    pub _pad: u16,
+    /// Forward: the masquerade source. Reply: the client to restore as destination.
+    /// Both zero without source NAT.
+    pub snat_addr_be: u32,
+    pub snat_port_be: u16,
+    pub _pad2: u16,
+    /// `bpf_ktime_get_ns()` of the last packet in this direction.
     pub last_seen_ns: u64,
     pub created_ns: u64,
 }
 
-/// Idle lifetimes after which an entry is treated as gone. They follow the
-/// kernel's and kube-proxy's defaults (established TCP 24h, UDP 30s/120s).
-pub const TCP_IDLE_TIMEOUT_NS: u64 = 24 * 3600 * 1_000_000_000;
-pub const UDP_IDLE_TIMEOUT_NS: u64 = 120 * 1_000_000_000;
+/// Idle lifetimes used while the agent has not written [`crate::DatapathConfig`].
+/// They follow the kernel's and kube-proxy's defaults.
+pub const DEFAULT_TCP_ESTABLISHED_NS: u64 = 24 * 3600 * 1_000_000_000;
+pub const DEFAULT_TCP_CLOSING_NS: u64 = 3600 * 1_000_000_000;
+pub const DEFAULT_UDP_NS: u64 = 30 * 1_000_000_000;
+pub const DEFAULT_UDP_STREAM_NS: u64 = 120 * 1_000_000_000;
 /// `last_seen_ns` is refreshed at most this often, to keep writes off the hot path.
 pub const REFRESH_INTERVAL_NS: u64 = 1_000_000_000;

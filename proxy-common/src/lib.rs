@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod backend;
+pub mod config;
 pub mod conntrack;
 pub mod maps;
 pub mod service;
@@ -15,16 +16,18 @@ pub mod stats;
 mod pod;
 
 pub use backend::{Backend, BackendId};
+pub use config::{DatapathConfig, IfaceInfo, Ipv4Prefix, SourceRange};
 pub use conntrack::{CtDirection, CtKey, CtValue};
-pub use service::{ServiceKey, ServiceValue};
+pub use service::{FrontendKind, Scope, ServiceKey, ServiceValue};
 pub use stats::Counter;
 
 /// Bumped whenever a map type changes layout, so an agent never reuses maps
 /// pinned by an incompatible version.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// IP protocol numbers as stored in keys.
 pub mod proto {
+    pub const ICMP: u8 = 1;
     pub const TCP: u8 = 6;
     pub const UDP: u8 = 17;
     pub const SCTP: u8 = 132;
@@ -42,4 +45,8 @@ assert_layout!(ServiceKey, size = 12, align = 4);
 assert_layout!(ServiceValue, size = 12, align = 4);
 assert_layout!(Backend, size = 8, align = 4);
 assert_layout!(CtKey, size = 16, align = 4);
-assert_layout!(CtValue, size = 32, align = 8);
+assert_layout!(CtValue, size = 40, align = 8);
+assert_layout!(DatapathConfig, size = 48, align = 8);
+assert_layout!(IfaceInfo, size = 4, align = 4);
+assert_layout!(Ipv4Prefix, size = 4, align = 4);
+assert_layout!(SourceRange, size = 8, align = 4);

@@ -4,8 +4,15 @@ pub const SERVICES: &str = "SERVICES";
 pub const BACKENDS: &str = "BACKENDS";
 pub const CONNTRACK: &str = "CONNTRACK";
 pub const STATS: &str = "STATS";
+pub const CONFIG: &str = "CONFIG";
+pub const IFACES: &str = "IFACES";
+pub const LOCAL_POD_CIDRS: &str = "LOCAL_POD_CIDRS";
+pub const SOURCE_RANGES: &str = "SOURCE_RANGES";
 
 /// Frontend slot 0 plus backend slots across all services.
 pub const MAX_SERVICE_ENTRIES: u32 = 262_144;
 pub const MAX_BACKENDS: u32 = 131_072;
 pub const MAX_CONNTRACK: u32 = 262_144;
+pub const MAX_IFACES: u32 = 4_096;
+pub const MAX_LOCAL_POD_CIDRS: u32 = 64;
+pub const MAX_SOURCE_RANGES: u32 = 16_384;

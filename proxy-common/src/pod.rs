@@ -5,3 +5,7 @@ unsafe impl aya::Pod for crate::ServiceValue {}
 unsafe impl aya::Pod for crate::Backend {}
 unsafe impl aya::Pod for crate::CtKey {}
 unsafe impl aya::Pod for crate::CtValue {}
+unsafe impl aya::Pod for crate::DatapathConfig {}
+unsafe impl aya::Pod for crate::IfaceInfo {}
+unsafe impl aya::Pod for crate::Ipv4Prefix {}
+unsafe impl aya::Pod for crate::SourceRange {}

@@ -1,8 +1,21 @@
-//! The service map: one frontend entry (slot 0) and one entry per backend slot.
+//! The service map: per frontend, one entry (slot 0) plus one entry per backend slot.
 //!
-//! Looking up `(vip, port, proto, slot 0)` gives the frontend with its backend
-//! `count`; slots `1..=count` each hold a [`crate::BackendId`]. The agent writes
-//! slots before it raises `count`, so the datapath never reads an unwritten slot.
+//! Looking up `(addr, port, proto, scope, slot 0)` gives the frontend with its
+//! backend `count`; slots `1..=count` each hold a [`crate::BackendId`]. The
+//! agent writes slots before it raises `count`, so the datapath never reads an
+//! unwritten slot.
+//!
+//! A frontend whose traffic policy is Local keeps its node-local backends in
+//! [`Scope::Primary`] and, when it is external, the cluster-wide backends in
+//! [`Scope::ClusterWide`]: those serve clients upstream treats as "local"
+//! (pods of this node), which bypass the external traffic policy.
+
+#[repr(u8)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Primary = 0,
+    ClusterWide = 1,
+}
 
 /// Key of the `SERVICES` map.
 #[repr(C)]
@@ -13,7 +26,9 @@ pub struct ServiceKey {
     /// 0 is the frontend entry; 1.. are backend slots.
     pub slot: u16,
     pub proto: u8,
-    pub _pad: [u8; 3],
+    /// A [`Scope`] as `u8`.
+    pub scope: u8,
+    pub _pad: [u8; 2],
 }
 
 impl ServiceKey {
@@ -23,13 +38,64 @@ impl ServiceKey {
             port_be,
             slot: 0,
             proto,
-            _pad: [0; 3],
+            scope: Scope::Primary as u8,
+            _pad: [0; 2],
         }
+    }
+
+    /// The entry that marks `addr_be` as a cluster IP: traffic to one of its
+    /// ports that is not a service port is rejected, as upstream's nftables mode does.
+    pub const fn cluster_ip(addr_be: u32) -> Self {
+        Self::frontend(addr_be, 0, 0)
     }
 
     pub const fn with_slot(self, slot: u16) -> Self {
         Self { slot, ..self }
     }
+
+    pub const fn with_scope(self, scope: Scope) -> Self {
+        Self {
+            scope: scope as u8,
+            ..self
+        }
+    }
+}
+
+/// What a frontend is; stored in the top bits of [`ServiceValue::flags`].
+#[repr(u16)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum FrontendKind {
+    ClusterIp = 0,
+    NodePort = 1,
+    ExternalIp = 2,
+    LoadBalancer = 3,
+}
+
+impl FrontendKind {
+    pub const fn name(self) -> &'static str {
+        match self {
+            FrontendKind::ClusterIp => "ClusterIP",
+            FrontendKind::NodePort => "NodePort",
+            FrontendKind::ExternalIp => "ExternalIP",
+            FrontendKind::LoadBalancer => "LoadBalancer",
+        }
+    }
+}
+
+/// Bits of [`ServiceValue::flags`] in a frontend entry.
+pub mod flags {
+    /// NodePort, external IP or load-balancer IP: externalTrafficPolicy applies,
+    /// and with policy Cluster the traffic is masqueraded.
+    pub const EXTERNAL: u16 = 1 << 0;
+    /// The primary backends are this node's only (the applicable policy is Local).
+    pub const POLICY_LOCAL: u16 = 1 << 1;
+    /// Sources must match the service's loadBalancerSourceRanges.
+    pub const SOURCE_RANGES: u16 = 1 << 2;
+    /// No usable endpoint exists anywhere: reject instead of drop when `count` is 0.
+    pub const REJECT_WHEN_EMPTY: u16 = 1 << 3;
+    /// A [`super::ServiceKey::cluster_ip`] marker, not a frontend.
+    pub const CLUSTER_IP_MARKER: u16 = 1 << 4;
+    pub const KIND_SHIFT: u16 = 12;
 }
 
 /// Value of the `SERVICES` map. In slot 0 `count` is the number of backend
@@ -39,7 +105,7 @@ impl ServiceKey {
 pub struct ServiceValue {
     pub backend_id: u32,
     pub count: u16,
-    /// Identifies the frontend in conntrack entries and stats.
+    /// Identifies the service port in conntrack entries, source ranges and stats.
     pub service_id: u16,
     pub flags: u16,
     pub _pad: u16,
@@ -64,5 +130,22 @@ impl ServiceValue {
             flags: 0,
             _pad: 0,
         }
+    }
+
+    pub const fn has(&self, flag: u16) -> bool {
+        self.flags & flag != 0
+    }
+
+    pub const fn kind(&self) -> FrontendKind {
+        match self.flags >> flags::KIND_SHIFT {
+            1 => FrontendKind::NodePort,
+            2 => FrontendKind::ExternalIp,
+            3 => FrontendKind::LoadBalancer,
+            _ => FrontendKind::ClusterIp,
+        }
+    }
+
+    pub const fn kind_flags(kind: FrontendKind) -> u16 {
+        (kind as u16) << flags::KIND_SHIFT
     }
 }

@@ -1,60 +1,68 @@
 //! Per-CPU counters: every datapath outcome, drops by reason included.
 
-pub const COUNTER_MAX: u32 = 16;
+pub const COUNTER_MAX: u32 = 32;
 
-#[repr(u32)]
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Counter {
-    /// Packets the service program inspected.
-    Packets = 0,
-    /// New flows balanced to a backend.
-    NewFlow = 1,
-    /// Packets of known flows translated.
-    Established = 2,
-    /// Replies reverse-translated.
-    ReplyNat = 3,
-    /// Dropped: service has no endpoints.
-    DropNoEndpoints = 4,
-    /// Dropped: a backend slot or backend id is missing (agent mid-update).
-    DropBackendMissing = 5,
-    /// Dropped: truncated or malformed headers.
-    DropMalformed = 6,
-    /// Dropped: a checksum or store helper failed.
-    DropRewriteFailed = 7,
-    /// Dropped: the conntrack map refused an insert.
-    DropConntrackFull = 8,
-    /// Flows re-balanced because their backend disappeared.
-    Rebalanced = 9,
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $variant:ident = $n:literal => $name:literal,)*) => {
+        #[repr(u32)]
+        #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+        pub enum Counter {
+            $($(#[doc = $doc])* $variant = $n,)*
+        }
+
+        impl Counter {
+            pub const ALL: &'static [Counter] = &[$(Counter::$variant,)*];
+
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Counter::$variant => $name,)*
+                }
+            }
+        }
+    };
 }
 
-impl Counter {
-    pub const ALL: [Counter; 10] = [
-        Counter::Packets,
-        Counter::NewFlow,
-        Counter::Established,
-        Counter::ReplyNat,
-        Counter::DropNoEndpoints,
-        Counter::DropBackendMissing,
-        Counter::DropMalformed,
-        Counter::DropRewriteFailed,
-        Counter::DropConntrackFull,
-        Counter::Rebalanced,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Counter::Packets => "packets",
-            Counter::NewFlow => "new_flow",
-            Counter::Established => "established",
-            Counter::ReplyNat => "reply_nat",
-            Counter::DropNoEndpoints => "drop_no_endpoints",
-            Counter::DropBackendMissing => "drop_backend_missing",
-            Counter::DropMalformed => "drop_malformed",
-            Counter::DropRewriteFailed => "drop_rewrite_failed",
-            Counter::DropConntrackFull => "drop_conntrack_full",
-            Counter::Rebalanced => "rebalanced",
-        }
-    }
+counters! {
+    /// Packets a service program inspected.
+    Packets = 0 => "packets",
+    /// New flows balanced to a backend.
+    NewFlow = 1 => "new_flow",
+    /// Packets of known flows translated.
+    Established = 2 => "established",
+    /// Replies reverse-translated.
+    ReplyNat = 3 => "reply_nat",
+    /// Dropped: the service's traffic policy is Local and this node has no endpoint.
+    DropNoLocalEndpoints = 4 => "drop_no_local_endpoints",
+    /// Dropped: a backend slot or backend id is missing (agent mid-update).
+    DropBackendMissing = 5 => "drop_backend_missing",
+    /// Dropped: truncated or malformed headers.
+    DropMalformed = 6 => "drop_malformed",
+    /// Dropped: a checksum or store helper failed.
+    DropRewriteFailed = 7 => "drop_rewrite_failed",
+    /// Dropped: the conntrack map refused an insert.
+    DropConntrackFull = 8 => "drop_conntrack_full",
+    /// Flows re-balanced because their backend disappeared.
+    Rebalanced = 9 => "rebalanced",
+    /// Rejected (TCP RST / ICMP port unreachable): the service has no endpoints.
+    RejectNoEndpoints = 10 => "reject_no_endpoints",
+    /// Rejected: a cluster IP's port that is no service port.
+    RejectUnknownPort = 11 => "reject_unknown_port",
+    /// Dropped: the source is outside loadBalancerSourceRanges.
+    DropSourceRange = 12 => "drop_source_range",
+    /// New flows that were masqueraded.
+    Masqueraded = 13 => "masqueraded",
+    /// Dropped: no free masquerade source port.
+    DropSnatExhausted = 14 => "drop_snat_exhausted",
+    /// Dropped: a reject could not be built (unsupported header layout).
+    DropRejectFailed = 15 => "drop_reject_failed",
+    /// Packets sent on through bpf_fib_lookup + redirect.
+    FibRedirect = 16 => "fib_redirect",
+    /// Packets left to the kernel's routing after translation.
+    FibPass = 17 => "fib_pass",
+    /// XDP: packets transmitted back out of the arrival interface.
+    XdpTx = 18 => "xdp_tx",
+    /// XDP: packets handed to the TC programs / kernel.
+    XdpPass = 19 => "xdp_pass",
 }
 
 const _: () = assert!((Counter::ALL.len() as u32) <= COUNTER_MAX);

@@ -1,9 +1,12 @@
 //! Flow state: which backend a flow uses and how to reverse-translate replies.
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns};
 use proxy_common::{
-    Counter, CtKey, CtValue,
-    conntrack::{REFRESH_INTERVAL_NS, TCP_IDLE_TIMEOUT_NS, UDP_IDLE_TIMEOUT_NS},
+    Counter, CtKey, CtValue, DatapathConfig,
+    conntrack::{
+        DEFAULT_TCP_CLOSING_NS, DEFAULT_TCP_ESTABLISHED_NS, DEFAULT_UDP_NS,
+        DEFAULT_UDP_STREAM_NS, REFRESH_INTERVAL_NS, flags,
+    },
     proto,
 };
 
@@ -15,23 +18,48 @@ pub fn now_ns() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// The live entry for `key`, refreshing its idle timer; expired entries count as absent.
 #[inline(always)]
-pub fn lookup(key: &CtKey, now: u64) -> Option<CtValue> {
+fn or_default(value: u64, default: u64) -> u64 {
+    if value == 0 { default } else { value }
+}
+
+/// How long `entry` may stay idle, from the conntrack settings.
+#[inline(always)]
+pub fn idle_timeout(config: &DatapathConfig, proto: u8, entry_flags: u16) -> u64 {
+    if proto == proto::TCP {
+        if entry_flags & flags::CLOSING != 0 {
+            or_default(config.tcp_closing_ns, DEFAULT_TCP_CLOSING_NS)
+        } else {
+            or_default(config.tcp_established_ns, DEFAULT_TCP_ESTABLISHED_NS)
+        }
+    } else if entry_flags & flags::SEEN_REPLY != 0 {
+        or_default(config.udp_stream_ns, DEFAULT_UDP_STREAM_NS)
+    } else {
+        or_default(config.udp_ns, DEFAULT_UDP_NS)
+    }
+}
+
+/// The live entry for `key`, refreshing its idle timer and recording
+/// `set_flags`; expired entries count as absent.
+#[inline(always)]
+pub fn lookup(
+    config: &DatapathConfig,
+    key: &CtKey,
+    now: u64,
+    set_flags: u16,
+) -> Option<CtValue> {
     let entry = CONNTRACK.get_ptr_mut(key)?;
     // SAFETY: the pointer from the map lookup stays valid for this program run.
     let entry = unsafe { &mut *entry };
-    let timeout = if key.proto == proto::TCP {
-        TCP_IDLE_TIMEOUT_NS
-    } else {
-        UDP_IDLE_TIMEOUT_NS
-    };
     let idle = now.saturating_sub(entry.last_seen_ns);
-    if idle > timeout {
+    if idle > idle_timeout(config, key.proto, entry.flags) {
         return None;
     }
     if idle > REFRESH_INTERVAL_NS {
         entry.last_seen_ns = now;
+    }
+    if entry.flags & set_flags != set_flags {
+        entry.flags |= set_flags;
     }
     Some(*entry)
 }
@@ -41,4 +69,17 @@ pub fn insert(key: &CtKey, value: &CtValue) -> Result<(), Counter> {
     CONNTRACK
         .insert(key, value, 0)
         .map_err(|_| Counter::DropConntrackFull)
+}
+
+/// Inserts only if `key` is free or holds an expired flow: a masquerade
+/// port must not take over a live flow's reply tuple.
+#[inline(always)]
+pub fn claim(config: &DatapathConfig, key: &CtKey, value: &CtValue, now: u64) -> bool {
+    if CONNTRACK.insert(key, value, BPF_NOEXIST as u64).is_ok() {
+        return true;
+    }
+    if lookup(config, key, now, 0).is_some() {
+        return false;
+    }
+    CONNTRACK.insert(key, value, 0).is_ok()
 }

@@ -1,27 +1,109 @@
-//! TC programs of the service datapath.
+//! The service datapath: TC programs for traffic from pods and from the
+//! node's external interfaces, and an XDP fast path for the latter.
 #![no_std]
 #![no_main]
 
+mod config;
 mod conntrack;
+mod csum;
+mod flow;
+mod forward;
+mod frame;
 mod lb;
 mod maps;
 mod nat;
 mod packet;
-mod service;
+mod reject;
 mod stats;
+mod xdp_nat;
 
-use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    bindings::{
+        TC_ACT_OK, TC_ACT_SHOT,
+        xdp_action::{XDP_DROP, XDP_PASS},
+    },
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
+use proxy_common::Counter;
 
-/// Attached at ingress of pod-facing interfaces: everything a pod sends passes
-/// here, so requests to services are balanced and replies from backends are
-/// reverse-translated before the node routes them.
+use crate::{flow::Verdict, frame::Frame, stats::count};
+
+/// Attached at ingress of pod-facing interfaces: requests from pods are
+/// balanced and replies from backends reverse-translated.
 #[classifier]
 pub fn tc_from_pod(ctx: TcContext) -> i32 {
-    match service::handle(&ctx) {
-        Ok(action) => action,
+    tc(&ctx)
+}
+
+/// Attached at ingress of the node's external interfaces: NodePort, external
+/// IP and load-balancer traffic from outside, and replies of masqueraded flows.
+#[classifier]
+pub fn tc_from_netdev(ctx: TcContext) -> i32 {
+    tc(&ctx)
+}
+
+/// The same work as `tc_from_netdev` before an skb exists; anything it does
+/// not finish itself (rejects, packets routed elsewhere) goes on to TC.
+#[xdp]
+pub fn xdp_from_netdev(ctx: XdpContext) -> u32 {
+    let pkt = match packet::parse(&ctx) {
+        Ok(Some(pkt)) => pkt,
+        Ok(None) => return XDP_PASS,
         Err(reason) => {
-            stats::count(reason);
+            count(reason);
+            return XDP_DROP;
+        }
+    };
+    match flow::decide(&pkt, ctx.ifindex(), conntrack::now_ns()) {
+        Verdict::Pass | Verdict::Reject(_) => XDP_PASS,
+        Verdict::Drop(reason) => {
+            count(reason);
+            XDP_DROP
+        }
+        Verdict::Forward(out, counter) => {
+            count(Counter::Packets);
+            count(counter);
+            if let Err(reason) = xdp_nat::apply(&ctx, &pkt, &out) {
+                count(reason);
+                return XDP_DROP;
+            }
+            forward::xdp(&ctx, &pkt, &out)
+        }
+    }
+}
+
+#[inline(always)]
+fn tc(ctx: &TcContext) -> i32 {
+    let pkt = match packet::parse(ctx) {
+        Ok(Some(pkt)) => pkt,
+        Ok(None) => return TC_ACT_OK,
+        Err(reason) => {
+            count(reason);
+            return TC_ACT_SHOT;
+        }
+    };
+    count(Counter::Packets);
+    match flow::decide(&pkt, ctx.ifindex(), conntrack::now_ns()) {
+        Verdict::Pass => TC_ACT_OK,
+        Verdict::Drop(reason) => {
+            count(reason);
             TC_ACT_SHOT
+        }
+        Verdict::Reject(reason) => {
+            count(reason);
+            reject::send(ctx, &pkt).unwrap_or_else(|failed| {
+                count(failed);
+                TC_ACT_SHOT
+            })
+        }
+        Verdict::Forward(out, counter) => {
+            count(counter);
+            if let Err(reason) = nat::apply(ctx, &pkt, &out) {
+                count(reason);
+                return TC_ACT_SHOT;
+            }
+            forward::tc(ctx, &pkt, &out)
         }
     }
 }

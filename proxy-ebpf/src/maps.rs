@@ -1,10 +1,14 @@
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use proxy_common::{
-    Backend, BackendId, CtKey, CtValue, ServiceKey, ServiceValue,
-    maps::{MAX_BACKENDS, MAX_CONNTRACK, MAX_SERVICE_ENTRIES},
+    Backend, BackendId, CtKey, CtValue, DatapathConfig, IfaceInfo, Ipv4Prefix, ServiceKey,
+    ServiceValue, SourceRange,
+    maps::{
+        MAX_BACKENDS, MAX_CONNTRACK, MAX_IFACES, MAX_LOCAL_POD_CIDRS, MAX_SERVICE_ENTRIES,
+        MAX_SOURCE_RANGES,
+    },
     stats::COUNTER_MAX,
 };
 
@@ -21,3 +25,17 @@ pub static CONNTRACK: LruHashMap<CtKey, CtValue> = LruHashMap::with_max_entries(
 
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_MAX, 0);
+
+#[map]
+pub static CONFIG: Array<DatapathConfig> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static IFACES: HashMap<u32, IfaceInfo> = HashMap::with_max_entries(MAX_IFACES, 0);
+
+#[map]
+pub static LOCAL_POD_CIDRS: LpmTrie<Ipv4Prefix, u8> =
+    LpmTrie::with_max_entries(MAX_LOCAL_POD_CIDRS, 0);
+
+#[map]
+pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> =
+    LpmTrie::with_max_entries(MAX_SOURCE_RANGES, 0);

@@ -1,7 +1,7 @@
-//! Address and port rewrites with incremental IP and L4 checksum updates.
+//! TC: address and port rewrites with the kernel's checksum helpers.
 //!
-//! The kernel helpers are used (not hand-written checksum math) because they
-//! also keep `skb->csum` right for CHECKSUM_COMPLETE and leave the pseudo-header
+//! The helpers are used (not hand-written checksum math) because they also
+//! keep `skb->csum` right for CHECKSUM_COMPLETE and leave the pseudo-header
 //! sum right for CHECKSUM_PARTIAL packets from local sockets.
 
 use aya_ebpf::{
@@ -10,27 +10,34 @@ use aya_ebpf::{
 };
 use proxy_common::{Counter, proto};
 
-use crate::packet::{IP_CSUM_OFF, IP_DADDR_OFF, IP_SADDR_OFF, Packet};
+use crate::{
+    flow::Rewrite,
+    packet::{IP_CSUM_OFF, IP_DADDR_OFF, IP_SADDR_OFF, Packet},
+};
 
-#[derive(Clone, Copy)]
-pub enum Side {
-    Source,
-    Destination,
+#[inline(always)]
+pub fn apply(ctx: &TcContext, pkt: &Packet, out: &Rewrite) -> Result<(), Counter> {
+    rewrite(
+        ctx,
+        pkt,
+        (pkt.daddr_be, IP_DADDR_OFF, pkt.dport_be, pkt.l4_off + 2),
+        (out.daddr_be, out.dport_be),
+    )?;
+    rewrite(
+        ctx,
+        pkt,
+        (pkt.saddr_be, IP_SADDR_OFF, pkt.sport_be, pkt.l4_off),
+        (out.saddr_be, out.sport_be),
+    )
 }
 
-/// Rewrites the source or destination address and port of `pkt`.
 #[inline(always)]
-pub fn rewrite(
+fn rewrite(
     ctx: &TcContext,
     pkt: &Packet,
-    side: Side,
-    addr_be: u32,
-    port_be: u16,
+    (old_addr, addr_off, old_port, port_off): (u32, usize, u16, usize),
+    (addr_be, port_be): (u32, u16),
 ) -> Result<(), Counter> {
-    let (old_addr, addr_off, old_port, port_off) = match side {
-        Side::Source => (pkt.saddr_be, IP_SADDR_OFF, pkt.sport_be, pkt.l4_off),
-        Side::Destination => (pkt.daddr_be, IP_DADDR_OFF, pkt.dport_be, pkt.l4_off + 2),
-    };
     // A zero UDP checksum means "none" and must stay zero.
     let mangled = if pkt.proto == proto::UDP {
         BPF_F_MARK_MANGLED_0 as u64

@@ -1,26 +1,42 @@
 //! Bounds-checked parsing of Ethernet / IPv4 / TCP|UDP headers, done once per packet.
 
-use aya_ebpf::programs::TcContext;
 use proxy_common::{Counter, proto};
+
+use crate::frame::Frame;
 
 pub const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
+pub const IP_TTL_OFF: usize = ETH_HLEN + 8;
 pub const IP_SADDR_OFF: usize = ETH_HLEN + 12;
 pub const IP_DADDR_OFF: usize = ETH_HLEN + 16;
 pub const IP_CSUM_OFF: usize = ETH_HLEN + 10;
 
-/// The 5-tuple and header offsets of an IPv4 TCP/UDP packet (network byte order).
+pub mod tcp_flags {
+    pub const FIN: u8 = 0x01;
+    pub const SYN: u8 = 0x02;
+    pub const RST: u8 = 0x04;
+    pub const ACK: u8 = 0x10;
+}
+
+/// The 5-tuple and header facts of an IPv4 TCP/UDP packet (network byte order).
+#[derive(Clone, Copy)]
 pub struct Packet {
     pub saddr_be: u32,
     pub daddr_be: u32,
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
+    /// TCP flags; 0 for UDP.
+    pub tcp_flags: u8,
+    pub ihl: u8,
+    pub ttl: u8,
+    pub tot_len: u16,
     pub l4_off: usize,
 }
 
 impl Packet {
     /// Offset of the L4 checksum field.
+    #[inline(always)]
     pub fn l4_csum_off(&self) -> usize {
         if self.proto == proto::TCP {
             self.l4_off + 16
@@ -28,46 +44,41 @@ impl Packet {
             self.l4_off + 6
         }
     }
-}
 
-#[inline(always)]
-fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*const T> {
-    let start = ctx.data();
-    if start + offset + core::mem::size_of::<T>() > ctx.data_end() {
-        return None;
+    #[inline(always)]
+    pub fn closes(&self) -> bool {
+        self.tcp_flags & (tcp_flags::FIN | tcp_flags::RST) != 0
     }
-    Some((start + offset) as *const T)
 }
 
 #[repr(C)]
-struct Ipv4Hdr {
-    ver_ihl: u8,
-    tos: u8,
-    tot_len: u16,
-    id: u16,
-    frag_off: u16,
-    ttl: u8,
-    proto: u8,
-    check: u16,
-    saddr: u32,
-    daddr: u32,
+pub struct Ipv4Hdr {
+    pub ver_ihl: u8,
+    pub tos: u8,
+    pub tot_len: u16,
+    pub id: u16,
+    pub frag_off: u16,
+    pub ttl: u8,
+    pub proto: u8,
+    pub check: u16,
+    pub saddr: u32,
+    pub daddr: u32,
 }
 
 /// `Ok(None)`: not a packet the service datapath handles (pass it on untouched).
 /// `Err`: a packet that claims to be IPv4 TCP/UDP but is truncated.
 #[inline(always)]
-pub fn parse(ctx: &TcContext) -> Result<Option<Packet>, Counter> {
-    let Some(ethertype) = ptr_at::<u16>(ctx, 12) else {
+pub fn parse<F: Frame>(ctx: &F) -> Result<Option<Packet>, Counter> {
+    let Some(ethertype) = ctx.ptr_at::<u16>(12) else {
         return Ok(None);
     };
     // SAFETY: bounds checked by ptr_at.
     if u16::from_be(unsafe { *ethertype }) != ETH_P_IP {
         return Ok(None);
     }
-    let ip = match ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) {
-        Some(ip) => ip,
-        None => return Err(Counter::DropMalformed),
-    };
+    let ip = ctx
+        .ptr_at::<Ipv4Hdr>(ETH_HLEN)
+        .ok_or(Counter::DropMalformed)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
     if ip.proto != proto::TCP && ip.proto != proto::UDP {
@@ -82,21 +93,37 @@ pub fn parse(ctx: &TcContext) -> Result<Option<Packet>, Counter> {
         return Err(Counter::DropMalformed);
     }
     let l4_off = ETH_HLEN + ihl;
-    let (saddr_be, daddr_be, proto) = (ip.saddr, ip.daddr, ip.proto);
+    let (saddr_be, daddr_be, proto, ttl, tot_len) =
+        (ip.saddr, ip.daddr, ip.proto, ip.ttl, u16::from_be(ip.tot_len));
     // Ports plus the checksum field must be readable: 18 bytes for TCP, 8 for UDP.
     let l4_need = if proto == proto::TCP { 18 } else { 8 };
     if ctx.data() + l4_off + l4_need > ctx.data_end() {
         return Err(Counter::DropMalformed);
     }
-    let ports = ptr_at::<[u16; 2]>(ctx, l4_off).ok_or(Counter::DropMalformed)?;
+    let ports = ctx
+        .ptr_at::<[u16; 2]>(l4_off)
+        .ok_or(Counter::DropMalformed)?;
     // SAFETY: bounds checked by ptr_at.
     let [sport_be, dport_be] = unsafe { *ports };
+    let tcp_flags = if proto == proto::TCP {
+        let flags = ctx
+            .ptr_at::<u8>(l4_off + 13)
+            .ok_or(Counter::DropMalformed)?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe { *flags }
+    } else {
+        0
+    };
     Ok(Some(Packet {
         saddr_be,
         daddr_be,
         sport_be,
         dport_be,
         proto,
+        tcp_flags,
+        ihl: ihl as u8,
+        ttl,
+        tot_len,
         l4_off,
     }))
 }

@@ -14,12 +14,12 @@ use anyhow::{Context as _, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray},
-    programs::{SchedClassifier, TcAttachType, tc::SchedClassifierLinkId},
+    programs::{SchedClassifier, TcAttachType, Xdp, tc::SchedClassifierLinkId},
 };
 use tracing::{info, warn};
 
 pub use maps::{KernelMaps, MapError, ServiceMaps};
-pub use object::{OBJECT, PROG_FROM_POD};
+pub use object::{OBJECT, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP};
 pub use programmer::{Programmer, SyncStats};
 
 use crate::{
@@ -65,12 +65,20 @@ pub fn load_with(sizes: MapSizes) -> anyhow::Result<Ebpf> {
         .map_max_entries(names::CONNTRACK, sizes.conntrack)
         .load(OBJECT)
         .context("loading the eBPF object into the kernel")?;
-    let prog: &mut SchedClassifier = ebpf
-        .program_mut(PROG_FROM_POD)
-        .context("program tc_from_pod missing from the object")?
+    for name in [PROG_FROM_POD, PROG_FROM_NETDEV] {
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing from the object"))?
+            .try_into()?;
+        prog.load()
+            .with_context(|| format!("the kernel verifier rejected {name}"))?;
+    }
+    let xdp: &mut Xdp = ebpf
+        .program_mut(PROG_XDP)
+        .with_context(|| format!("program {PROG_XDP} missing from the object"))?
         .try_into()?;
-    prog.load()
-        .context("the kernel verifier rejected tc_from_pod")?;
+    xdp.load()
+        .with_context(|| format!("the kernel verifier rejected {PROG_XDP}"))?;
     Ok(ebpf)
 }
 

@@ -2,5 +2,9 @@
 
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf"));
 
-/// The program that balances traffic coming from pods.
+/// TC ingress of pod-facing interfaces.
 pub const PROG_FROM_POD: &str = "tc_from_pod";
+/// TC ingress of the node's external interfaces.
+pub const PROG_FROM_NETDEV: &str = "tc_from_netdev";
+/// XDP on the node's external interfaces.
+pub const PROG_XDP: &str = "xdp_from_netdev";

@@ -4,12 +4,23 @@
 use anyhow::Context as _;
 use aya::{
     Ebpf,
-    programs::{SchedClassifier, TestRun, TestRunOptions},
+    programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 
-use super::PROG_FROM_POD;
+use super::{PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP};
 
-/// The TC verdict and the packet as the program left it.
+/// Which program sees the packet: where it arrives on the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// TC ingress of a pod interface.
+    FromPod,
+    /// TC ingress of an external interface.
+    FromNetdev,
+    /// XDP on an external interface.
+    Xdp,
+}
+
+/// The program's return code and the packet as the program left it.
 #[derive(Debug)]
 pub struct Outcome {
     pub verdict: i32,
@@ -18,21 +29,116 @@ pub struct Outcome {
 
 /// Runs `packet` through `tc_from_pod`.
 pub fn from_pod(ebpf: &Ebpf, packet: &[u8]) -> anyhow::Result<Outcome> {
-    let prog: &SchedClassifier = ebpf
-        .program(PROG_FROM_POD)
-        .context("program missing")?
-        .try_into()?;
+    run(ebpf, Hook::FromPod, packet, 0, 1)
+}
+
+/// Runs `packet` through the program of `hook` `repeat` times, as if it
+/// arrived on interface `ifindex` (0: none). The kernel must know `ifindex`.
+pub fn run(
+    ebpf: &Ebpf,
+    hook: Hook,
+    packet: &[u8],
+    ifindex: u32,
+    repeat: u32,
+) -> anyhow::Result<Outcome> {
     let mut out = vec![0u8; packet.len() + 256];
-    let result = prog
-        .test_run(TestRunOptions {
-            data_in: Some(packet),
-            data_out: Some(&mut out),
-            ..TestRunOptions::new()
-        })
-        .context("BPF_PROG_TEST_RUN")?;
+    let result = match hook {
+        Hook::FromPod | Hook::FromNetdev => {
+            let name = if hook == Hook::FromPod {
+                PROG_FROM_POD
+            } else {
+                PROG_FROM_NETDEV
+            };
+            let prog: &SchedClassifier = ebpf
+                .program(name)
+                .with_context(|| format!("program {name} missing"))?
+                .try_into()?;
+            let mut ctx = SkbContext::default();
+            ctx.ifindex = ifindex;
+            ctx.ingress_ifindex = ifindex;
+            // SAFETY: SkbContext is plain data laid out like the kernel's __sk_buff prefix.
+            let ctx_bytes = unsafe { as_bytes(&ctx) };
+            let options = TestRunOptions {
+                data_in: Some(packet),
+                data_out: Some(&mut out),
+                repeat,
+                ..TestRunOptions::new()
+            };
+            let options = if ifindex != 0 {
+                TestRunOptions {
+                    ctx_in: Some(ctx_bytes),
+                    ..options
+                }
+            } else {
+                options
+            };
+            prog.test_run(options).context("BPF_PROG_TEST_RUN")?
+        }
+        Hook::Xdp => {
+            let prog: &Xdp = ebpf
+                .program(PROG_XDP)
+                .with_context(|| format!("program {PROG_XDP} missing"))?
+                .try_into()?;
+            let ctx = XdpMd {
+                ingress_ifindex: ifindex,
+                ..XdpMd::default()
+            };
+            // SAFETY: XdpMd is plain data laid out like the kernel's xdp_md.
+            let ctx_bytes = unsafe { as_bytes(&ctx) };
+            let options = TestRunOptions {
+                data_in: Some(packet),
+                data_out: Some(&mut out),
+                repeat,
+                ..TestRunOptions::new()
+            };
+            let options = if ifindex != 0 {
+                TestRunOptions {
+                    ctx_in: Some(ctx_bytes),
+                    ..options
+                }
+            } else {
+                options
+            };
+            prog.test_run(options).context("BPF_PROG_TEST_RUN")?
+        }
+    };
     out.truncate(result.data_size_out as usize);
     Ok(Outcome {
         verdict: result.return_value as i32,
         packet: out,
     })
+}
+
+/// The `__sk_buff` fields up to `ifindex`, the ones a test run may set.
+#[repr(C)]
+#[derive(Default)]
+struct SkbContext {
+    len: u32,
+    pkt_type: u32,
+    mark: u32,
+    queue_mapping: u32,
+    protocol: u32,
+    vlan_present: u32,
+    vlan_tci: u32,
+    vlan_proto: u32,
+    priority: u32,
+    ingress_ifindex: u32,
+    ifindex: u32,
+}
+
+/// `struct xdp_md`.
+#[repr(C)]
+#[derive(Default)]
+struct XdpMd {
+    data: u32,
+    data_end: u32,
+    data_meta: u32,
+    ingress_ifindex: u32,
+    rx_queue_index: u32,
+    egress_ifindex: u32,
+}
+
+unsafe fn as_bytes<T>(v: &T) -> &[u8] {
+    // SAFETY: the caller passes a plain-data struct without padding.
+    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
 }

@@ -1,0 +1,63 @@
+//! Node-wide settings the agent hands the datapath (`CONFIG`, a one-entry array),
+//! the interface table (`IFACES`) and the LPM-trie key data.
+
+/// Bits of [`DatapathConfig::flags`].
+pub mod flags {
+    /// `masqueradeAll`: masquerade all traffic to cluster IPs.
+    pub const MASQUERADE_ALL: u32 = 1 << 0;
+    /// Local pod traffic is recognised by source address (`LOCAL_POD_CIDRS`):
+    /// detectLocalMode ClusterCIDR or NodeCIDR.
+    pub const DETECT_LOCAL_BY_CIDR: u32 = 1 << 1;
+    /// Local pod traffic is recognised by the interface it arrives on
+    /// (`IFACES`): detectLocalMode BridgeInterface or InterfaceNamePrefix.
+    pub const DETECT_LOCAL_BY_INTERFACE: u32 = 1 << 2;
+}
+
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct DatapathConfig {
+    /// Idle timeouts; 0 means the built-in default of [`crate::conntrack`].
+    pub tcp_established_ns: u64,
+    pub tcp_closing_ns: u64,
+    pub udp_ns: u64,
+    pub udp_stream_ns: u64,
+    /// The node address masqueraded traffic leaves with; 0 disables masquerading.
+    pub masquerade_addr_be: u32,
+    pub flags: u32,
+    /// Inclusive source-port range for masqueraded flows (host byte order).
+    pub snat_port_min: u16,
+    pub snat_port_max: u16,
+    pub _pad: u32,
+}
+
+/// Bits of [`IfaceInfo::flags`].
+pub mod iface {
+    /// Traffic arriving here comes from this node's pods (interface-based detectLocalMode).
+    pub const LOCAL_POD: u32 = 1 << 0;
+    /// An external (node) interface.
+    pub const EXTERNAL: u32 = 1 << 1;
+}
+
+/// Value of `IFACES`, keyed by ifindex.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct IfaceInfo {
+    pub flags: u32,
+}
+
+/// LPM-trie data of `LOCAL_POD_CIDRS` (prefix length 0..=32).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ipv4Prefix {
+    pub addr_be: u32,
+}
+
+/// LPM-trie data of `SOURCE_RANGES`: the service id (big-endian, so it is
+/// matched first and exactly) followed by the allowed source prefix; the
+/// trie prefix length is `32 + cidr length`.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct SourceRange {
+    pub service_be: u32,
+    pub addr_be: u32,
+}

@@ -1,0 +1,264 @@
+//! What to do with a packet: the service logic shared by the TC and XDP programs.
+//! It reads and writes maps only; applying the verdict to the packet is the
+//! caller's job.
+
+use aya_ebpf::maps::lpm_trie::Key;
+use proxy_common::{
+    Backend, Counter, CtDirection, CtKey, CtValue, DatapathConfig, Scope, ServiceKey,
+    ServiceValue, SourceRange, conntrack::flags as ct, service::flags as svc,
+};
+
+use crate::{config, conntrack, lb, maps::SOURCE_RANGES, packet::Packet};
+
+/// The tuple a packet leaves with.
+#[derive(Clone, Copy)]
+pub struct Rewrite {
+    pub saddr_be: u32,
+    pub sport_be: u16,
+    pub daddr_be: u32,
+    pub dport_be: u16,
+}
+
+pub enum Verdict {
+    /// Not service traffic: leave the packet alone.
+    Pass,
+    Drop(Counter),
+    /// Answer with a TCP RST or ICMP port unreachable.
+    Reject(Counter),
+    /// Rewrite to the given tuple and send it on.
+    Forward(Rewrite, Counter),
+}
+
+#[inline(always)]
+fn key_of(pkt: &Packet, direction: CtDirection) -> CtKey {
+    CtKey::new(
+        pkt.saddr_be,
+        pkt.daddr_be,
+        pkt.sport_be,
+        pkt.dport_be,
+        pkt.proto,
+        direction,
+    )
+}
+
+#[inline(always)]
+fn unchanged(pkt: &Packet) -> Rewrite {
+    Rewrite {
+        saddr_be: pkt.saddr_be,
+        sport_be: pkt.sport_be,
+        daddr_be: pkt.daddr_be,
+        dport_be: pkt.dport_be,
+    }
+}
+
+#[inline(always)]
+fn closing(pkt: &Packet) -> u16 {
+    if pkt.closes() { ct::CLOSING } else { 0 }
+}
+
+#[inline(always)]
+pub fn decide(pkt: &Packet, ifindex: u32, now: u64) -> Verdict {
+    let config = config::get();
+    if let Some(reply) = conntrack::lookup(
+        &config,
+        &key_of(pkt, CtDirection::Reply),
+        now,
+        ct::SEEN_REPLY | closing(pkt),
+    ) {
+        return Verdict::Forward(reply_rewrite(&config, pkt, &reply, now), Counter::ReplyNat);
+    }
+
+    let forward_key = key_of(pkt, CtDirection::Forward);
+    if let Some(flow) = conntrack::lookup(&config, &forward_key, now, closing(pkt)) {
+        // The agent removes a backend's entry once no service uses it; such
+        // flows are balanced again rather than sent into the void.
+        match lb::backend(flow.backend_id) {
+            Some(b) if b.addr_be == flow.nat_addr_be && b.port_be == flow.nat_port_be => {
+                let mut out = unchanged(pkt);
+                out.daddr_be = b.addr_be;
+                out.dport_be = b.port_be;
+                if flow.flags & ct::SNAT != 0 {
+                    out.saddr_be = flow.snat_addr_be;
+                    out.sport_be = flow.snat_port_be;
+                }
+                return Verdict::Forward(out, Counter::Established);
+            }
+            _ => crate::stats::count(Counter::Rebalanced),
+        }
+    }
+
+    let key = ServiceKey::frontend(pkt.daddr_be, pkt.dport_be, pkt.proto);
+    let Some(frontend) = lb::frontend(&key) else {
+        return if lb::frontend(&ServiceKey::cluster_ip(pkt.daddr_be))
+            .is_some_and(|m| m.has(svc::CLUSTER_IP_MARKER))
+        {
+            Verdict::Reject(Counter::RejectUnknownPort)
+        } else {
+            Verdict::Pass
+        };
+    };
+    match new_flow(&config, pkt, ifindex, now, key, &frontend, &forward_key) {
+        Ok(v) => v,
+        Err(counter) => Verdict::Drop(counter),
+    }
+}
+
+/// Replies get the frontend back as source and, when masqueraded, the client as destination.
+#[inline(always)]
+fn reply_rewrite(config: &DatapathConfig, pkt: &Packet, reply: &CtValue, now: u64) -> Rewrite {
+    let mut out = unchanged(pkt);
+    out.saddr_be = reply.nat_addr_be;
+    out.sport_be = reply.nat_port_be;
+    if reply.flags & ct::SNAT != 0 {
+        out.daddr_be = reply.snat_addr_be;
+        out.dport_be = reply.snat_port_be;
+    }
+    if reply.flags & ct::SEEN_REPLY == 0 {
+        // First reply: the forward entry learns the flow is two-way (UDP streams live longer).
+        let forward = CtKey::new(
+            out.daddr_be,
+            out.saddr_be,
+            out.dport_be,
+            out.sport_be,
+            pkt.proto,
+            CtDirection::Forward,
+        );
+        let _ = conntrack::lookup(config, &forward, now, ct::SEEN_REPLY);
+    }
+    out
+}
+
+#[inline(always)]
+fn new_flow(
+    config: &DatapathConfig,
+    pkt: &Packet,
+    ifindex: u32,
+    now: u64,
+    key: ServiceKey,
+    frontend: &ServiceValue,
+    forward_key: &CtKey,
+) -> Result<Verdict, Counter> {
+    if frontend.has(svc::SOURCE_RANGES) && !source_allowed(frontend.service_id, pkt.saddr_be) {
+        return Err(Counter::DropSourceRange);
+    }
+    let local_client = config::from_local_pod(config, pkt.saddr_be, ifindex);
+    let external = frontend.has(svc::EXTERNAL);
+    let policy_local = frontend.has(svc::POLICY_LOCAL);
+
+    // Pods of this node reaching an external frontend with policy Local
+    // bypass the policy, as if they went out to the load balancer and back.
+    let (set_key, set) = if external && policy_local && local_client {
+        let k = key.with_scope(Scope::ClusterWide);
+        (k, lb::frontend(&k).unwrap_or_default())
+    } else {
+        (key, *frontend)
+    };
+    if set.count == 0 {
+        return Ok(if frontend.has(svc::REJECT_WHEN_EMPTY) {
+            Verdict::Reject(Counter::RejectNoEndpoints)
+        } else {
+            Verdict::Drop(Counter::DropNoLocalEndpoints)
+        });
+    }
+    let (backend_id, backend) = lb::select(&set_key, &set)?;
+
+    let masquerade = if external {
+        !policy_local
+    } else {
+        config.flags & proxy_common::config::flags::MASQUERADE_ALL != 0
+            || (config::detects_local(config) && !local_client)
+    } || backend.addr_be == pkt.saddr_be;
+
+    let mut forward = CtValue {
+        nat_addr_be: backend.addr_be,
+        nat_port_be: backend.port_be,
+        service_id: frontend.service_id,
+        backend_id,
+        last_seen_ns: now,
+        created_ns: now,
+        ..CtValue::default()
+    };
+    let mut reply = CtValue {
+        nat_addr_be: pkt.daddr_be,
+        nat_port_be: pkt.dport_be,
+        ..forward
+    };
+    let mut out = unchanged(pkt);
+    out.daddr_be = backend.addr_be;
+    out.dport_be = backend.port_be;
+
+    if masquerade && config.masquerade_addr_be != 0 {
+        reply.flags = ct::SNAT;
+        reply.snat_addr_be = pkt.saddr_be;
+        reply.snat_port_be = pkt.sport_be;
+        let port_be = claim_snat_port(config, pkt, &backend, &reply, now)?;
+        forward.flags = ct::SNAT;
+        forward.snat_addr_be = config.masquerade_addr_be;
+        forward.snat_port_be = port_be;
+        out.saddr_be = config.masquerade_addr_be;
+        out.sport_be = port_be;
+        crate::stats::count(Counter::Masqueraded);
+    } else {
+        let reply_key = CtKey::new(
+            backend.addr_be,
+            pkt.saddr_be,
+            backend.port_be,
+            pkt.sport_be,
+            pkt.proto,
+            CtDirection::Reply,
+        );
+        // Reply state first: a reply can never arrive before the request is forwarded.
+        conntrack::insert(&reply_key, &reply)?;
+    }
+    conntrack::insert(forward_key, &forward)?;
+    Ok(Verdict::Forward(out, Counter::NewFlow))
+}
+
+#[inline(always)]
+fn source_allowed(service_id: u16, saddr_be: u32) -> bool {
+    let key = Key::new(
+        64,
+        SourceRange {
+            service_be: (service_id as u32).to_be(),
+            addr_be: saddr_be,
+        },
+    );
+    SOURCE_RANGES.get(&key).is_some()
+}
+
+const SNAT_ATTEMPTS: u32 = 8;
+
+/// Finds a source port whose reply tuple (backend → masquerade address:port)
+/// no live flow uses, and claims it with the reply entry.
+#[inline(always)]
+fn claim_snat_port(
+    config: &DatapathConfig,
+    pkt: &Packet,
+    backend: &Backend,
+    reply: &CtValue,
+    now: u64,
+) -> Result<u16, Counter> {
+    let (min, max) = if config.snat_port_min == 0 || config.snat_port_max < config.snat_port_min {
+        (61000u32, 65535u32)
+    } else {
+        (config.snat_port_min as u32, config.snat_port_max as u32)
+    };
+    let span = max - min + 1;
+    let mut port = min + lb::below(span);
+    for _ in 0..SNAT_ATTEMPTS {
+        let port_be = (port as u16).to_be();
+        let key = CtKey::new(
+            backend.addr_be,
+            config.masquerade_addr_be,
+            backend.port_be,
+            port_be,
+            pkt.proto,
+            CtDirection::Reply,
+        );
+        if conntrack::claim(config, &key, reply, now) {
+            return Ok(port_be);
+        }
+        port = min + lb::below(span);
+    }
+    Err(Counter::DropSnatExhausted)
+}
