@@ -38,7 +38,7 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
     let prefixes = opts.ebpf.pod_interface_prefixes.clone().unwrap_or_default();
     let mut ebpf = datapath::load_with(sizes)?;
     let (maps, stats) = datapath::kernel_maps(&mut ebpf)?;
-    let mut attacher = Attacher::new(ebpf, prefixes.clone());
+    let mut attacher = Attacher::new(ebpf, prefixes.clone(), opts.ebpf.xdp_mode);
     let proxier = EbpfProxier::new(maps);
     info!(node = %opts.node_name, ?sizes, ?prefixes, "datapath loaded");
 
@@ -65,7 +65,7 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
         let mut tick = tokio::time::interval(POLL_INTERVAL);
         loop {
             tick.tick().await;
-            if let Err(e) = attacher.reconcile() {
+            if let Err(e) = attacher.reconcile(&Default::default()) {
                 warn!(error = %format!("{e:#}"), "reconciling pod interfaces");
             }
         }
@@ -79,7 +79,7 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
         _ = sigint.recv() => info!("SIGINT: shutting down"),
     }
 
-    let detached: Vec<String> = attacher.attached_interfaces().map(str::to_owned).collect();
+    let detached: Vec<String> = attacher.pod_names().map(str::to_owned).collect();
     drop(attacher);
     info!(detached = ?detached, counters = ?datapath::stats::read(&stats), "programs detached and maps released");
     Ok(())

@@ -1,6 +1,7 @@
 //! The ebpf mode: loads the programs, attaches them to pod-facing interfaces
 //! and programs the service maps from the desired state.
 
+mod attach;
 mod interfaces;
 pub mod maps;
 mod object;
@@ -8,16 +9,15 @@ mod programmer;
 pub mod stats;
 pub mod test_run;
 
-use std::collections::BTreeMap;
-
 use anyhow::{Context as _, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray},
-    programs::{SchedClassifier, TcAttachType, Xdp, tc::SchedClassifierLinkId},
+    programs::{SchedClassifier, Xdp},
 };
-use tracing::{info, warn};
+use tracing::info;
 
+pub use attach::{Attacher, XdpChoice};
 pub use maps::{KernelMaps, MapError, ServiceMaps};
 pub use object::{OBJECT, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP};
 pub use programmer::{Programmer, SyncStats};
@@ -139,67 +139,5 @@ impl Proxier for EbpfProxier {
             "datapath synced"
         );
         Ok(())
-    }
-}
-
-/// Keeps `tc_from_pod` attached to every pod-facing interface. Dropping it
-/// detaches everything (TCX links are owned by this process).
-pub struct Attacher {
-    ebpf: Ebpf,
-    interface_prefixes: Vec<String>,
-    attached: BTreeMap<String, (u32, SchedClassifierLinkId)>,
-}
-
-impl Attacher {
-    pub fn new(ebpf: Ebpf, interface_prefixes: Vec<String>) -> Self {
-        Self {
-            ebpf,
-            interface_prefixes,
-            attached: BTreeMap::new(),
-        }
-    }
-
-    /// Attaches to pod interfaces that appeared and forgets ones that went
-    /// away (the kernel drops their links with them).
-    pub fn reconcile(&mut self) -> anyhow::Result<()> {
-        let present =
-            interfaces::matching(&self.interface_prefixes).context("listing /sys/class/net")?;
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(PROG_FROM_POD)
-            .context("program missing")?
-            .try_into()?;
-
-        let stale: Vec<String> = self
-            .attached
-            .iter()
-            .filter(|(name, (index, _))| present.get(*name) != Some(index))
-            .map(|(name, _)| name.clone())
-            .collect();
-        for name in stale {
-            if let Some((_, link)) = self.attached.remove(&name) {
-                // The interface is gone (or was recreated): its link went with it.
-                let _ = prog.detach(link);
-                info!(interface = %name, "pod interface gone, link released");
-            }
-        }
-        for (name, index) in present {
-            if self.attached.contains_key(&name) {
-                continue;
-            }
-            match prog.attach(&name, TcAttachType::Ingress) {
-                Ok(link) => {
-                    info!(interface = %name, ifindex = index, "attached tc_from_pod at ingress");
-                    self.attached.insert(name, (index, link));
-                }
-                // Typically the interface vanished mid-way; the next pass retries.
-                Err(e) => warn!(interface = %name, error = %e, "attaching tc_from_pod failed"),
-            }
-        }
-        Ok(())
-    }
-
-    pub fn attached_interfaces(&self) -> impl Iterator<Item = &str> {
-        self.attached.keys().map(String::as_str)
     }
 }
