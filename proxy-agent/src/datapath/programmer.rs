@@ -1,20 +1,33 @@
 //! Turns a [`DesiredState`] into ordered writes to the service maps.
 //!
 //! Order matters because the datapath reads the maps while they change:
-//! backends are written before the slots naming them, slots before the
-//! frontend `count` that exposes them, and deletions run last in the reverse
-//! order. The bookkeeping is updated after every successful write, so after a
-//! failed sync it still mirrors the maps and the next sync repairs the rest.
+//! backends and source ranges are written before the frontends using them,
+//! slots before the frontend `count` that exposes them, cluster-IP markers
+//! after their frontends, and deletions run last in the reverse order. The
+//! bookkeeping is updated after every successful write, so after a failed
+//! sync it still mirrors the maps and the next sync repairs the rest.
 //!
 //! A partial sync looks only at the service ports that changed; backends are
 //! reference-counted by the slots naming them, so nothing scans all services.
 
-use std::collections::{BTreeSet, HashMap};
-use std::net::IpAddr;
+mod frontends;
+mod ids;
+mod markers;
 
-use proxy_common::{Backend, BackendId, CtDirection, ServiceKey, ServiceValue, proto};
+use std::collections::{BTreeSet, HashMap, HashSet, hash_map::Entry};
 
+use ipnet::Ipv4Net;
+use proxy_common::{
+    Backend, BackendId, CtDirection, FrontendKind, Scope, ServiceKey, ServiceValue, proto,
+};
+
+use self::{
+    frontends::{EndpointSet, wanted_frontends, wanted_source_ranges},
+    ids::Ids,
+    markers::ClusterIpMarkers,
+};
 use super::maps::{MapError, ServiceMaps};
+use super::node::NodeAddresses;
 use crate::model::{DesiredService, DesiredState, ServicePortName};
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -31,52 +44,42 @@ struct Frontend {
     owner: ServicePortName,
     service_id: u16,
     slots: Vec<BackendId>,
-    /// The `count` currently in slot 0, `None` before slot 0 is written.
-    written_count: Option<u16>,
+    /// Slot 0 as written, `None` before it is.
+    written: Option<ServiceValue>,
 }
 
-/// Hands out small integer ids, reusing released ones; 0 is never used so a
-/// zeroed map value never names anything.
-#[derive(Debug)]
-struct Ids {
-    next: u32,
-    max: u32,
-    free: Vec<u32>,
+/// A backend that left a UDP frontend during this sync.
+struct GoneBackend {
+    frontend: ServiceKey,
+    id: BackendId,
+    backend: Backend,
 }
 
-impl Ids {
-    fn new(max: u32) -> Self {
-        Self {
-            next: 1,
-            max,
-            free: Vec::new(),
-        }
-    }
-
-    fn take(&mut self) -> Option<u32> {
-        self.free.pop().or_else(|| {
-            (self.next <= self.max).then(|| {
-                self.next += 1;
-                self.next - 1
-            })
-        })
-    }
-
-    fn give_back(&mut self, id: u32) {
-        self.free.push(id);
-    }
+/// What one sync collects on its way: counters, and the work left for the end.
+#[derive(Default)]
+struct SyncRun {
+    stats: SyncStats,
+    gone: Vec<GoneBackend>,
+    cluster_ip_frontends: Vec<ServiceKey>,
 }
 
 pub struct Programmer {
+    node: NodeAddresses,
     frontends: HashMap<ServiceKey, Frontend>,
     by_service: HashMap<ServicePortName, BTreeSet<ServiceKey>>,
     backends: HashMap<Backend, BackendId>,
     backend_by_id: HashMap<BackendId, Backend>,
     /// How many slots name each backend.
     backend_refs: HashMap<BackendId, u32>,
+    /// Backends that may have no slot left: deleted at the end of a sync
+    /// (kept across a failed one, so none leaks).
+    unreferenced: BTreeSet<BackendId>,
     backend_ids: Ids,
     service_ids: HashMap<ServicePortName, u16>,
     service_id_pool: Ids,
+    /// Source ranges written, by service id.
+    source_ranges: HashMap<u16, BTreeSet<Ipv4Net>>,
+    markers: ClusterIpMarkers,
 }
 
 impl Default for Programmer {
@@ -86,17 +89,27 @@ impl Default for Programmer {
 }
 
 impl Programmer {
+    /// A programmer with no node addresses yet: NodePorts are programmed
+    /// once [`Programmer::set_node_addresses`] names some.
     pub fn new() -> Self {
         Self {
+            node: NodeAddresses::default(),
             frontends: HashMap::new(),
             by_service: HashMap::new(),
             backends: HashMap::new(),
             backend_by_id: HashMap::new(),
             backend_refs: HashMap::new(),
+            unreferenced: BTreeSet::new(),
             backend_ids: Ids::new(u32::MAX - 1),
             service_ids: HashMap::new(),
             service_id_pool: Ids::new(u32::from(u16::MAX)),
+            source_ranges: HashMap::new(),
+            markers: ClusterIpMarkers::default(),
         }
+    }
+
+    pub fn node_addresses(&self) -> &NodeAddresses {
+        &self.node
     }
 
     /// Makes the maps hold exactly `state`.
@@ -107,6 +120,8 @@ impl Programmer {
     ) -> Result<SyncStats, MapError> {
         let mut ports: BTreeSet<ServicePortName> = state.services.keys().cloned().collect();
         ports.extend(self.by_service.keys().cloned());
+        // A port whose first sync failed early may hold an id but no frontend.
+        ports.extend(self.service_ids.keys().cloned());
         self.sync_ports(state, &ports, maps)
     }
 
@@ -121,70 +136,104 @@ impl Programmer {
         self.sync_ports(state, changed, maps)
     }
 
+    /// Records the node's addresses and re-syncs the service ports that
+    /// depend on them (node ports, LB source ranges); nothing when unchanged.
+    pub fn set_node_addresses(
+        &mut self,
+        node: &NodeAddresses,
+        state: &DesiredState,
+        maps: &mut impl ServiceMaps,
+    ) -> Result<SyncStats, MapError> {
+        if *node == self.node {
+            return Ok(self.totals(SyncStats::default()));
+        }
+        self.node = node.clone();
+        let ports: BTreeSet<ServicePortName> = state
+            .services
+            .values()
+            .filter(|svc| depends_on_node(svc))
+            .map(|svc| svc.name.clone())
+            .collect();
+        self.sync_ports(state, &ports, maps)
+    }
+
+    fn totals(&self, stats: SyncStats) -> SyncStats {
+        SyncStats {
+            frontends: self.frontends.len(),
+            backends: self.backends.len(),
+            ..stats
+        }
+    }
+
     fn sync_ports(
         &mut self,
         state: &DesiredState,
         ports: &BTreeSet<ServicePortName>,
         maps: &mut impl ServiceMaps,
     ) -> Result<SyncStats, MapError> {
-        let mut stats = SyncStats::default();
-        let mut released = BTreeSet::new();
+        let mut run = SyncRun::default();
         let mut wanted_keys: HashMap<&ServicePortName, BTreeSet<ServiceKey>> = HashMap::new();
 
         for spn in ports {
-            let Some(svc) = state.services.get(spn) else {
-                continue;
-            };
-            let service_id = self.service_id(spn)?;
-            let backends = ipv4_backends(svc);
-            let mut ids = Vec::with_capacity(backends.len());
-            for backend in &backends {
-                ids.push(self.ensure_backend(backend, maps, &mut stats)?);
+            if let Some(svc) = state.services.get(spn) {
+                let keys = self.program_service(spn, svc, maps, &mut run)?;
+                wanted_keys.insert(spn, keys);
             }
-            let keys = ipv4_frontends(svc);
-            for key in &keys {
-                self.program_frontend(
-                    *key,
-                    spn,
-                    service_id,
-                    &ids,
-                    maps,
-                    &mut stats,
-                    &mut released,
-                )?;
-            }
-            wanted_keys.insert(spn, keys.into_iter().collect());
+        }
+        for frontend in std::mem::take(&mut run.cluster_ip_frontends) {
+            self.markers.add(frontend, maps, &mut run.stats)?;
         }
 
         for spn in ports {
             let owned = self.by_service.get(spn).cloned().unwrap_or_default();
             let keep = wanted_keys.get(spn);
             for key in owned.iter().filter(|k| keep.is_none_or(|w| !w.contains(k))) {
-                self.remove_frontend(*key, maps, &mut stats, &mut released)?;
+                self.remove_frontend(*key, maps, &mut run)?;
             }
             if self.by_service.get(spn).is_none_or(BTreeSet::is_empty) {
-                self.by_service.remove(spn);
-                if let Some(id) = self.service_ids.remove(spn) {
-                    self.service_id_pool.give_back(u32::from(id));
-                }
+                self.release_service(spn, maps, &mut run)?;
             }
         }
 
-        for id in released {
-            if self.backend_refs.get(&id).copied().unwrap_or(0) == 0 {
-                maps.delete_backend(id)?;
-                stats.deletes += 1;
-                self.backend_refs.remove(&id);
-                if let Some(backend) = self.backend_by_id.remove(&id) {
-                    self.backends.remove(&backend);
+        self.flush_gone_udp_flows(maps, &mut run)?;
+        self.delete_unreferenced_backends(maps, &mut run)?;
+        Ok(self.totals(run.stats))
+    }
+
+    /// Programs every frontend of one service port; returns their keys.
+    fn program_service(
+        &mut self,
+        spn: &ServicePortName,
+        svc: &DesiredService,
+        maps: &mut impl ServiceMaps,
+        run: &mut SyncRun,
+    ) -> Result<BTreeSet<ServiceKey>, MapError> {
+        let service_id = self.service_id(spn)?;
+        let ranges = wanted_source_ranges(svc, &self.node);
+        self.add_source_ranges(service_id, &ranges, maps, run)?;
+
+        let wanted = wanted_frontends(svc, &self.node);
+        let mut ids_by_set: HashMap<EndpointSet, Vec<BackendId>> = HashMap::new();
+        for f in &wanted {
+            if let Entry::Vacant(slot) = ids_by_set.entry(f.endpoints) {
+                let mut ids = Vec::new();
+                for backend in f.endpoints.backends(svc) {
+                    ids.push(self.ensure_backend(&backend, maps, run)?);
                 }
-                self.backend_ids.give_back(id);
+                slot.insert(ids);
+            }
+            let ids = &ids_by_set[&f.endpoints];
+            self.program_frontend(f.key, spn, service_id, f.flags, ids, maps, run)?;
+            if f.kind() == FrontendKind::ClusterIp {
+                run.cluster_ip_frontends.push(f.key);
+            } else {
+                // The key may have been a cluster IP's before.
+                self.markers.remove(f.key, maps, &mut run.stats)?;
             }
         }
 
-        stats.frontends = self.frontends.len();
-        stats.backends = self.backends.len();
-        Ok(stats)
+        self.remove_source_ranges(service_id, &ranges, maps, run)?;
+        Ok(wanted.iter().map(|f| f.key).collect())
     }
 
     fn service_id(&mut self, spn: &ServicePortName) -> Result<u16, MapError> {
@@ -199,11 +248,74 @@ impl Programmer {
         Ok(id)
     }
 
+    /// The port has no frontend left: its source ranges and id go.
+    fn release_service(
+        &mut self,
+        spn: &ServicePortName,
+        maps: &mut impl ServiceMaps,
+        run: &mut SyncRun,
+    ) -> Result<(), MapError> {
+        if let Some(id) = self.service_ids.get(spn).copied() {
+            self.remove_source_ranges(id, &BTreeSet::new(), maps, run)?;
+            self.service_ids.remove(spn);
+            self.service_id_pool.give_back(u32::from(id));
+        }
+        self.by_service.remove(spn);
+        Ok(())
+    }
+
+    fn add_source_ranges(
+        &mut self,
+        service_id: u16,
+        wanted: &BTreeSet<Ipv4Net>,
+        maps: &mut impl ServiceMaps,
+        run: &mut SyncRun,
+    ) -> Result<(), MapError> {
+        for range in wanted {
+            if self
+                .source_ranges
+                .get(&service_id)
+                .is_some_and(|written| written.contains(range))
+            {
+                continue;
+            }
+            maps.put_source_range(service_id, *range)?;
+            run.stats.writes += 1;
+            self.source_ranges
+                .entry(service_id)
+                .or_default()
+                .insert(*range);
+        }
+        Ok(())
+    }
+
+    fn remove_source_ranges(
+        &mut self,
+        service_id: u16,
+        keep: &BTreeSet<Ipv4Net>,
+        maps: &mut impl ServiceMaps,
+        run: &mut SyncRun,
+    ) -> Result<(), MapError> {
+        let Some(written) = self.source_ranges.get_mut(&service_id) else {
+            return Ok(());
+        };
+        let stale: Vec<Ipv4Net> = written.difference(keep).copied().collect();
+        for range in stale {
+            maps.delete_source_range(service_id, range)?;
+            run.stats.deletes += 1;
+            written.remove(&range);
+        }
+        if written.is_empty() {
+            self.source_ranges.remove(&service_id);
+        }
+        Ok(())
+    }
+
     fn ensure_backend(
         &mut self,
         backend: &Backend,
         maps: &mut impl ServiceMaps,
-        stats: &mut SyncStats,
+        run: &mut SyncRun,
     ) -> Result<BackendId, MapError> {
         if let Some(id) = self.backends.get(backend) {
             return Ok(*id);
@@ -215,7 +327,8 @@ impl Programmer {
             self.backend_ids.give_back(id);
             return Err(e);
         }
-        stats.writes += 1;
+        run.stats.writes += 1;
+        self.unreferenced.insert(id);
         self.backends.insert(*backend, id);
         self.backend_by_id.insert(id, *backend);
         Ok(id)
@@ -227,16 +340,16 @@ impl Programmer {
         key: ServiceKey,
         owner: &ServicePortName,
         service_id: u16,
+        flags: u16,
         wanted: &[BackendId],
         maps: &mut impl ServiceMaps,
-        stats: &mut SyncStats,
-        released: &mut BTreeSet<BackendId>,
+        run: &mut SyncRun,
     ) -> Result<(), MapError> {
         let frontend = self.frontends.entry(key).or_insert_with(|| Frontend {
             owner: owner.clone(),
             service_id,
             slots: Vec::new(),
-            written_count: None,
+            written: None,
         });
         if &frontend.owner != owner {
             // Two service ports claim one address:port (e.g. the same external IP):
@@ -254,7 +367,7 @@ impl Programmer {
 
         let previous = frontend.slots.clone();
         let slots = stable_slots(&frontend.slots, wanted);
-        let new_count = u16::try_from(slots.len())
+        let count = u16::try_from(slots.len())
             .map_err(|_| MapError::TooManyBackends { count: slots.len() })?;
         let refs = &mut self.backend_refs;
 
@@ -264,32 +377,33 @@ impl Programmer {
                     &key.with_slot(i as u16 + 1),
                     &ServiceValue::slot(*id, service_id),
                 )?;
-                stats.writes += 1;
+                run.stats.writes += 1;
                 *refs.entry(*id).or_default() += 1;
                 match frontend.slots.get_mut(i) {
                     Some(old) => {
-                        unref(refs, *old, released);
+                        unref(refs, *old, &mut self.unreferenced);
                         *old = *id;
                     }
                     None => frontend.slots.push(*id),
                 }
             }
         }
-        if frontend.written_count != Some(new_count) || frontend.service_id != service_id {
-            maps.put_service(&key, &ServiceValue::frontend(new_count, service_id, 0))?;
-            stats.writes += 1;
-            frontend.written_count = Some(new_count);
+        let value = ServiceValue::frontend(count, service_id, flags);
+        if frontend.written != Some(value) {
+            maps.put_service(&key, &value)?;
+            run.stats.writes += 1;
+            frontend.written = Some(value);
             frontend.service_id = service_id;
         }
         while frontend.slots.len() > slots.len() {
             maps.delete_service(&key.with_slot(frontend.slots.len() as u16))?;
-            stats.deletes += 1;
+            run.stats.deletes += 1;
             let old = frontend.slots.pop().expect("longer than slots");
-            unref(refs, old, released);
+            unref(refs, old, &mut self.unreferenced);
         }
         if key.proto == proto::UDP {
-            for gone in previous.iter().filter(|id| !slots.contains(id)) {
-                stats.flushed_flows += flush_udp_flows(&self.backend_by_id, key, *gone, maps)?;
+            for id in previous.iter().filter(|id| !slots.contains(id)) {
+                note_gone(&self.backend_by_id, key, *id, run);
             }
         }
         Ok(())
@@ -299,72 +413,149 @@ impl Programmer {
         &mut self,
         key: ServiceKey,
         maps: &mut impl ServiceMaps,
-        stats: &mut SyncStats,
-        released: &mut BTreeSet<BackendId>,
+        run: &mut SyncRun,
     ) -> Result<(), MapError> {
         let Some(frontend) = self.frontends.get_mut(&key) else {
             return Ok(());
         };
-        if frontend.written_count.is_some() {
+        if frontend.written.is_some() {
             maps.delete_service(&key)?;
-            stats.deletes += 1;
-            frontend.written_count = None;
+            run.stats.deletes += 1;
+            frontend.written = None;
         }
-        let mut removed = Vec::new();
         while let Some(id) = frontend.slots.last().copied() {
             maps.delete_service(&key.with_slot(frontend.slots.len() as u16))?;
-            stats.deletes += 1;
+            run.stats.deletes += 1;
             frontend.slots.pop();
-            unref(&mut self.backend_refs, id, released);
-            removed.push(id);
+            unref(&mut self.backend_refs, id, &mut self.unreferenced);
+            if key.proto == proto::UDP {
+                note_gone(&self.backend_by_id, key, id, run);
+            }
         }
         let owner = frontend.owner.clone();
+        self.markers.remove(key, maps, &mut run.stats)?;
         self.frontends.remove(&key);
         if let Some(keys) = self.by_service.get_mut(&owner) {
             keys.remove(&key);
         }
-        if key.proto == proto::UDP {
-            for id in removed {
-                stats.flushed_flows += flush_udp_flows(&self.backend_by_id, key, id, maps)?;
+        Ok(())
+    }
+
+    /// Upstream deletes the UDP conntrack entries of removed endpoints, since
+    /// UDP flows never end on their own and would keep reaching a gone
+    /// backend. A backend still in either scope of the frontend keeps its flows.
+    ///
+    /// Upstream also flushes a UDP service IP when it gains its first endpoint,
+    /// because packets sent while it had none left kernel conntrack entries
+    /// behind. Nothing like that exists here: the datapath rejects or drops a
+    /// packet to a frontend without backends before creating any flow state.
+    fn flush_gone_udp_flows(
+        &self,
+        maps: &mut impl ServiceMaps,
+        run: &mut SyncRun,
+    ) -> Result<(), MapError> {
+        let mut forward = HashSet::new();
+        let mut reply = HashSet::new();
+        for g in run
+            .gone
+            .iter()
+            .filter(|g| !self.still_serves(g.frontend, g.id))
+        {
+            let fe = g.frontend;
+            forward.insert((fe.addr_be, fe.port_be, fe.proto, g.id));
+            reply.insert((
+                g.backend.addr_be,
+                g.backend.port_be,
+                fe.proto,
+                fe.addr_be,
+                fe.port_be,
+            ));
+        }
+        if forward.is_empty() {
+            return Ok(());
+        }
+        // Forward entries: client -> frontend, naming the backend. Reply entries:
+        // keyed by the backend's replies (towards the client, or towards the
+        // masquerade address:port), naming the frontend to restore.
+        run.stats.flushed_flows += maps.flush_flows(&|k, v| {
+            if k.direction == CtDirection::Forward as u8 {
+                forward.contains(&(k.daddr_be, k.dport_be, k.proto, v.backend_id))
+            } else {
+                reply.contains(&(
+                    k.saddr_be,
+                    k.sport_be,
+                    k.proto,
+                    v.nat_addr_be,
+                    v.nat_port_be,
+                ))
             }
+        })?;
+        Ok(())
+    }
+
+    fn still_serves(&self, frontend: ServiceKey, id: BackendId) -> bool {
+        [Scope::Primary, Scope::ClusterWide]
+            .into_iter()
+            .any(|scope| {
+                self.frontends
+                    .get(&frontend.with_scope(scope))
+                    .is_some_and(|f| f.slots.contains(&id))
+            })
+    }
+
+    fn delete_unreferenced_backends(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        run: &mut SyncRun,
+    ) -> Result<(), MapError> {
+        while let Some(id) = self.unreferenced.first().copied() {
+            if self.backend_refs.get(&id).copied().unwrap_or(0) == 0 {
+                maps.delete_backend(id)?;
+                run.stats.deletes += 1;
+                self.backend_refs.remove(&id);
+                if let Some(backend) = self.backend_by_id.remove(&id) {
+                    self.backends.remove(&backend);
+                }
+                self.backend_ids.give_back(id);
+            }
+            self.unreferenced.remove(&id);
         }
         Ok(())
     }
 }
 
-fn unref(refs: &mut HashMap<BackendId, u32>, id: BackendId, released: &mut BTreeSet<BackendId>) {
-    if let Some(n) = refs.get_mut(&id) {
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            released.insert(id);
-        }
+/// Service ports whose frontends change with the node's addresses.
+fn depends_on_node(svc: &DesiredService) -> bool {
+    svc.node_port.is_some()
+        || (!svc.load_balancer_ips.is_empty() && !svc.load_balancer_source_ranges.is_empty())
+}
+
+fn note_gone(
+    backend_by_id: &HashMap<BackendId, Backend>,
+    frontend: ServiceKey,
+    id: BackendId,
+    run: &mut SyncRun,
+) {
+    if let Some(backend) = backend_by_id.get(&id) {
+        run.gone.push(GoneBackend {
+            frontend,
+            id,
+            backend: *backend,
+        });
     }
 }
 
-/// Upstream deletes UDP conntrack entries of removed endpoints, since UDP
-/// flows never end on their own and would keep reaching a gone backend.
-fn flush_udp_flows(
-    backend_by_id: &HashMap<BackendId, Backend>,
-    key: ServiceKey,
-    backend_id: BackendId,
-    maps: &mut impl ServiceMaps,
-) -> Result<usize, MapError> {
-    let Some(backend) = backend_by_id.get(&backend_id).copied() else {
-        return Ok(0);
-    };
-    maps.flush_flows(&|k, v| {
-        if k.proto != key.proto {
-            return false;
+fn unref(
+    refs: &mut HashMap<BackendId, u32>,
+    id: BackendId,
+    unreferenced: &mut BTreeSet<BackendId>,
+) {
+    if let Some(n) = refs.get_mut(&id) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            unreferenced.insert(id);
         }
-        if k.direction == CtDirection::Forward as u8 {
-            k.daddr_be == key.addr_be && k.dport_be == key.port_be && v.backend_id == backend_id
-        } else {
-            k.saddr_be == backend.addr_be
-                && k.sport_be == backend.port_be
-                && v.nat_addr_be == key.addr_be
-                && v.nat_port_be == key.port_be
-        }
-    })
+    }
 }
 
 /// Keeps backends that stay in the slots they had, so slot rewrites (and,
@@ -385,40 +576,5 @@ fn stable_slots(current: &[BackendId], wanted: &[BackendId]) -> Vec<BackendId> {
     out
 }
 
-/// The IPv4 endpoints ClusterIP traffic uses (internalTrafficPolicy applied), deduplicated.
-fn ipv4_backends(svc: &DesiredService) -> Vec<Backend> {
-    let proto = svc.protocol.ip_proto();
-    let mut seen = BTreeSet::new();
-    svc.internal_endpoints()
-        .iter()
-        .filter_map(|ep| match ep.ip {
-            IpAddr::V4(ip) => Some(Backend {
-                addr_be: u32::from(ip).to_be(),
-                port_be: ep.port.to_be(),
-                proto,
-                _pad: 0,
-            }),
-            IpAddr::V6(_) => None,
-        })
-        .filter(|b| seen.insert((b.addr_be, b.port_be)))
-        .collect()
-}
-
-fn ipv4_frontends(svc: &DesiredService) -> Vec<ServiceKey> {
-    let proto = svc.protocol.ip_proto();
-    svc.cluster_ips
-        .iter()
-        .filter_map(|ip| match ip {
-            IpAddr::V4(vip) => Some(ServiceKey::frontend(
-                u32::from(*vip).to_be(),
-                svc.port.to_be(),
-                proto,
-            )),
-            IpAddr::V6(_) => None,
-        })
-        .collect()
-}
-
 #[cfg(test)]
-#[path = "programmer/tests.rs"]
 mod tests;

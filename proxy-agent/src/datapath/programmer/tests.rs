@@ -1,19 +1,26 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
-use proxy_common::{CtDirection, CtKey, CtValue};
+use ipnet::Ipv4Net;
+use proxy_common::{CtDirection, CtKey, CtValue, FrontendKind, Scope, service::flags};
 
 use super::*;
 use crate::model::{DesiredService, Endpoint, Protocol};
 
-/// In-memory maps that also check the datapath invariant on every write:
-/// a frontend's `count` never exceeds the slots written, and every slot
-/// names a backend that exists.
+type CtTuple = (u32, u32, u16, u16, u8, u8);
+
+/// In-memory maps that check on every write what the datapath relies on:
+/// a frontend's `count` never exceeds the slots written, every slot names a
+/// backend that exists, a frontend checking source ranges has some, and a
+/// cluster-IP marker is only written once a ClusterIP frontend is on its VIP.
 #[derive(Default)]
 struct FakeMaps {
     services: BTreeMap<ServiceKey, ServiceValue>,
     backends: BTreeMap<BackendId, Backend>,
-    conntrack: BTreeMap<(u32, u32, u16, u16, u8, u8), CtValue>,
+    source_ranges: BTreeSet<(u16, Ipv4Net)>,
+    conntrack: BTreeMap<CtTuple, CtValue>,
+    /// Every service key written or deleted, in order.
+    touched: Vec<ServiceKey>,
     ops: usize,
     fail_after: Option<usize>,
 }
@@ -39,12 +46,26 @@ impl FakeMaps {
                     "slot names a missing backend"
                 );
             }
+            if value.has(flags::SOURCE_RANGES) {
+                assert!(
+                    self.source_ranges
+                        .iter()
+                        .any(|(id, _)| *id == value.service_id),
+                    "{key:?} checks source ranges before any is written"
+                );
+            }
         }
     }
 
-    /// VIP (host order) and port -> the backend addresses reachable through it.
-    fn reachable(&self, vip: [u8; 4], port: u16, proto: u8) -> Vec<(Ipv4Addr, u16)> {
-        let key = ServiceKey::frontend(u32::from(Ipv4Addr::from(vip)).to_be(), port.to_be(), proto);
+    fn frontend(&self, key: ServiceKey) -> ServiceValue {
+        *self
+            .services
+            .get(&key)
+            .unwrap_or_else(|| panic!("{key:?} missing"))
+    }
+
+    /// The backend addresses reachable through `key`, sorted.
+    fn backends_of(&self, key: ServiceKey) -> Vec<(Ipv4Addr, u16)> {
         let Some(fe) = self.services.get(&key) else {
             return vec![];
         };
@@ -59,6 +80,34 @@ impl FakeMaps {
             .collect();
         out.sort();
         out
+    }
+
+    fn reachable(&self, vip: [u8; 4], port: u16, proto: u8) -> Vec<(Ipv4Addr, u16)> {
+        self.backends_of(key(vip, port, proto))
+    }
+
+    fn frontend_keys(&self) -> Vec<ServiceKey> {
+        self.services
+            .iter()
+            .filter(|(k, v)| k.slot == 0 && !v.has(flags::CLUSTER_IP_MARKER))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    fn markers(&self) -> Vec<Ipv4Addr> {
+        self.services
+            .iter()
+            .filter(|(_, v)| v.has(flags::CLUSTER_IP_MARKER))
+            .map(|(k, _)| Ipv4Addr::from(u32::from_be(k.addr_be)))
+            .collect()
+    }
+
+    fn ranges_of(&self, service_id: u16) -> Vec<Ipv4Net> {
+        self.source_ranges
+            .iter()
+            .filter(|(id, _)| *id == service_id)
+            .map(|(_, r)| *r)
+            .collect()
     }
 }
 
@@ -76,13 +125,35 @@ impl ServiceMaps for FakeMaps {
     }
     fn put_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError> {
         self.step()?;
+        if value.has(flags::CLUSTER_IP_MARKER) {
+            assert!(
+                self.services.iter().any(|(k, v)| k.addr_be == key.addr_be
+                    && k.slot == 0
+                    && !v.has(flags::CLUSTER_IP_MARKER)
+                    && v.kind() == FrontendKind::ClusterIp),
+                "marker written before any frontend on its VIP"
+            );
+        }
         self.services.insert(*key, *value);
+        self.touched.push(*key);
         self.check_invariant();
         Ok(())
     }
     fn delete_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {
         self.step()?;
         self.services.remove(key);
+        self.touched.push(*key);
+        self.check_invariant();
+        Ok(())
+    }
+    fn put_source_range(&mut self, service_id: u16, range: Ipv4Net) -> Result<(), MapError> {
+        self.step()?;
+        self.source_ranges.insert((service_id, range));
+        Ok(())
+    }
+    fn delete_source_range(&mut self, service_id: u16, range: Ipv4Net) -> Result<(), MapError> {
+        self.step()?;
+        self.source_ranges.remove(&(service_id, range));
         self.check_invariant();
         Ok(())
     }
@@ -103,8 +174,32 @@ impl ServiceMaps for FakeMaps {
     }
 }
 
+fn be(ip: [u8; 4]) -> u32 {
+    u32::from(Ipv4Addr::from(ip)).to_be()
+}
+
+fn key(addr: [u8; 4], port: u16, proto: u8) -> ServiceKey {
+    ServiceKey::frontend(be(addr), port.to_be(), proto)
+}
+
 fn ep(ip: [u8; 4], port: u16) -> Endpoint {
     Endpoint::new(IpAddr::V4(ip.into()), port)
+}
+
+fn local(e: Endpoint) -> Endpoint {
+    Endpoint {
+        is_local: true,
+        ..e
+    }
+}
+
+fn spn(name: &str, protocol: Protocol) -> ServicePortName {
+    ServicePortName {
+        namespace: "default".into(),
+        name: name.into(),
+        port_name: String::new(),
+        protocol,
+    }
 }
 
 fn service(
@@ -114,13 +209,27 @@ fn service(
     protocol: Protocol,
     eps: Vec<Endpoint>,
 ) -> DesiredService {
-    let name = ServicePortName {
-        namespace: "default".into(),
-        name: name.into(),
-        port_name: String::new(),
-        protocol,
-    };
-    DesiredService::cluster_ip(name, vec![IpAddr::V4(vip.into())], port, eps)
+    DesiredService::cluster_ip(spn(name, protocol), vec![IpAddr::V4(vip.into())], port, eps)
+}
+
+/// A service with every kind of frontend: node port 30080, one external IP
+/// and one LB IP, endpoints categorised as the model would (`local` are on this node).
+fn external_service(
+    name: &str,
+    protocol: Protocol,
+    remote: Vec<Endpoint>,
+    local: Vec<Endpoint>,
+    etp_local: bool,
+) -> DesiredService {
+    let mut all = local.clone();
+    all.extend(remote);
+    let mut svc = service(name, VIP, 80, protocol, all);
+    svc.node_port = Some(NODE_PORT);
+    svc.external_ips = vec![IpAddr::V4(EXTERNAL_IP.into())];
+    svc.load_balancer_ips = vec![IpAddr::V4(LB_IP.into())];
+    svc.local_endpoints = local;
+    svc.external_policy_local = etp_local;
+    svc
 }
 
 fn state(services: Vec<DesiredService>) -> DesiredState {
@@ -129,9 +238,33 @@ fn state(services: Vec<DesiredService>) -> DesiredState {
     }
 }
 
+fn node(addrs: &[[u8; 4]]) -> NodeAddresses {
+    NodeAddresses {
+        primary: addrs.first().map(|a| Ipv4Addr::from(*a)),
+        node_ports: addrs.iter().map(|a| Ipv4Addr::from(*a)).collect(),
+    }
+}
+
+/// A programmer that knows the node addresses NODE_A and NODE_B.
+fn programmer(maps: &mut FakeMaps) -> Programmer {
+    let mut p = Programmer::new();
+    p.set_node_addresses(&node(&[NODE_A, NODE_B]), &DesiredState::default(), maps)
+        .unwrap();
+    p
+}
+
 const VIP: [u8; 4] = [198, 19, 0, 10];
+const NODE_A: [u8; 4] = [192, 0, 2, 10];
+const NODE_B: [u8; 4] = [192, 0, 2, 11];
+const EXTERNAL_IP: [u8; 4] = [203, 0, 113, 7];
+const LB_IP: [u8; 4] = [203, 0, 113, 50];
+const NODE_PORT: u16 = 30080;
 const TCP: u8 = proto::TCP;
 const UDP: u8 = proto::UDP;
+
+fn kind(kind: FrontendKind) -> u16 {
+    ServiceValue::kind_flags(kind)
+}
 
 #[test]
 fn programs_frontend_slots_and_backends() {
@@ -152,19 +285,23 @@ fn programs_frontend_slots_and_backends() {
         ]
     );
     assert_eq!((stats.frontends, stats.backends), (1, 2));
-    assert_eq!(maps.services.len(), 3);
+    assert_eq!(maps.services.len(), 4, "frontend, two slots, marker");
+    assert_eq!(
+        maps.frontend(key(VIP, 80, TCP)).flags,
+        kind(FrontendKind::ClusterIp)
+    );
 }
 
 #[test]
 fn second_identical_sync_writes_nothing() {
     let mut maps = FakeMaps::default();
-    let mut p = Programmer::new();
-    let s = state(vec![service(
+    let mut p = programmer(&mut maps);
+    let s = state(vec![external_service(
         "web",
-        VIP,
-        80,
         Protocol::Tcp,
         vec![ep([198, 18, 1, 2], 80)],
+        vec![local(ep([198, 18, 0, 2], 80))],
+        true,
     )]);
     p.sync(&s, &mut maps).unwrap();
     let stats = p.sync(&s, &mut maps).unwrap();
@@ -189,12 +326,8 @@ fn removing_a_backend_keeps_others_in_place_and_frees_it() {
         &mut maps,
     )
     .unwrap();
-    let slot3 = maps.services[&ServiceKey::frontend(
-        u32::from(Ipv4Addr::from(VIP)).to_be(),
-        80u16.to_be(),
-        TCP,
-    )
-    .with_slot(3)];
+    let k = key(VIP, 80, TCP);
+    let slot3 = maps.services[&k.with_slot(3)];
     p.sync(
         &state(vec![service("web", VIP, 80, Protocol::Tcp, vec![a, c])]),
         &mut maps,
@@ -209,32 +342,28 @@ fn removing_a_backend_keeps_others_in_place_and_frees_it() {
     );
     assert_eq!(maps.backends.len(), 2, "the removed backend is deleted");
     // The backend that sat in slot 3 moved into the freed slot 2; slot 1 was untouched.
-    let key = ServiceKey::frontend(u32::from(Ipv4Addr::from(VIP)).to_be(), 80u16.to_be(), TCP);
-    assert_eq!(
-        maps.services[&key.with_slot(2)].backend_id,
-        slot3.backend_id
-    );
-    assert!(!maps.services.contains_key(&key.with_slot(3)));
+    assert_eq!(maps.services[&k.with_slot(2)].backend_id, slot3.backend_id);
+    assert!(!maps.services.contains_key(&k.with_slot(3)));
 }
 
 #[test]
 fn removed_service_leaves_no_entries() {
     let mut maps = FakeMaps::default();
-    let mut p = Programmer::new();
-    p.sync(
-        &state(vec![service(
-            "web",
-            VIP,
-            80,
-            Protocol::Tcp,
-            vec![ep([198, 18, 1, 2], 80)],
-        )]),
-        &mut maps,
-    )
-    .unwrap();
+    let mut p = programmer(&mut maps);
+    let mut svc = external_service(
+        "web",
+        Protocol::Tcp,
+        vec![ep([198, 18, 1, 2], 80)],
+        vec![local(ep([198, 18, 0, 2], 80))],
+        true,
+    );
+    svc.load_balancer_source_ranges = vec!["10.0.0.0/8".parse().unwrap()];
+    p.sync(&state(vec![svc]), &mut maps).unwrap();
+    assert!(!maps.source_ranges.is_empty());
     p.sync(&DesiredState::default(), &mut maps).unwrap();
     assert!(maps.services.is_empty());
     assert!(maps.backends.is_empty());
+    assert!(maps.source_ranges.is_empty());
 }
 
 #[test]
@@ -251,7 +380,238 @@ fn backends_are_shared_between_services() {
 }
 
 #[test]
-fn service_without_endpoints_has_count_zero() {
+fn ipv6_addresses_are_not_programmed_in_the_ipv4_maps() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let mut s = service("web", VIP, 80, Protocol::Tcp, vec![ep([198, 18, 1, 2], 80)]);
+    s.cluster_ips.push("2001:db8::10".parse().unwrap());
+    s.external_ips.push("2001:db8::11".parse().unwrap());
+    s.load_balancer_ips.push("2001:db8::12".parse().unwrap());
+    s.load_balancer_source_ranges = vec!["2001:db8::/32".parse().unwrap()];
+    s.cluster_endpoints.push(Endpoint {
+        ip: "2001:db8::2".parse().unwrap(),
+        ..ep([0, 0, 0, 0], 80)
+    });
+    p.sync(&state(vec![s]), &mut maps).unwrap();
+    assert_eq!(maps.services.len(), 3, "frontend, slot, marker");
+    assert_eq!(maps.backends.len(), 1);
+    assert!(maps.source_ranges.is_empty());
+}
+
+#[test]
+fn cluster_ip_marker_is_shared_by_the_ports_of_a_vip() {
+    let mut maps = FakeMaps::default();
+    let mut p = Programmer::new();
+    let http = service("web", VIP, 80, Protocol::Tcp, vec![ep([198, 18, 1, 2], 80)]);
+    let mut https = service(
+        "web",
+        VIP,
+        443,
+        Protocol::Tcp,
+        vec![ep([198, 18, 1, 2], 443)],
+    );
+    https.name.port_name = "https".into();
+    let dns = service("dns", [198, 19, 0, 53], 53, Protocol::Udp, vec![]);
+    p.sync(&state(vec![http.clone(), https.clone(), dns]), &mut maps)
+        .unwrap();
+    assert_eq!(
+        maps.markers(),
+        vec![Ipv4Addr::from(VIP), Ipv4Addr::new(198, 19, 0, 53)]
+    );
+    let marker = maps.frontend(ServiceKey::cluster_ip(be(VIP)));
+    assert_eq!(
+        marker,
+        ServiceValue::frontend(0, 0, flags::CLUSTER_IP_MARKER)
+    );
+
+    p.sync(&state(vec![https]), &mut maps).unwrap();
+    assert_eq!(
+        maps.markers(),
+        vec![Ipv4Addr::from(VIP)],
+        "443 still uses the VIP"
+    );
+    p.sync(&DesiredState::default(), &mut maps).unwrap();
+    assert!(maps.markers().is_empty());
+}
+
+#[test]
+fn node_port_external_ip_and_lb_frontends_use_the_external_endpoints() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let remote = ep([198, 18, 1, 2], 8080);
+    let mine = local(ep([198, 18, 0, 2], 8080));
+    p.sync(
+        &state(vec![external_service(
+            "web",
+            Protocol::Tcp,
+            vec![remote],
+            vec![mine],
+            false,
+        )]),
+        &mut maps,
+    )
+    .unwrap();
+    let both = vec![
+        (Ipv4Addr::new(198, 18, 0, 2), 8080),
+        (Ipv4Addr::new(198, 18, 1, 2), 8080),
+    ];
+    let external = [
+        (key(NODE_A, NODE_PORT, TCP), FrontendKind::NodePort),
+        (key(NODE_B, NODE_PORT, TCP), FrontendKind::NodePort),
+        (key(EXTERNAL_IP, 80, TCP), FrontendKind::ExternalIp),
+        (key(LB_IP, 80, TCP), FrontendKind::LoadBalancer),
+    ];
+    for (k, expected) in external {
+        let fe = maps.frontend(k);
+        assert_eq!(fe.kind(), expected);
+        assert_eq!(fe.flags, kind(expected) | flags::EXTERNAL, "{expected:?}");
+        assert_eq!(maps.backends_of(k), both);
+    }
+    assert_eq!(
+        maps.frontend_keys().len(),
+        5,
+        "no ClusterWide scope under eTP Cluster"
+    );
+    assert_eq!(
+        maps.markers(),
+        vec![Ipv4Addr::from(VIP)],
+        "markers are for cluster IPs only"
+    );
+    let ids: BTreeSet<u16> = maps
+        .frontend_keys()
+        .iter()
+        .map(|k| maps.frontend(*k).service_id)
+        .collect();
+    assert_eq!(ids.len(), 1, "one service id per service port");
+}
+
+#[test]
+fn flags_for_every_traffic_policy_combination() {
+    let remote = ep([198, 18, 1, 2], 80);
+    let mine = local(ep([198, 18, 0, 2], 80));
+    let np = key(NODE_A, NODE_PORT, TCP);
+    let cip = key(VIP, 80, TCP);
+    for (etp_local, itp_local) in [(false, false), (false, true), (true, false), (true, true)] {
+        let mut maps = FakeMaps::default();
+        let mut p = programmer(&mut maps);
+        let mut svc = external_service(
+            "web",
+            Protocol::Tcp,
+            vec![remote.clone()],
+            vec![mine.clone()],
+            etp_local,
+        );
+        svc.internal_policy_local = itp_local;
+        p.sync(&state(vec![svc]), &mut maps).unwrap();
+        let case = format!("eTP local {etp_local}, iTP local {itp_local}");
+
+        let policy = |local: bool| if local { flags::POLICY_LOCAL } else { 0 };
+        assert_eq!(
+            maps.frontend(cip).flags,
+            kind(FrontendKind::ClusterIp) | policy(itp_local),
+            "{case}"
+        );
+        assert_eq!(
+            maps.backends_of(cip).len(),
+            if itp_local { 1 } else { 2 },
+            "{case}"
+        );
+        assert!(
+            !maps
+                .services
+                .contains_key(&cip.with_scope(Scope::ClusterWide)),
+            "{case}: cluster IPs have no ClusterWide scope"
+        );
+
+        let external_flags = kind(FrontendKind::NodePort) | flags::EXTERNAL;
+        assert_eq!(
+            maps.frontend(np).flags,
+            external_flags | policy(etp_local),
+            "{case}"
+        );
+        assert_eq!(
+            maps.backends_of(np).len(),
+            if etp_local { 1 } else { 2 },
+            "{case}"
+        );
+        let wide = np.with_scope(Scope::ClusterWide);
+        if etp_local {
+            assert_eq!(maps.frontend(wide).flags, external_flags, "{case}");
+            assert_eq!(maps.frontend(wide).service_id, maps.frontend(np).service_id);
+            assert_eq!(maps.backends_of(wide).len(), 2, "{case}: every endpoint");
+        } else {
+            assert!(!maps.services.contains_key(&wide), "{case}");
+        }
+    }
+}
+
+#[test]
+fn cluster_wide_scope_goes_when_the_policy_becomes_cluster() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let remote = vec![ep([198, 18, 1, 2], 80)];
+    let mine = vec![local(ep([198, 18, 0, 2], 80))];
+    let local_policy = external_service("web", Protocol::Tcp, remote.clone(), mine.clone(), true);
+    p.sync(&state(vec![local_policy]), &mut maps).unwrap();
+    assert_eq!(
+        maps.frontend_keys().len(),
+        9,
+        "cluster IP + 4 external x 2 scopes"
+    );
+
+    let cluster_policy = external_service("web", Protocol::Tcp, remote, mine, false);
+    p.sync(&state(vec![cluster_policy]), &mut maps).unwrap();
+    assert_eq!(maps.frontend_keys().len(), 5);
+    assert!(
+        maps.frontend_keys()
+            .iter()
+            .all(|k| k.scope == Scope::Primary as u8)
+    );
+    assert_eq!(maps.backends_of(key(LB_IP, 80, TCP)).len(), 2);
+}
+
+#[test]
+fn no_endpoint_anywhere_rejects_but_local_policy_with_remote_endpoints_drops() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let mut empty = external_service("empty", Protocol::Tcp, vec![], vec![], true);
+    empty.cluster_ips = vec![IpAddr::V4([198, 19, 0, 20].into())];
+    empty.node_port = Some(30081);
+    empty.external_ips.clear();
+    empty.load_balancer_ips.clear();
+    let remote_only = external_service(
+        "remote",
+        Protocol::Tcp,
+        vec![ep([198, 18, 1, 2], 80)],
+        vec![],
+        true,
+    );
+    p.sync(&state(vec![empty, remote_only]), &mut maps).unwrap();
+
+    for k in [
+        key([198, 19, 0, 20], 80, TCP),
+        key(NODE_A, 30081, TCP),
+        key(NODE_A, 30081, TCP).with_scope(Scope::ClusterWide),
+    ] {
+        let fe = maps.frontend(k);
+        assert_eq!(fe.count, 0);
+        assert!(fe.has(flags::REJECT_WHEN_EMPTY), "{k:?}");
+    }
+    let np = key(NODE_A, NODE_PORT, TCP);
+    let fe = maps.frontend(np);
+    assert_eq!(fe.count, 0, "no local endpoint");
+    assert!(fe.has(flags::POLICY_LOCAL));
+    assert!(!fe.has(flags::REJECT_WHEN_EMPTY), "dropped, not rejected");
+    assert_eq!(maps.frontend(np.with_scope(Scope::ClusterWide)).count, 1);
+    assert!(
+        !maps
+            .frontend(key(VIP, 80, TCP))
+            .has(flags::REJECT_WHEN_EMPTY)
+    );
+}
+
+#[test]
+fn endpoints_arriving_clear_the_reject_flag() {
     let mut maps = FakeMaps::default();
     let mut p = Programmer::new();
     p.sync(
@@ -259,23 +619,266 @@ fn service_without_endpoints_has_count_zero() {
         &mut maps,
     )
     .unwrap();
-    let key = ServiceKey::frontend(u32::from(Ipv4Addr::from(VIP)).to_be(), 80u16.to_be(), TCP);
-    assert_eq!(maps.services[&key].count, 0);
+    let k = key(VIP, 80, TCP);
+    assert_eq!(
+        maps.frontend(k),
+        ServiceValue::frontend(
+            0,
+            1,
+            kind(FrontendKind::ClusterIp) | flags::REJECT_WHEN_EMPTY
+        )
+    );
+    p.sync(
+        &state(vec![service(
+            "web",
+            VIP,
+            80,
+            Protocol::Tcp,
+            vec![ep([198, 18, 1, 2], 80)],
+        )]),
+        &mut maps,
+    )
+    .unwrap();
+    assert_eq!(maps.frontend(k).count, 1);
+    assert!(!maps.frontend(k).has(flags::REJECT_WHEN_EMPTY));
+}
+
+fn with_ranges(mut svc: DesiredService, ranges: &[&str]) -> DesiredService {
+    svc.load_balancer_source_ranges = ranges.iter().map(|r| r.parse().unwrap()).collect();
+    svc
+}
+
+fn net(s: &str) -> Ipv4Net {
+    s.parse().unwrap()
 }
 
 #[test]
-fn ipv6_addresses_are_not_programmed_in_the_ipv4_maps() {
+fn source_ranges_guard_lb_ips_only_and_follow_changes() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let base = external_service(
+        "web",
+        Protocol::Tcp,
+        vec![ep([198, 18, 1, 2], 80)],
+        vec![],
+        false,
+    );
+    p.sync(
+        &state(vec![with_ranges(
+            base.clone(),
+            &["10.1.2.3/16", "fd00::/8"],
+        )]),
+        &mut maps,
+    )
+    .unwrap();
+    let lb = maps.frontend(key(LB_IP, 80, TCP));
+    assert!(lb.has(flags::SOURCE_RANGES));
+    assert_eq!(maps.ranges_of(lb.service_id), vec![net("10.1.0.0/16")]);
+    for k in [
+        key(VIP, 80, TCP),
+        key(NODE_A, NODE_PORT, TCP),
+        key(EXTERNAL_IP, 80, TCP),
+    ] {
+        assert!(!maps.frontend(k).has(flags::SOURCE_RANGES), "{k:?}");
+    }
+
+    p.sync(
+        &state(vec![with_ranges(base.clone(), &["172.16.0.0/12"])]),
+        &mut maps,
+    )
+    .unwrap();
+    assert_eq!(maps.ranges_of(lb.service_id), vec![net("172.16.0.0/12")]);
+
+    p.sync(&state(vec![base]), &mut maps).unwrap();
+    assert!(!maps.frontend(key(LB_IP, 80, TCP)).has(flags::SOURCE_RANGES));
+    assert!(maps.source_ranges.is_empty());
+}
+
+#[test]
+fn source_ranges_without_lb_ip_or_ipv4_range_restrict_nothing() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let mut no_lb = with_ranges(
+        external_service(
+            "a",
+            Protocol::Tcp,
+            vec![ep([198, 18, 1, 2], 80)],
+            vec![],
+            false,
+        ),
+        &["10.0.0.0/8"],
+    );
+    no_lb.load_balancer_ips.clear();
+    let v6_only = with_ranges(
+        external_service(
+            "b",
+            Protocol::Udp,
+            vec![ep([198, 18, 1, 2], 80)],
+            vec![],
+            false,
+        ),
+        &["fd00::/8"],
+    );
+    p.sync(&state(vec![no_lb, v6_only]), &mut maps).unwrap();
+    assert!(maps.source_ranges.is_empty());
+    assert!(!maps.frontend(key(LB_IP, 80, UDP)).has(flags::SOURCE_RANGES));
+}
+
+#[test]
+fn a_range_holding_the_node_ip_also_allows_the_lb_ips() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let svc = with_ranges(
+        external_service(
+            "web",
+            Protocol::Tcp,
+            vec![ep([198, 18, 1, 2], 80)],
+            vec![],
+            false,
+        ),
+        &["192.0.2.0/24"],
+    );
+    p.sync(&state(vec![svc.clone()]), &mut maps).unwrap();
+    let id = maps.frontend(key(LB_IP, 80, TCP)).service_id;
+    assert_eq!(
+        maps.ranges_of(id),
+        vec![net("192.0.2.0/24"), net("203.0.113.50/32")]
+    );
+
+    // The primary IP moves out of the range: the LB IPs are no longer allowed.
+    p.set_node_addresses(&node(&[[198, 51, 100, 1]]), &state(vec![svc]), &mut maps)
+        .unwrap();
+    assert_eq!(maps.ranges_of(id), vec![net("192.0.2.0/24")]);
+}
+
+#[test]
+fn a_released_service_id_takes_no_stale_ranges_along() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let guarded = with_ranges(
+        external_service(
+            "a",
+            Protocol::Tcp,
+            vec![ep([198, 18, 1, 2], 80)],
+            vec![],
+            false,
+        ),
+        &["10.0.0.0/8"],
+    );
+    p.sync(&state(vec![guarded]), &mut maps).unwrap();
+    let id = maps.frontend(key(LB_IP, 80, TCP)).service_id;
+    p.sync(&DesiredState::default(), &mut maps).unwrap();
+    let open = external_service(
+        "b",
+        Protocol::Udp,
+        vec![ep([198, 18, 1, 2], 80)],
+        vec![],
+        false,
+    );
+    p.sync(&state(vec![open]), &mut maps).unwrap();
+    assert_eq!(
+        maps.frontend(key(LB_IP, 80, UDP)).service_id,
+        id,
+        "id reused"
+    );
+    assert!(maps.ranges_of(id).is_empty());
+}
+
+#[test]
+fn node_address_change_resyncs_node_ports_only() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let web = external_service(
+        "web",
+        Protocol::Tcp,
+        vec![ep([198, 18, 1, 2], 80)],
+        vec![],
+        false,
+    );
+    let plain = service(
+        "plain",
+        [198, 19, 0, 30],
+        80,
+        Protocol::Tcp,
+        vec![ep([198, 18, 1, 3], 80)],
+    );
+    p.sync(&state(vec![web.clone(), plain]), &mut maps).unwrap();
+
+    // `plain` changed in the state but is not synced by a node address change.
+    let plain2 = service(
+        "plain",
+        [198, 19, 0, 30],
+        80,
+        Protocol::Tcp,
+        vec![ep([198, 18, 1, 9], 80)],
+    );
+    let s = state(vec![web, plain2]);
+    maps.touched.clear();
+    let new_node = [192, 0, 2, 12];
+    let stats = p
+        .set_node_addresses(&node(&[NODE_A, new_node]), &s, &mut maps)
+        .unwrap();
+    assert!(stats.writes > 0 && stats.deletes > 0);
+    let node_ips = [be(NODE_B), be(new_node)];
+    assert!(
+        maps.touched.iter().all(|k| node_ips.contains(&k.addr_be)),
+        "only the node ports on the changed addresses were written: {:?}",
+        maps.touched
+    );
+    let node_ports: Vec<_> = maps
+        .frontend_keys()
+        .into_iter()
+        .filter(|k| maps.frontend(*k).kind() == FrontendKind::NodePort)
+        .map(|k| k.addr_be)
+        .collect();
+    assert_eq!(node_ports, vec![be(NODE_A), be(new_node)]);
+    assert_eq!(
+        maps.reachable([198, 19, 0, 30], 80, TCP),
+        vec![(Ipv4Addr::new(198, 18, 1, 3), 80)]
+    );
+
+    maps.touched.clear();
+    let stats = p
+        .set_node_addresses(&node(&[NODE_A, new_node]), &s, &mut maps)
+        .unwrap();
+    assert_eq!((stats.writes, stats.deletes), (0, 0));
+    assert!(maps.touched.is_empty());
+}
+
+#[test]
+fn node_ports_wait_for_node_addresses() {
     let mut maps = FakeMaps::default();
     let mut p = Programmer::new();
-    let mut s = service("web", VIP, 80, Protocol::Tcp, vec![ep([198, 18, 1, 2], 80)]);
-    s.cluster_ips.push("2001:db8::10".parse().unwrap());
-    s.cluster_endpoints.push(Endpoint {
-        ip: "2001:db8::2".parse().unwrap(),
-        ..ep([0, 0, 0, 0], 80)
-    });
-    p.sync(&state(vec![s]), &mut maps).unwrap();
-    assert_eq!(maps.services.len(), 2);
-    assert_eq!(maps.backends.len(), 1);
+    let web = external_service(
+        "web",
+        Protocol::Tcp,
+        vec![ep([198, 18, 1, 2], 80)],
+        vec![],
+        false,
+    );
+    let s = state(vec![web]);
+    p.sync(&s, &mut maps).unwrap();
+    assert_eq!(
+        maps.frontend_keys().len(),
+        3,
+        "cluster IP, external IP, LB IP"
+    );
+    p.set_node_addresses(&node(&[NODE_A]), &s, &mut maps)
+        .unwrap();
+    assert_eq!(maps.backends_of(key(NODE_A, NODE_PORT, TCP)).len(), 1);
+}
+
+fn ct_insert(maps: &mut FakeMaps, key: CtTuple, value: CtValue) {
+    maps.conntrack.insert(key, value);
+}
+
+fn backend_id(maps: &FakeMaps, addr: [u8; 4]) -> BackendId {
+    *maps
+        .backends
+        .iter()
+        .find(|(_, b)| b.addr_be == be(addr))
+        .unwrap()
+        .0
 }
 
 #[test]
@@ -295,35 +898,32 @@ fn removing_a_udp_backend_flushes_its_flows_only() {
         &mut maps,
     )
     .unwrap();
-    let vip_be = u32::from(Ipv4Addr::from(VIP)).to_be();
-    let client = u32::from(Ipv4Addr::new(198, 18, 2, 2)).to_be();
-    let id_of = |maps: &FakeMaps, last: u8| {
-        *maps
-            .backends
-            .iter()
-            .find(|(_, b)| b.addr_be == u32::from(Ipv4Addr::new(198, 18, 1, last)).to_be())
-            .unwrap()
-            .0
-    };
+    let vip_be = be(VIP);
+    let client = be([198, 18, 2, 2]);
     for (last, sport) in [(2u8, 1000u16), (3, 1001)] {
-        let backend = u32::from(Ipv4Addr::new(198, 18, 1, last)).to_be();
-        let id = id_of(&maps, last);
-        let v = CtValue {
+        let backend = be([198, 18, 1, last]);
+        let id = backend_id(&maps, [198, 18, 1, last]);
+        let forward = CtValue {
             nat_addr_be: backend,
             nat_port_be: 53u16.to_be(),
             backend_id: id,
             ..Default::default()
         };
-        maps.conntrack
-            .insert((client, vip_be, sport.to_be(), 53u16.to_be(), UDP, 0), v);
-        let r = CtValue {
+        ct_insert(
+            &mut maps,
+            (client, vip_be, sport.to_be(), 53u16.to_be(), UDP, 0),
+            forward,
+        );
+        let reply = CtValue {
             nat_addr_be: vip_be,
             nat_port_be: 53u16.to_be(),
-            backend_id: id,
             ..Default::default()
         };
-        maps.conntrack
-            .insert((backend, client, 53u16.to_be(), sport.to_be(), UDP, 1), r);
+        ct_insert(
+            &mut maps,
+            (backend, client, 53u16.to_be(), sport.to_be(), UDP, 1),
+            reply,
+        );
     }
     let stats = p
         .sync(
@@ -338,6 +938,105 @@ fn removing_a_udp_backend_flushes_its_flows_only() {
             .keys()
             .all(|k| k.2 == 1000u16.to_be() || k.3 == 1000u16.to_be())
     );
+}
+
+#[test]
+fn removing_a_udp_backend_flushes_masqueraded_node_port_flows() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let gone = ep([198, 18, 1, 2], 5353);
+    let stays = ep([198, 18, 1, 3], 5353);
+    let svc = |eps: Vec<Endpoint>| external_service("dns", Protocol::Udp, eps, vec![], false);
+    p.sync(
+        &state(vec![svc(vec![gone.clone(), stays.clone()])]),
+        &mut maps,
+    )
+    .unwrap();
+
+    let client = be([203, 0, 113, 99]);
+    let masq = be(NODE_A);
+    let np = NODE_PORT.to_be();
+    for (addr, client_port, snat_port) in [
+        ([198, 18, 1, 2], 4000u16, 61000u16),
+        ([198, 18, 1, 3], 4001, 61001),
+    ] {
+        let id = backend_id(&maps, addr);
+        // client -> NODE_A:30080, masqueraded to NODE_A:snat_port towards the backend
+        ct_insert(
+            &mut maps,
+            (client, be(NODE_A), client_port.to_be(), np, UDP, 0),
+            CtValue {
+                nat_addr_be: be(addr),
+                nat_port_be: 5353u16.to_be(),
+                backend_id: id,
+                flags: proxy_common::conntrack::flags::SNAT,
+                snat_addr_be: masq,
+                snat_port_be: snat_port.to_be(),
+                ..Default::default()
+            },
+        );
+        // backend -> NODE_A:snat_port, restored to NODE_A:30080 -> client
+        ct_insert(
+            &mut maps,
+            (be(addr), masq, 5353u16.to_be(), snat_port.to_be(), UDP, 1),
+            CtValue {
+                nat_addr_be: be(NODE_A),
+                nat_port_be: np,
+                flags: proxy_common::conntrack::flags::SNAT,
+                snat_addr_be: client,
+                snat_port_be: client_port.to_be(),
+                ..Default::default()
+            },
+        );
+    }
+    let stats = p.sync(&state(vec![svc(vec![stays])]), &mut maps).unwrap();
+    assert_eq!(stats.flushed_flows, 2);
+    assert!(
+        maps.conntrack
+            .iter()
+            .all(|(k, v)| v.backend_id == backend_id(&maps, [198, 18, 1, 3])
+                || k.0 == be([198, 18, 1, 3]))
+    );
+    assert_eq!(maps.conntrack.len(), 2);
+}
+
+#[test]
+fn a_backend_still_serving_the_other_scope_keeps_its_udp_flows() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let mine = local(ep([198, 18, 0, 2], 53));
+    let remote = ep([198, 18, 1, 2], 53);
+    let mut svc = external_service(
+        "dns",
+        Protocol::Udp,
+        vec![remote.clone()],
+        vec![mine.clone()],
+        true,
+    );
+    p.sync(&state(vec![svc.clone()]), &mut maps).unwrap();
+    let id = backend_id(&maps, [198, 18, 0, 2]);
+    let client = be([203, 0, 113, 99]);
+    ct_insert(
+        &mut maps,
+        (
+            client,
+            be(NODE_A),
+            4000u16.to_be(),
+            NODE_PORT.to_be(),
+            UDP,
+            0,
+        ),
+        CtValue {
+            backend_id: id,
+            ..Default::default()
+        },
+    );
+
+    // Topology hints leave the local endpoint out of the cluster-wide set only.
+    svc.cluster_endpoints = vec![remote];
+    let stats = p.sync(&state(vec![svc]), &mut maps).unwrap();
+    assert_eq!(stats.flushed_flows, 0);
+    assert_eq!(maps.conntrack.len(), 1);
 }
 
 #[test]
@@ -358,7 +1057,63 @@ fn failed_write_is_repaired_by_the_next_sync() {
     maps.fail_after = None;
     p.sync(&s, &mut maps).unwrap();
     assert_eq!(maps.reachable(VIP, 80, TCP).len(), 2);
-    assert_eq!(maps.services.len(), 3);
+    assert_eq!(maps.services.len(), 4);
+}
+
+/// Syncs `before` cleanly, then `attempt` with a failure after `fail_after`
+/// writes, then `then` cleanly; returns the maps.
+fn sync_with_failure(
+    before: &DesiredState,
+    attempt: &DesiredState,
+    fail_after: usize,
+    then: &DesiredState,
+) -> FakeMaps {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    p.sync(before, &mut maps).unwrap();
+    maps.ops = 0;
+    maps.fail_after = Some(fail_after);
+    let _ = p.sync(attempt, &mut maps);
+    maps.fail_after = None;
+    p.sync(then, &mut maps).unwrap();
+    maps
+}
+
+#[test]
+fn every_failure_point_is_repaired_by_the_next_sync() {
+    let full = external_service(
+        "web",
+        Protocol::Udp,
+        vec![ep([198, 18, 1, 2], 80)],
+        vec![local(ep([198, 18, 0, 2], 80))],
+        true,
+    );
+    let full = state(vec![with_ranges(full, &["192.0.2.0/24"])]);
+    let empty = DesiredState::default();
+    let mut reference = FakeMaps::default();
+    programmer(&mut reference)
+        .sync(&full, &mut reference)
+        .unwrap();
+    // Removing writes no more than adding, so this covers every failure point.
+    for fail_after in 0..reference.ops {
+        let maps = sync_with_failure(&empty, &full, fail_after, &full);
+        assert_eq!(
+            maps.services, reference.services,
+            "adding, failure after {fail_after}"
+        );
+        assert_eq!(maps.source_ranges, reference.source_ranges);
+        for maps in [
+            sync_with_failure(&full, &empty, fail_after, &empty),
+            sync_with_failure(&empty, &full, fail_after, &empty),
+        ] {
+            assert!(maps.services.is_empty(), "failure after {fail_after}");
+            assert!(
+                maps.backends.is_empty(),
+                "failure after {fail_after}: a backend leaked"
+            );
+            assert!(maps.source_ranges.is_empty(), "failure after {fail_after}");
+        }
+    }
 }
 
 #[test]
@@ -433,7 +1188,7 @@ fn partial_sync_removes_a_deleted_port_but_keeps_shared_backends() {
         1,
         "198.18.1.3 is unused now, 198.18.1.2 still used by a"
     );
-    assert_eq!(maps.services.len(), 2);
+    assert_eq!(maps.services.len(), 3, "a's frontend, slot and marker");
 }
 
 #[test]

@@ -1,0 +1,399 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus};
+use proxy_common::conntrack::{DEFAULT_UDP_NS, DEFAULT_UDP_STREAM_NS};
+
+use super::*;
+use crate::options::{Environment, Parsed, ProxyMode, mode::FixedSupport, parse};
+
+fn ip(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
+
+fn net(s: &str) -> Ipv4Net {
+    s.parse().unwrap()
+}
+
+fn settings(detect_local: DetectLocal) -> NodeSettings {
+    NodeSettings {
+        conntrack: BpfConntrackParams {
+            max_entries: 1,
+            tcp_established: GoDuration::from_secs(86_400),
+            tcp_close_wait: GoDuration::from_secs(3_600),
+            udp: GoDuration::from_secs(30),
+            udp_stream: GoDuration::from_secs(120),
+        },
+        masquerade_all: false,
+        detect_local,
+        node_port_addresses: NodePortAddresses::All,
+        bind_address: None,
+        external_interfaces: Vec::new(),
+        pod_interface_prefixes: vec!["veth".into()],
+    }
+}
+
+fn iface(index: u32, name: &str, master: Option<&str>, addrs: &[&str]) -> HostInterface {
+    HostInterface {
+        name: name.into(),
+        index,
+        master: master.map(Into::into),
+        ipv4: addrs.iter().map(|a| ip(a)).collect(),
+    }
+}
+
+/// lo, two uplinks, a bridge with two pod ports, and a routed pod veth.
+fn host() -> HostNetwork {
+    HostNetwork {
+        interfaces: vec![
+            iface(1, "lo", None, &["127.0.0.1"]),
+            iface(2, "eth0", None, &["192.0.2.10"]),
+            iface(3, "eth1", None, &["198.51.100.7", "198.51.100.8"]),
+            iface(4, "cni0", None, &["10.244.1.1"]),
+            iface(5, "vethbr1", Some("cni0"), &[]),
+            iface(6, "vethbr2", Some("cni0"), &[]),
+            iface(7, "cali123", None, &[]),
+        ],
+        default_route_interface: Some("eth1".into()),
+    }
+}
+
+fn node(internal: &[&str], external: &[&str], pod_cidrs: &[&str]) -> Node {
+    let addresses = internal
+        .iter()
+        .map(|a| ("InternalIP", a))
+        .chain(external.iter().map(|a| ("ExternalIP", a)))
+        .map(|(kind, a)| NodeAddress {
+            type_: kind.into(),
+            address: a.to_string(),
+        })
+        .collect();
+    Node {
+        spec: Some(NodeSpec {
+            pod_cidrs: Some(pod_cidrs.iter().map(|c| c.to_string()).collect()),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            addresses: Some(addresses),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn flagged(facts: &NodeFacts, flag: u32) -> Vec<u32> {
+    facts
+        .ifaces
+        .iter()
+        .filter(|(_, i)| i.flags & flag != 0)
+        .map(|(index, _)| *index)
+        .collect()
+}
+
+#[test]
+fn cluster_cidr_mode_detects_by_source_address() {
+    let s = settings(DetectLocal::ClusterCidr(vec![net("10.244.0.0/16")]));
+    let facts = node_facts(&s, None, &host());
+    assert_eq!(facts.config.flags, flags::DETECT_LOCAL_BY_CIDR);
+    assert_eq!(
+        facts.local_pod_cidrs.iter().copied().collect::<Vec<_>>(),
+        vec![net("10.244.0.0/16")]
+    );
+    assert!(flagged(&facts, iface::LOCAL_POD).is_empty());
+}
+
+#[test]
+fn cluster_cidr_mode_without_an_ipv4_cidr_detects_nothing() {
+    let facts = node_facts(&settings(DetectLocal::None), None, &host());
+    assert_eq!(facts.config.flags, 0);
+    assert!(facts.local_pod_cidrs.is_empty());
+    assert!(flagged(&facts, iface::LOCAL_POD).is_empty());
+}
+
+#[test]
+fn node_cidr_mode_uses_the_nodes_ipv4_pod_cidrs_once_known() {
+    let s = settings(DetectLocal::NodeCidr);
+    let before = node_facts(&s, None, &host());
+    assert_eq!(before.config.flags, 0, "no podCIDR yet: no detection");
+
+    let n = node(&["192.0.2.10"], &[], &["10.244.1.0/24", "fd00:1::/64"]);
+    let after = node_facts(&s, Some(&n), &host());
+    assert_eq!(after.config.flags, flags::DETECT_LOCAL_BY_CIDR);
+    assert_eq!(
+        after.local_pod_cidrs.iter().copied().collect::<Vec<_>>(),
+        vec![net("10.244.1.0/24")]
+    );
+}
+
+#[test]
+fn node_cidr_falls_back_to_the_singular_pod_cidr() {
+    let mut n = node(&[], &[], &[]);
+    n.spec.as_mut().unwrap().pod_cidr = Some("10.244.9.0/24".into());
+    assert_eq!(node_pod_cidrs(&n), vec![net("10.244.9.0/24")]);
+}
+
+#[test]
+fn bridge_interface_mode_marks_the_bridge_and_its_ports() {
+    let s = settings(DetectLocal::BridgeInterface("cni0".into()));
+    let facts = node_facts(&s, None, &host());
+    assert_eq!(facts.config.flags, flags::DETECT_LOCAL_BY_INTERFACE);
+    assert_eq!(flagged(&facts, iface::LOCAL_POD), vec![4, 5, 6]);
+    assert!(facts.local_pod_cidrs.is_empty());
+}
+
+#[test]
+fn interface_name_prefix_mode_marks_matching_interfaces() {
+    let s = settings(DetectLocal::InterfaceNamePrefix("veth".into()));
+    let facts = node_facts(&s, None, &host());
+    assert_eq!(facts.config.flags, flags::DETECT_LOCAL_BY_INTERFACE);
+    assert_eq!(flagged(&facts, iface::LOCAL_POD), vec![5, 6]);
+}
+
+#[test]
+fn masquerade_all_and_conntrack_timeouts_reach_the_config() {
+    let mut s = settings(DetectLocal::None);
+    s.masquerade_all = true;
+    let c = node_facts(&s, None, &host()).config;
+    assert_eq!(c.flags, flags::MASQUERADE_ALL);
+    assert_eq!(c.tcp_established_ns, 86_400 * 1_000_000_000);
+    assert_eq!(c.tcp_closing_ns, 3_600 * 1_000_000_000);
+    assert_eq!(c.udp_ns, DEFAULT_UDP_NS);
+    assert_eq!(c.udp_stream_ns, DEFAULT_UDP_STREAM_NS);
+    assert_eq!((c.snat_port_min, c.snat_port_max), (61_000, 65_535));
+}
+
+#[test]
+fn primary_ip_prefers_bind_address_then_internal_then_external_then_default_route() {
+    let mut s = settings(DetectLocal::None);
+    let primary = |s: &NodeSettings, n: Option<&Node>| node_facts(s, n, &host()).addresses.primary;
+
+    assert_eq!(
+        primary(&s, None),
+        Some(ip("198.51.100.7")),
+        "default route interface"
+    );
+    let external_only = node(&[], &["203.0.113.5"], &[]);
+    assert_eq!(primary(&s, Some(&external_only)), Some(ip("203.0.113.5")));
+    let both = node(&["fd00::1", "192.0.2.10"], &["203.0.113.5"], &[]);
+    assert_eq!(primary(&s, Some(&both)), Some(ip("192.0.2.10")));
+    s.bind_address = Some(ip("198.51.100.8"));
+    assert_eq!(primary(&s, Some(&both)), Some(ip("198.51.100.8")));
+
+    let c = node_facts(&s, Some(&both), &host()).config;
+    assert_eq!(c.masquerade_addr_be, u32::from(ip("198.51.100.8")).to_be());
+}
+
+#[test]
+fn no_primary_ip_disables_masquerading() {
+    let host = HostNetwork {
+        interfaces: vec![iface(1, "lo", None, &["127.0.0.1"])],
+        default_route_interface: None,
+    };
+    let facts = node_facts(&settings(DetectLocal::None), None, &host);
+    assert_eq!(facts.addresses.primary, None);
+    assert_eq!(facts.config.masquerade_addr_be, 0);
+}
+
+fn node_ports(mode: NodePortAddresses, n: Option<&Node>) -> Vec<Ipv4Addr> {
+    let mut s = settings(DetectLocal::None);
+    s.node_port_addresses = mode;
+    node_facts(&s, n, &host()).addresses.node_ports
+}
+
+#[test]
+fn node_port_addresses_unset_means_every_non_loopback_address() {
+    assert_eq!(
+        node_ports(NodePortAddresses::All, None),
+        ["10.244.1.1", "192.0.2.10", "198.51.100.7", "198.51.100.8"].map(ip)
+    );
+}
+
+#[test]
+fn node_port_addresses_cidrs_select_the_local_addresses_inside() {
+    let cidrs = vec![
+        "198.51.100.0/24".parse().unwrap(),
+        "fd00::/8".parse().unwrap(),
+    ];
+    assert_eq!(
+        node_ports(NodePortAddresses::Cidrs(cidrs), None),
+        ["198.51.100.7", "198.51.100.8"].map(ip)
+    );
+    let loopback = vec!["127.0.0.0/8".parse().unwrap()];
+    assert!(node_ports(NodePortAddresses::Cidrs(loopback), None).is_empty());
+}
+
+#[test]
+fn node_port_addresses_without_an_ipv4_cidr_match_everything_as_upstream() {
+    let v6_only = vec!["fd00::/8".parse().unwrap()];
+    assert_eq!(node_ports(NodePortAddresses::Cidrs(v6_only), None).len(), 4);
+}
+
+#[test]
+fn node_port_addresses_primary_is_the_primary_ip_if_local() {
+    let n = node(&["192.0.2.10"], &[], &[]);
+    assert_eq!(
+        node_ports(NodePortAddresses::Primary, Some(&n)),
+        vec![ip("192.0.2.10")]
+    );
+    let remote = node(&["203.0.113.99"], &[], &[]);
+    assert!(node_ports(NodePortAddresses::Primary, Some(&remote)).is_empty());
+}
+
+#[test]
+fn external_interfaces_are_the_addressed_non_pod_ones_unless_configured() {
+    let facts = node_facts(&settings(DetectLocal::None), None, &host());
+    assert_eq!(
+        facts.external_interfaces,
+        BTreeMap::from([("cni0".into(), 4), ("eth0".into(), 2), ("eth1".into(), 3)])
+    );
+    assert_eq!(flagged(&facts, iface::EXTERNAL), vec![2, 3, 4]);
+
+    let mut s = settings(DetectLocal::BridgeInterface("cni0".into()));
+    let facts = node_facts(&s, None, &host());
+    assert_eq!(
+        facts.external_interfaces.keys().collect::<Vec<_>>(),
+        ["eth0", "eth1"],
+        "the pod bridge is not external"
+    );
+
+    s.external_interfaces = vec!["eth1".into()];
+    assert_eq!(
+        node_facts(&s, None, &host()).external_interfaces,
+        BTreeMap::from([("eth1".into(), 3)])
+    );
+}
+
+fn options(args: &[&str]) -> ProxyOptions {
+    let support = FixedSupport {
+        supported: vec![ProxyMode::Ebpf],
+    };
+    let env = Environment {
+        support: &support,
+        hostname: Some("node-a".into()),
+    };
+    let mut all = vec!["kube-proxy", "--proxy-mode", "ebpf"];
+    all.extend_from_slice(args);
+    match parse(all, &env).unwrap() {
+        Parsed::Run(opts) => *opts,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn settings_follow_the_options() {
+    let s = NodeSettings::from_options(&options(&[
+        "--cluster-cidr=10.244.0.0/16,fd00::/48",
+        "--masquerade-all",
+        "--bind-address=192.0.2.10",
+        "--nodeport-addresses=primary",
+    ]));
+    assert_eq!(
+        s.detect_local,
+        DetectLocal::ClusterCidr(vec![net("10.244.0.0/16")])
+    );
+    assert!(s.masquerade_all);
+    assert_eq!(s.bind_address, Some(ip("192.0.2.10")));
+    assert_eq!(s.node_port_addresses, NodePortAddresses::Primary);
+
+    let s = NodeSettings::from_options(&options(&[]));
+    assert_eq!(
+        s.detect_local,
+        DetectLocal::None,
+        "ClusterCIDR without a CIDR"
+    );
+    assert_eq!(s.bind_address, None, "0.0.0.0 names no address");
+
+    let s = NodeSettings::from_options(&options(&[
+        "--detect-local-mode=BridgeInterface",
+        "--pod-bridge-interface=cni0",
+    ]));
+    assert_eq!(s.detect_local, DetectLocal::BridgeInterface("cni0".into()));
+    let s = NodeSettings::from_options(&options(&[
+        "--detect-local-mode=InterfaceNamePrefix",
+        "--pod-interface-name-prefix=veth",
+    ]));
+    assert_eq!(
+        s.detect_local,
+        DetectLocal::InterfaceNamePrefix("veth".into())
+    );
+    let s = NodeSettings::from_options(&options(&["--detect-local-mode=NodeCIDR"]));
+    assert_eq!(s.detect_local, DetectLocal::NodeCidr);
+}
+
+/// Records writes and checks that detection is never on without its data:
+/// a CIDR or interface flag is written before `CONFIG` enables it.
+#[derive(Default)]
+struct FakeNodeMaps {
+    config: Option<DatapathConfig>,
+    ifaces: BTreeMap<u32, IfaceInfo>,
+    cidrs: BTreeSet<Ipv4Net>,
+    log: Vec<String>,
+}
+
+impl NodeMaps for FakeNodeMaps {
+    fn put_config(&mut self, config: &DatapathConfig) -> Result<(), MapError> {
+        self.log.push("config".into());
+        self.config = Some(*config);
+        Ok(())
+    }
+    fn put_iface(&mut self, ifindex: u32, info: &IfaceInfo) -> Result<(), MapError> {
+        self.log.push(format!("iface {ifindex}"));
+        self.ifaces.insert(ifindex, *info);
+        Ok(())
+    }
+    fn delete_iface(&mut self, ifindex: u32) -> Result<(), MapError> {
+        self.log.push(format!("-iface {ifindex}"));
+        self.ifaces.remove(&ifindex);
+        Ok(())
+    }
+    fn put_local_pod_cidr(&mut self, cidr: Ipv4Net) -> Result<(), MapError> {
+        self.log.push(format!("cidr {cidr}"));
+        self.cidrs.insert(cidr);
+        Ok(())
+    }
+    fn delete_local_pod_cidr(&mut self, cidr: Ipv4Net) -> Result<(), MapError> {
+        self.log.push(format!("-cidr {cidr}"));
+        self.cidrs.remove(&cidr);
+        Ok(())
+    }
+}
+
+#[test]
+fn node_programmer_writes_data_before_config_and_removes_stale_entries_after() {
+    let mut maps = FakeNodeMaps::default();
+    let mut p = NodeProgrammer::new();
+    let n = node(&["192.0.2.10"], &[], &["10.244.1.0/24"]);
+    let by_cidr = node_facts(&settings(DetectLocal::NodeCidr), Some(&n), &host());
+    p.apply(&by_cidr, &mut maps).unwrap();
+    assert_eq!(
+        maps.log,
+        [
+            "cidr 10.244.1.0/24",
+            "iface 2",
+            "iface 3",
+            "iface 4",
+            "config"
+        ]
+    );
+    assert_eq!(p.apply(&by_cidr, &mut maps).unwrap(), 0, "nothing changed");
+
+    maps.log.clear();
+    let by_bridge = node_facts(
+        &settings(DetectLocal::BridgeInterface("cni0".into())),
+        Some(&n),
+        &host(),
+    );
+    p.apply(&by_bridge, &mut maps).unwrap();
+    assert_eq!(
+        maps.log,
+        [
+            "iface 4",
+            "iface 5",
+            "iface 6",
+            "config",
+            "-cidr 10.244.1.0/24"
+        ]
+    );
+    assert_eq!(maps.config, Some(by_bridge.config));
+    assert_eq!(maps.ifaces, by_bridge.ifaces);
+    assert!(maps.cidrs.is_empty());
+}

@@ -1,0 +1,64 @@
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use proxy_common::{ServiceKey, ServiceValue, service::flags};
+
+use super::SyncStats;
+use crate::datapath::maps::{MapError, ServiceMaps};
+
+/// The [`ServiceKey::cluster_ip`] markers: one per cluster IP while any
+/// service port on it is programmed (several ports share one VIP).
+#[derive(Debug, Default)]
+pub(super) struct ClusterIpMarkers {
+    /// VIP -> the ClusterIP frontends on it.
+    users: HashMap<u32, BTreeSet<ServiceKey>>,
+    written: HashSet<u32>,
+}
+
+impl ClusterIpMarkers {
+    pub(super) fn add(
+        &mut self,
+        frontend: ServiceKey,
+        maps: &mut impl ServiceMaps,
+        stats: &mut SyncStats,
+    ) -> Result<(), MapError> {
+        let vip = frontend.addr_be;
+        self.users.entry(vip).or_default().insert(frontend);
+        if !self.written.contains(&vip) {
+            maps.put_service(
+                &ServiceKey::cluster_ip(vip),
+                &ServiceValue::frontend(0, 0, flags::CLUSTER_IP_MARKER),
+            )?;
+            stats.writes += 1;
+            self.written.insert(vip);
+        }
+        Ok(())
+    }
+
+    /// Forgets `frontend` (a no-op unless it was added); deletes the marker with the last one.
+    pub(super) fn remove(
+        &mut self,
+        frontend: ServiceKey,
+        maps: &mut impl ServiceMaps,
+        stats: &mut SyncStats,
+    ) -> Result<(), MapError> {
+        let vip = frontend.addr_be;
+        let Some(users) = self.users.get(&vip) else {
+            return Ok(());
+        };
+        if !users.contains(&frontend) {
+            return Ok(());
+        }
+        if users.len() == 1 && self.written.contains(&vip) {
+            maps.delete_service(&ServiceKey::cluster_ip(vip))?;
+            stats.deletes += 1;
+            self.written.remove(&vip);
+        }
+        if let Some(users) = self.users.get_mut(&vip) {
+            users.remove(&frontend);
+            if users.is_empty() {
+                self.users.remove(&vip);
+            }
+        }
+        Ok(())
+    }
+}
