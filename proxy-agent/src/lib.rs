@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod cleanup;
+pub mod config_watch;
 pub mod datapath;
 pub mod hostsetup;
 pub mod manifests;

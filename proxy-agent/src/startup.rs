@@ -1,7 +1,7 @@
 //! The start-up sequence of config_rules.md §3, from the raw command line to validated
 //! settings ready for the proxy runtime: options -> `--help`/`--version` -> logging ->
-//! `--write-config-to` -> `--cleanup` -> mode support -> leftovers of other modes ->
-//! host set-up (sysctls) -> `--init-only` -> OOM score. Bad input exits 1 before any step
+//! `--write-config-to` -> `--cleanup` -> mode support -> configuration checks (§3.3) ->
+//! leftovers of other modes -> host set-up (sysctls) -> `--init-only` -> OOM score. Bad input exits 1 before any step
 //! that changes the node.
 
 use std::ffi::OsString;
@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use crate::cleanup::{self, NetlinkTransport, ProcessRunner};
 use crate::hostsetup::{self, ProcParams};
-use crate::options::{self, Environment, HostSupport, Parsed, ProxyOptions, write};
+use crate::options::{self, Environment, HostSupport, Parsed, ProxyOptions, checks, write};
 
 /// What `main` does next.
 pub enum Next {
@@ -110,6 +110,23 @@ pub fn prepare(args: impl IntoIterator<Item = OsString>) -> Next {
     match &o.mode_choice {
         Some(c) => tracing::info!(mode = %o.mode, reason = %c.reason, "proxy mode chosen"),
         None => tracing::info!(mode = %o.mode, "proxy mode set by configuration"),
+    }
+
+    // §3.3 as far as it can be decided before the Node is known (the primary family comes
+    // from a specific bindAddress; otherwise only the family-independent warning). The rest
+    // runs again with the Node's IPs and podCIDRs (`options::checks::run`).
+    let findings = checks::run(&o.config, &checks::NodeFacts::at_startup(o.mode));
+    if let Some(stack) = &findings.stack {
+        tracing::info!("{stack}");
+    }
+    for w in [&findings.bad_config, &findings.bad_ip_config]
+        .into_iter()
+        .flatten()
+    {
+        tracing::warn!(error = %w, "{}", checks::MAY_BE_INCORRECT);
+    }
+    if let Some(fatal) = findings.fatal {
+        return fail(fatal);
     }
 
     let leftovers = cleanup::leftovers_of_other_modes(

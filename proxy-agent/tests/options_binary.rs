@@ -155,3 +155,34 @@ fn init_only_sets_the_mode_sysctls_and_exits_0() {
         "7200"
     );
 }
+
+#[test]
+fn startup_checks_warn_and_stop_before_touching_the_node() {
+    // §3.3 at start-up: the nodePortAddresses warning is logged, and a primary family the
+    // datapath cannot serve (our ebpf datapath is IPv4-only) stops the agent with upstream's
+    // error before any leftover cleanup, sysctl or datapath load.
+    let dir = TempDir::new("bin");
+    let (code, _, err) = run(&[
+        "--proxy-mode=ebpf",
+        "--bind-address=fd00::1",
+        "--manifests",
+        dir.path().to_str().unwrap(),
+    ]);
+    if err.contains("can't use the ebpf proxier") {
+        eprintln!("skipped: this host cannot run the ebpf mode: {err}");
+        return;
+    }
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("Kube-proxy configuration may be incomplete or incorrect")
+            && err.contains("nodePortAddresses is unset"),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .last()
+            .unwrap()
+            .contains("no support for primary IP family \"IPv6\""),
+        "{err}"
+    );
+}

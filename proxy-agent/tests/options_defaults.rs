@@ -26,6 +26,9 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("logging.vmodule", "[]"),
     ("logging.options.text.infoBufferSize", "'0'"),
     ("logging.options.json.infoBufferSize", "'0'"),
+    // `splitStream,omitempty` upstream: absent when false
+    ("logging.options.text.splitStream", OMITTED),
+    ("logging.options.json.splitStream", OMITTED),
     ("hostnameOverride", "''"),
     ("bindAddress", "0.0.0.0"),
     ("healthzBindAddress", "0.0.0.0:10256"),
@@ -74,12 +77,32 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("windowsRunAsService", "false"),
 ];
 
-fn check_defaults(source: &str, o: &proxy_agent::options::ProxyOptions) {
-    let v = serde_yaml::to_value(&o.config).unwrap();
-    for (path, want) in DEFAULTS {
+/// A row value meaning "not written at all when it has its default".
+const OMITTED: &str = "(omitted)";
+
+fn check_table(source: &str, v: &Value, table: &[(&str, &str)]) {
+    for (path, want) in table {
+        if *want == OMITTED {
+            assert_eq!(value_at_opt(v, path), None, "{source}: {path} is omitted");
+            continue;
+        }
         let want: Value = serde_yaml::from_str(want).unwrap();
-        assert_eq!(value_at(&v, path), want, "{source}: default of {path}");
+        assert_eq!(value_at(v, path), want, "{source}: default of {path}");
     }
+}
+
+fn check_defaults(source: &str, o: &proxy_agent::options::ProxyOptions) {
+    check_table(source, &serde_yaml::to_value(&o.config).unwrap(), DEFAULTS);
+}
+
+/// Every field of a document must have a row: the leaves of a fully populated instance (so
+/// fields omitted when empty count too) against the table.
+fn assert_every_leaf_has_a_row(schema: &Value, table: &[(&str, &str)]) {
+    let missing: Vec<String> = leaf_paths(schema)
+        .into_iter()
+        .filter(|leaf| !table.iter().any(|(p, _)| p == leaf))
+        .collect();
+    assert!(missing.is_empty(), "no default row for {missing:?}");
 }
 
 #[test]
@@ -102,32 +125,42 @@ fn empty_file() {
 
 #[test]
 fn every_leaf_field_is_in_the_table() {
-    // Guards the table itself: a field added to the type without a default row fails here.
-    let v = serde_yaml::to_value(&opts(&[]).config).unwrap();
-    fn leaves(prefix: &str, v: &Value, out: &mut Vec<String>) {
-        match v {
-            Value::Mapping(m) if !m.is_empty() && prefix != "featureGates" => {
-                for (k, sub) in m {
-                    let k = k.as_str().unwrap();
-                    let p = if prefix.is_empty() {
-                        k.to_string()
-                    } else {
-                        format!("{prefix}.{k}")
-                    };
-                    leaves(&p, sub, out);
-                }
-            }
-            _ => out.push(prefix.to_string()),
-        }
-    }
-    let mut all = Vec::new();
-    leaves("", &v, &mut all);
-    for leaf in all {
-        assert!(
-            DEFAULTS.iter().any(|(p, _)| *p == leaf),
-            "no default row for {leaf}"
-        );
-    }
+    // Guards the table itself: a field added to the type without a default row fails here,
+    // including fields that are only written when set (the schema has every field populated).
+    assert_every_leaf_has_a_row(&proxy_agent::options::merge::kube_proxy_schema(), DEFAULTS);
+}
+
+/// Our extension's defaults (docs/configuration.md).
+const EBPF_DEFAULTS: &[(&str, &str)] = &[
+    ("apiVersion", "ebpf.kube-ebpf-proxy.io/v1alpha1"),
+    ("kind", "EbpfDatapathConfiguration"),
+    (
+        "podInterfacePrefixes",
+        "[veth, cali, lxc, cni, gke, eni, azv]",
+    ),
+    ("externalInterfaces", "[]"),
+    ("xdpMode", "auto"),
+    ("maps.services", "262144"),
+    ("maps.backends", "131072"),
+    ("maps.conntrack", "0"),
+    ("loadBalancing.algorithm", "random"),
+    ("loadBalancing.maglevTableSize", "16381"),
+    ("socketLB.enabled", "true"),
+];
+
+#[test]
+fn ebpf_defaults_table_covers_every_field() {
+    let o = opts(&[]);
+    check_table(
+        "ebpf",
+        &serde_yaml::to_value(&o.ebpf).unwrap(),
+        EBPF_DEFAULTS,
+    );
+    let schema = serde_yaml::to_value(
+        proxy_agent::options::ebpf::EbpfDatapathConfiguration::schema_example(),
+    )
+    .unwrap();
+    assert_every_leaf_has_a_row(&schema, EBPF_DEFAULTS);
 }
 
 #[test]
@@ -135,6 +168,57 @@ fn ipv6_bind_address_moves_server_defaults() {
     let o = opts(&["--bind-address=fd00::1"]);
     assert_eq!(o.config.healthz_bind_address, "[::]:10256");
     assert_eq!(o.config.metrics_bind_address, "[::1]:10249");
+}
+
+#[test]
+fn server_defaults_follow_upstreams_ipv4_test_of_bind_address() {
+    // getDefaultAddresses: IPv4 defaults only when bindAddress parses as one IPv4 address
+    // (IPv4-mapped included); a dual-stack pair gets the IPv6 ones.
+    for (bind, healthz, metrics) in [
+        ("10.0.0.1,fd00::1", "[::]:10256", "[::1]:10249"),
+        ("::ffff:10.0.0.1", "0.0.0.0:10256", "127.0.0.1:10249"),
+        ("010.0.0.1", "0.0.0.0:10256", "127.0.0.1:10249"),
+        ("::", "[::]:10256", "[::1]:10249"),
+    ] {
+        let o = opts(&[&format!("--bind-address={bind}")]);
+        assert_eq!(
+            (
+                o.config.healthz_bind_address.as_str(),
+                o.config.metrics_bind_address.as_str()
+            ),
+            (healthz, metrics),
+            "{bind}"
+        );
+    }
+}
+
+#[test]
+fn appended_port_keeps_the_address_as_written() {
+    // AppendPortIfNeeded formats the original string, not a normalised IP
+    let dir = TempDir::new("defaults");
+    let path = config_file(
+        &dir,
+        "healthzBindAddress: 010.0.0.1\nmetricsBindAddress: \"0:0::1\"\n",
+    );
+    let o = opts(&["--config", &path]);
+    assert_eq!(o.config.healthz_bind_address, "010.0.0.1:10256");
+    assert_eq!(o.config.metrics_bind_address, "[0:0::1]:10249");
+}
+
+#[test]
+fn blank_hostname_override_in_the_file_is_an_error() {
+    // nodeutil.GetHostname: a non-empty override is trimmed and may not end up empty; only an
+    // empty override falls back to the OS hostname.
+    let e = parse_file("hostnameOverride: \"   \"\n").unwrap_err();
+    assert!(e.to_string().contains("empty hostname is invalid"), "{e}");
+    assert_eq!(opts_file("hostnameOverride: \"\"\n").node_name, "test-node");
+}
+
+fn opts_file(body: &str) -> proxy_agent::options::ProxyOptions {
+    match parse_file(body) {
+        Ok(proxy_agent::options::Parsed::Run(o)) => *o,
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

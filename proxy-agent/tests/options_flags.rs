@@ -73,6 +73,69 @@ const UPSTREAM_FLAGS: &[&str] = &[
     "write-config-to",
 ];
 
+/// Our own flags (`[ours]` in the help).
+const OUR_FLAGS: &[&str] = &[
+    "manifests",
+    "ebpf-config",
+    "ebpf-write-config-to",
+    "ebpf-pod-interface-prefixes",
+    "ebpf-external-interfaces",
+    "ebpf-xdp-mode",
+    "ebpf-map-size-services",
+    "ebpf-map-size-backends",
+    "ebpf-map-size-conntrack",
+    "ebpf-lb-algorithm",
+    "ebpf-maglev-table-size",
+    "ebpf-socket-lb",
+];
+
+/// Upstream flags hidden from the help (deprecated), like upstream.
+const HIDDEN_UPSTREAM_FLAGS: &[&str] = &["healthz-port", "metrics-port"];
+
+#[test]
+fn every_accepted_flag_has_a_row() {
+    // A flag added to the command line without a row in one of the tables fails here.
+    let missing: Vec<String> = proxy_agent::options::flags::long_flag_names()
+        .into_iter()
+        .filter(|f| {
+            !UPSTREAM_FLAGS.contains(&f.as_str())
+                && !OUR_FLAGS.contains(&f.as_str())
+                && !HIDDEN_UPSTREAM_FLAGS.contains(&f.as_str())
+        })
+        .collect();
+    assert!(missing.is_empty(), "flags without a table row: {missing:?}");
+}
+
+#[test]
+fn graduated_feature_gates_are_accepted_with_upstreams_warning() {
+    // GA and deprecated gates v1.33 still registers (hidden from --help, like upstream's)
+    let o = opts(&["--feature-gates=NFTablesProxyMode=true,KMSv1=false,LoggingAlphaOptions=true"]);
+    assert_eq!(o.config.feature_gates.len(), 3);
+    for w in [
+        "Setting GA feature gate NFTablesProxyMode=true. It will be removed in a future release.",
+        "Setting deprecated feature gate KMSv1=false. It will be removed in a future release.",
+    ] {
+        assert!(
+            o.warnings.iter().any(|x| x == w),
+            "{w} not in {:?}",
+            o.warnings
+        );
+    }
+    assert!(!o.warnings.iter().any(|w| w.contains("LoggingAlphaOptions")));
+    let e = err(&["--feature-gates=NFTablesProxyMode=false"]);
+    assert!(
+        e.to_string().ends_with(
+            "cannot set feature gate NFTablesProxyMode to false, feature is locked to true"
+        ),
+        "{e}"
+    );
+    // a GA gate that is not locked may be turned off
+    assert!(matches!(
+        try_parse(&["--feature-gates=MultiCIDRServiceAllocator=false"]),
+        Ok(Parsed::Run(_))
+    ));
+}
+
 fn help() -> String {
     match try_parse(&["--help"]).unwrap() {
         Parsed::Help(h) => h,

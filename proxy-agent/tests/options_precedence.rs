@@ -250,3 +250,52 @@ fn cleanup_with_an_invalid_config_fails_before_anything() {
         "{e}"
     );
 }
+
+#[test]
+fn explicit_empty_bind_flags_turn_the_servers_off() {
+    // Upstream lays flags over a defaulted configuration: an explicitly empty address stays
+    // empty (server off) instead of being defaulted again. The help says "Set empty to disable".
+    let o = opts(&["--healthz-bind-address=", "--metrics-bind-address=  "]);
+    assert_eq!(o.config.healthz_bind_address, "");
+    assert_eq!(o.config.metrics_bind_address, "");
+    // not given at all: the defaults
+    let o = opts(&[]);
+    assert_eq!(o.config.healthz_bind_address, "0.0.0.0:10256");
+}
+
+#[test]
+fn explicit_zero_sync_periods_reach_validation() {
+    // A zero period given on the command line is not "unset": upstream rejects it.
+    for (args, want) in [
+        (
+            &["--iptables-sync-period=0"][..],
+            "iptables.syncPeriod: Invalid value: 0s: must be greater than 0",
+        ),
+        (
+            &["--proxy-mode=nftables", "--iptables-sync-period=0s"][..],
+            "nftables.syncPeriod: Invalid value: 0s: must be greater than 0",
+        ),
+        (
+            &["--proxy-mode=ipvs", "--ipvs-sync-period=0"][..],
+            "ipvs.syncPeriod: Invalid value: 0s: must be greater than 0",
+        ),
+        (
+            &["--config-sync-period=0"][..],
+            "configSyncPeriod: Invalid value: 0s: must be greater than 0",
+        ),
+    ] {
+        let e = err(args);
+        assert!(e.to_string().contains(want), "{args:?}: {e}");
+    }
+    // the ipvs flag does not count outside ipvs mode, nor the iptables one in ipvs mode
+    assert_eq!(
+        opts(&["--ipvs-sync-period=0"]).sync_period().to_string(),
+        "30s"
+    );
+    assert_eq!(
+        opts(&["--proxy-mode=ipvs", "--iptables-sync-period=0"])
+            .sync_period()
+            .to_string(),
+        "30s"
+    );
+}

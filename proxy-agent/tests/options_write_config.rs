@@ -38,6 +38,49 @@ fn golden_output_for_ipvs_flags() {
         text.contains("healthzBindAddress: 0.0.0.0:10256\n"),
         "--healthz-port is not applied here"
     );
+    // the unified sync period is written only into the active mode's section
+    assert!(
+        text.contains("ipvs:\n  excludeCIDRs: []\n  minSyncPeriod: 1s\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  minSyncPeriod: null\n  syncPeriod: 0s\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn only_the_active_sections_periods_and_masquerade_all_are_written() {
+    // Upstream converts its internal config back to v1alpha1 with the unified SyncPeriod,
+    // MinSyncPeriod and Linux.MasqueradeAll only in the active mode's section (config_rules §2).
+    let dir = TempDir::new("write");
+    let path = config_file(
+        &dir,
+        "mode: nftables\niptables:\n  masqueradeAll: true\n  syncPeriod: 1m\nnftables:\n  masqueradeAll: true\n  syncPeriod: 2m\n  minSyncPeriod: 3s\nipvs:\n  syncPeriod: 4m\n",
+    );
+    let o = opts(&["--config", &path]);
+    let v: serde_yaml::Value = serde_yaml::from_str(&write::to_yaml(&o.config)).unwrap();
+    let get = |p: &str| {
+        serde_yaml::to_string(&value_at(&v, p))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(get("nftables.syncPeriod"), "2m0s");
+    assert_eq!(get("nftables.minSyncPeriod"), "3s");
+    assert_eq!(get("nftables.masqueradeAll"), "true");
+    assert_eq!(get("iptables.syncPeriod"), "0s");
+    assert_eq!(get("iptables.minSyncPeriod"), "null");
+    assert_eq!(get("iptables.masqueradeAll"), "false");
+    assert_eq!(get("ipvs.syncPeriod"), "0s");
+    assert_eq!(get("ipvs.minSyncPeriod"), "0s");
+    // the running configuration itself is untouched
+    assert!(o.config.iptables.masquerade_all);
+    // ebpf uses the iptables section, like every mode but ipvs and nftables
+    let o = opts_with(&["--proxy-mode=ebpf", "--iptables-sync-period=7s"], &[]);
+    let v: serde_yaml::Value = serde_yaml::from_str(&write::to_yaml(&o.config)).unwrap();
+    assert_eq!(value_at(&v, "iptables.syncPeriod").as_str(), Some("7s"));
+    assert_eq!(value_at(&v, "nftables.syncPeriod").as_str(), Some("0s"));
 }
 
 #[test]
@@ -76,8 +119,15 @@ fn written_file_reloads_identically_in_every_mode() {
         let first = opts_with(&a, &all);
         write::write_file(&out, &first.config).unwrap();
         let again = opts_with(&["--config", out.to_str().unwrap()], &[]);
-        assert_eq!(again.config, first.config, "{args:?}");
+        // Identical as written (the inactive sections' periods are defaulted again on load)
+        // and in effect.
+        assert_eq!(
+            write::as_written(&again.config),
+            write::as_written(&first.config),
+            "{args:?}"
+        );
         assert_eq!(again.mode, first.mode);
+        assert_eq!(again.masquerade_all(), first.masquerade_all(), "{args:?}");
         assert_eq!(again.sync_period(), first.sync_period(), "{args:?}");
         assert_eq!(again.min_sync_period(), first.min_sync_period(), "{args:?}");
         // and writing it again gives the same bytes

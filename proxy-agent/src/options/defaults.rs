@@ -1,8 +1,6 @@
 //! Defaulting, in upstream's two steps: `SetDefaults_KubeProxyConfiguration` (scheme defaults,
 //! applied to flags and file alike) and `platformApplyDefaults` (Linux, after flags/file merge).
 
-use std::net::IpAddr;
-
 use super::duration::GoDuration;
 use super::mode::{ModeChoice, ModeSupport, ProxyMode, pick_best};
 use super::types::{API_VERSION, KIND, KubeProxyConfiguration};
@@ -15,20 +13,22 @@ pub const DEFAULT_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
 pub const DEFAULT_CONNTRACK_MAX_PER_CORE: i32 = 32 * 1024;
 pub const DEFAULT_CONNTRACK_MIN: i32 = 128 * 1024;
 
-/// True when `bind_address` (possibly a comma-separated dual-stack pair) starts with IPv6.
-fn bind_is_ipv6(bind_address: &str) -> bool {
-    let first = bind_address.split(',').next().unwrap_or("").trim();
-    matches!(
-        super::validate::parse_bracketed_ip(first),
-        Some(IpAddr::V6(_))
-    )
+/// `getDefaultAddresses`: the IPv4 server defaults only when `bindAddress` parses (sloppily) as
+/// an IPv4 address; anything else, a dual-stack pair included, gets the IPv6 ones.
+fn bind_is_ipv4(bind_address: &str) -> bool {
+    super::validate::parse_ip(bind_address).is_some_and(super::validate::is_ipv4_like)
 }
 
-/// `proxyutil.AppendPortIfNeeded`: a bare IP gets `:port`, anything else is left alone.
+/// `proxyutil.AppendPortIfNeeded`: an address without a port that is an IP gets `:port`
+/// (`[ip]:port` for IPv6), written as given; anything else is left alone for validation.
 pub fn append_port_if_needed(addr: &str, port: u16) -> String {
-    match addr.parse::<IpAddr>() {
-        Ok(ip) => std::net::SocketAddr::new(ip, port).to_string(),
-        Err(_) => addr.to_string(),
+    if super::validate::split_host_port(addr).is_some() {
+        return addr.to_string();
+    }
+    match super::validate::parse_ip(addr) {
+        None => addr.to_string(),
+        Some(ip) if super::validate::is_ipv4_like(ip) => format!("{addr}:{port}"),
+        Some(_) => format!("[{addr}]:{port}"),
     }
 }
 
@@ -43,7 +43,7 @@ pub fn set_defaults(c: &mut KubeProxyConfiguration) {
     if c.bind_address.is_empty() {
         c.bind_address = "0.0.0.0".into();
     }
-    let v6 = bind_is_ipv6(&c.bind_address);
+    let v6 = !bind_is_ipv4(&c.bind_address);
     if c.healthz_bind_address.is_empty() {
         let host = if v6 { "[::]" } else { "0.0.0.0" };
         c.healthz_bind_address = format!("{host}:{DEFAULT_HEALTHZ_PORT}");
@@ -145,5 +145,8 @@ mod tests {
         assert_eq!(append_port_if_needed("::", 10256), "[::]:10256");
         assert_eq!(append_port_if_needed("1.2.3.4:99", 10256), "1.2.3.4:99");
         assert_eq!(append_port_if_needed("nonsense", 10256), "nonsense");
+        // written as given, like Go's Sprintf of the original string
+        assert_eq!(append_port_if_needed("010.0.0.1", 1), "010.0.0.1:1");
+        assert_eq!(append_port_if_needed("0:0::1", 1), "[0:0::1]:1");
     }
 }

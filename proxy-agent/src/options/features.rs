@@ -1,5 +1,10 @@
-//! Feature gates kube-proxy v1.33 knows (seed 000's `--feature-gates` list), parsing of the
-//! `--feature-gates` flag, and the `SetFromMap` checks used by validation.
+//! Feature gates kube-proxy v1.33 knows, parsing of the `--feature-gates` flag, and the
+//! `SetFromMap` checks used by validation.
+//!
+//! Two lists: the alpha and beta gates (seed 000's `--feature-gates` help, which like upstream's
+//! help omits the rest) and the GA and deprecated gates v1.33 still registers
+//! (`pkg/features/kube_features.go` at v1.33). Setting a GA or deprecated gate is accepted with
+//! upstream's warning; setting a locked gate to anything but its default is an error.
 
 use std::collections::BTreeMap;
 
@@ -7,6 +12,8 @@ use std::collections::BTreeMap;
 pub enum Stage {
     Alpha,
     Beta,
+    GA,
+    Deprecated,
 }
 
 /// (name, stage, default)
@@ -165,11 +172,151 @@ pub const KNOWN_GATES: &[(&str, Stage, bool)] = &[
     ("WindowsGracefulNodeShutdown", Stage::Alpha, false),
 ];
 
-pub fn lookup(name: &str) -> Option<(Stage, bool)> {
+/// GA and deprecated gates kube-proxy v1.33 still knows: (name, stage, default, locked).
+/// Hidden from `--help` like upstream's, but accepted in `--feature-gates` and `featureGates`.
+pub const GRADUATED_GATES: &[(&str, Stage, bool, bool)] = &[
+    (
+        "AggregatedDiscoveryRemoveBetaType",
+        Stage::Deprecated,
+        true,
+        false,
+    ),
+    ("AllowDNSOnlyNodeCSR", Stage::Deprecated, false, false),
+    (
+        "AllowInsecureKubeletCertificateSigningRequests",
+        Stage::Deprecated,
+        false,
+        false,
+    ),
+    (
+        "AllowOverwriteTerminationGracePeriodSeconds",
+        Stage::Deprecated,
+        false,
+        false,
+    ),
+    (
+        "AllowServiceLBStatusOnNonLB",
+        Stage::Deprecated,
+        false,
+        true,
+    ),
+    ("AnyVolumeDataSource", Stage::GA, true, true),
+    ("BtreeWatchCache", Stage::GA, true, true),
+    ("CPUManagerPolicyOptions", Stage::GA, true, true),
+    ("CRDValidationRatcheting", Stage::GA, true, true),
+    ("CSIMigrationPortworx", Stage::GA, true, true),
+    ("CronJobsScheduledAnnotation", Stage::GA, true, true),
+    ("CustomResourceFieldSelectors", Stage::GA, true, true),
+    ("DevicePluginCDIDevices", Stage::GA, true, true),
+    (
+        "DisableNodeKubeProxyVersion",
+        Stage::Deprecated,
+        true,
+        false,
+    ),
+    ("ElasticIndexedJob", Stage::GA, true, true),
+    ("ExecProbeTimeout", Stage::GA, true, false),
+    ("GitRepoVolumeDriver", Stage::Deprecated, false, false),
+    ("HonorPVReclaimPolicy", Stage::GA, true, true),
+    (
+        "InPlacePodVerticalScalingAllocatedStatus",
+        Stage::Deprecated,
+        false,
+        false,
+    ),
+    ("JobBackoffLimitPerIndex", Stage::GA, true, true),
+    ("JobSuccessPolicy", Stage::GA, true, true),
+    ("KMSv1", Stage::Deprecated, false, false),
+    (
+        "KubeletRegistrationGetOnExistsOnly",
+        Stage::Deprecated,
+        false,
+        false,
+    ),
+    ("LegacySidecarContainers", Stage::Deprecated, false, false),
+    ("LoadBalancerIPMode", Stage::GA, true, true),
+    ("LogarithmicScaleDown", Stage::GA, true, true),
+    ("MatchLabelKeysInPodAffinity", Stage::GA, true, true),
+    ("MemoryManager", Stage::GA, true, true),
+    ("MultiCIDRServiceAllocator", Stage::GA, true, false),
+    ("NFTablesProxyMode", Stage::GA, true, true),
+    (
+        "NodeInclusionPolicyInPodTopologySpread",
+        Stage::GA,
+        true,
+        true,
+    ),
+    ("PodDisruptionConditions", Stage::GA, true, true),
+    ("PodIndexLabel", Stage::GA, true, true),
+    ("PodSchedulingReadiness", Stage::GA, true, true),
+    ("RecursiveReadOnlyMounts", Stage::GA, true, true),
+    ("RetryGenerateName", Stage::GA, true, true),
+    ("SeparateCacheWatchRPC", Stage::Deprecated, false, false),
+    ("ServiceAccountTokenJTI", Stage::GA, true, true),
+    ("ServiceAccountTokenNodeBinding", Stage::GA, true, true),
+    (
+        "ServiceAccountTokenNodeBindingValidation",
+        Stage::GA,
+        true,
+        true,
+    ),
+    ("ServiceAccountTokenPodNodeInfo", Stage::GA, true, true),
+    ("ServiceTrafficDistribution", Stage::GA, true, true),
+    ("SidecarContainers", Stage::GA, true, true),
+    ("SizeMemoryBackedVolumes", Stage::GA, true, true),
+    ("StatefulSetAutoDeletePVC", Stage::GA, true, true),
+    ("StatefulSetStartOrdinal", Stage::GA, true, true),
+    ("StorageNamespaceIndex", Stage::Deprecated, true, false),
+    ("StrictCostEnforcementForVAP", Stage::GA, true, true),
+    ("StrictCostEnforcementForWebhooks", Stage::GA, true, true),
+    (
+        "StructuredAuthorizationConfiguration",
+        Stage::GA,
+        true,
+        true,
+    ),
+    ("TopologyAwareHints", Stage::GA, true, true),
+    ("TopologyManagerPolicyOptions", Stage::GA, true, false),
+    (
+        "WatchFromStorageWithoutResourceVersion",
+        Stage::Deprecated,
+        false,
+        true,
+    ),
+    ("WindowsHostNetwork", Stage::Deprecated, false, false),
+];
+
+/// A known gate: its stage, default, and whether it is locked to that default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateSpec {
+    pub stage: Stage,
+    pub default: bool,
+    pub locked: bool,
+}
+
+pub fn spec(name: &str) -> Option<GateSpec> {
     KNOWN_GATES
         .iter()
         .find(|(n, _, _)| *n == name)
-        .map(|(_, s, d)| (*s, *d))
+        .map(|(_, stage, default)| GateSpec {
+            stage: *stage,
+            default: *default,
+            locked: false,
+        })
+        .or_else(|| {
+            GRADUATED_GATES
+                .iter()
+                .find(|(n, ..)| *n == name)
+                .map(|(_, stage, default, locked)| GateSpec {
+                    stage: *stage,
+                    default: *default,
+                    locked: *locked,
+                })
+        })
+}
+
+pub fn lookup(name: &str) -> Option<(Stage, bool)> {
+    spec(name).map(|s| (s.stage, s.default))
 }
 
 /// Go's `strconv.ParseBool`.
@@ -203,14 +350,37 @@ pub fn parse_flag(value: &str) -> Result<BTreeMap<String, bool>, String> {
     Ok(out)
 }
 
-/// `SetFromMap` on the default gate set: every key must be known.
+/// `SetFromMap` on the default gate set: every key must be known, and a locked gate can only
+/// be set to its default. Like upstream, the first problem found is reported.
 pub fn check(gates: &BTreeMap<String, bool>) -> Result<(), String> {
-    for name in gates.keys() {
-        if lookup(name).is_none() {
+    for (name, value) in gates {
+        let Some(spec) = spec(name) else {
             return Err(format!("unrecognized feature gate: {name}"));
+        };
+        if spec.locked && spec.default != *value {
+            return Err(format!(
+                "cannot set feature gate {name} to {value}, feature is locked to {}",
+                spec.default
+            ));
         }
     }
     Ok(())
+}
+
+/// The warnings `SetFromMap` logs for gates that are set although GA or deprecated.
+pub fn warnings(gates: &BTreeMap<String, bool>) -> Vec<String> {
+    gates
+        .iter()
+        .filter_map(|(name, value)| match spec(name)?.stage {
+            Stage::GA => Some(format!(
+                "Setting GA feature gate {name}={value}. It will be removed in a future release."
+            )),
+            Stage::Deprecated => Some(format!(
+                "Setting deprecated feature gate {name}={value}. It will be removed in a future release."
+            )),
+            Stage::Alpha | Stage::Beta => None,
+        })
+        .collect()
 }
 
 /// Effective value of a gate after the overrides (AllAlpha / AllBeta honoured).
@@ -221,6 +391,7 @@ pub fn enabled(gates: &BTreeMap<String, bool>, name: &str) -> bool {
     match lookup(name) {
         Some((Stage::Alpha, d)) => gates.get("AllAlpha").copied().unwrap_or(d),
         Some((Stage::Beta, d)) => gates.get("AllBeta").copied().unwrap_or(d),
+        Some((Stage::GA | Stage::Deprecated, d)) => d,
         None => false,
     }
 }

@@ -45,9 +45,12 @@ fn go_f32(s: &str) -> Result<f32, String> {
     s.parse::<f32>()
         .map_err(|_| format!("strconv.ParseFloat: parsing {s:?}: invalid syntax"))
 }
-/// component-base `IPPortVar`: an IP or IP:port; empty allowed.
+/// component-base `IPPortVar`: an IP or IP:port; a blank value is stored as empty.
 fn ip_port(s: &str) -> Result<String, String> {
-    if s.trim().is_empty() || parse_ip(s).is_some() {
+    if s.trim().is_empty() {
+        return Ok(String::new());
+    }
+    if parse_ip(s).is_some() {
         return Ok(s.to_string());
     }
     let (host, port) = split_host_port(s)
@@ -485,6 +488,14 @@ impl ParsedFlags {
             .filter(|l| self.is_set(l))
             .collect()
     }
+}
+
+/// Long names of every flag the command line accepts (hidden ones included).
+pub fn long_flag_names() -> Vec<String> {
+    Flags::command()
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(str::to_string))
+        .collect()
 }
 
 fn long_to_id(long: &str) -> String {

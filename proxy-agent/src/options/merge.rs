@@ -14,13 +14,15 @@ use std::path::Path;
 
 use super::decode::{self, DocSpec};
 use super::defaults::{self, append_port_if_needed};
+use super::duration::GoDuration;
 use super::ebpf::{self, EbpfDatapathConfiguration};
 use super::error::{Document, OptionsError};
+use super::features;
 use super::flags::{self, Flags, FlagsOutcome, ParsedFlags};
 use super::mode::ProxyMode;
 use super::types::{self, KubeProxyConfiguration, VModuleItem};
 use super::version::{self, VersionRequest};
-use super::{Environment, Parsed, ProxyOptions, validate};
+use super::{Environment, LoadedFile, Parsed, ProxyOptions, validate};
 
 /// Fields upstream removed from v1alpha1; old files that still carry them load with a warning.
 pub const REMOVED_FIELDS: &[&str] = &["udpIdleTimeout", "resourceContainer", "conntrack.max"];
@@ -65,6 +67,14 @@ pub fn load_config_file(
     path: &Path,
 ) -> Result<(KubeProxyConfiguration, Vec<String>), OptionsError> {
     let text = read(Document::KubeProxy, path)?;
+    decode_config(path, &text)
+}
+
+/// Decodes and defaults the text of a KubeProxyConfiguration file read from `path`.
+pub fn decode_config(
+    path: &Path,
+    text: &str,
+) -> Result<(KubeProxyConfiguration, Vec<String>), OptionsError> {
     let spec = DocSpec {
         doc: Document::KubeProxy,
         api_version: types::API_VERSION,
@@ -73,7 +83,7 @@ pub fn load_config_file(
         free_maps: &["featureGates"],
         removed: REMOVED_FIELDS,
     };
-    let (mut c, warnings): (KubeProxyConfiguration, _) = decode::decode(&spec, path, &text)?;
+    let (mut c, warnings): (KubeProxyConfiguration, _) = decode::decode(&spec, path, text)?;
     defaults::set_defaults(&mut c);
     Ok((c, warnings))
 }
@@ -83,6 +93,14 @@ pub fn load_ebpf_file(
     path: &Path,
 ) -> Result<(EbpfDatapathConfiguration, Vec<String>), OptionsError> {
     let text = read(Document::Ebpf, path)?;
+    decode_ebpf(path, &text)
+}
+
+/// Decodes the text of an EbpfDatapathConfiguration file read from `path`.
+pub fn decode_ebpf(
+    path: &Path,
+    text: &str,
+) -> Result<(EbpfDatapathConfiguration, Vec<String>), OptionsError> {
     let spec = DocSpec {
         doc: Document::Ebpf,
         api_version: ebpf::API_VERSION,
@@ -91,7 +109,7 @@ pub fn load_ebpf_file(
         free_maps: &[],
         removed: &[],
     };
-    decode::decode(&spec, path, &text)
+    decode::decode(&spec, path, text)
 }
 
 /// The configuration built from flags alone (`--config` absent).
@@ -201,6 +219,32 @@ fn overlay_logging(p: &ParsedFlags, c: &mut KubeProxyConfiguration) {
     }
 }
 
+/// Upstream lays the flags over an already defaulted configuration, so a flag given explicitly
+/// with the value the defaulter treats as "unset" keeps that value: an empty
+/// `--healthz-bind-address` / `--metrics-bind-address` turns the server off, and a zero
+/// `--*-sync-period` / `--config-sync-period` reaches validation ("must be greater than 0")
+/// instead of silently becoming the default. Call after defaulting.
+fn keep_explicit_zero_flags(p: &ParsedFlags, c: &mut KubeProxyConfiguration) {
+    let f = &p.flags;
+    if p.is_set("healthz-bind-address") && f.healthz_bind_address.trim().is_empty() {
+        c.healthz_bind_address.clear();
+    }
+    if p.is_set("metrics-bind-address") && f.metrics_bind_address.trim().is_empty() {
+        c.metrics_bind_address.clear();
+    }
+    if p.is_set("config-sync-period") && f.config_sync_period == GoDuration::ZERO {
+        c.config_sync_period = GoDuration::ZERO;
+    }
+    if c.mode != ProxyMode::Ipvs.as_str() {
+        if p.is_set("iptables-sync-period") && f.iptables_sync_period == GoDuration::ZERO {
+            c.iptables.sync_period = GoDuration::ZERO;
+            c.nftables.sync_period = GoDuration::ZERO;
+        }
+    } else if p.is_set("ipvs-sync-period") && f.ipvs_sync_period == GoDuration::ZERO {
+        c.ipvs.sync_period = GoDuration::ZERO;
+    }
+}
+
 /// Deprecated `--healthz-port` / `--metrics-port` (config_rules.md §3 step 4a). Port 0 turns
 /// the server off; another port is appended only to an address without one.
 /// Returns (healthz_off, metrics_off); call before defaulting.
@@ -261,6 +305,8 @@ fn os_hostname() -> Result<String, OptionsError> {
 }
 
 pub(super) fn run(args: Vec<OsString>, env: &Environment<'_>) -> Result<Parsed, OptionsError> {
+    let original_args = args.clone();
+    let mut loaded_files = Vec::new();
     let p = match flags::parse(args)? {
         FlagsOutcome::Help(h) => return Ok(Parsed::Help(h)),
         FlagsOutcome::Parsed(p) => p,
@@ -288,7 +334,12 @@ pub(super) fn run(args: Vec<OsString>, env: &Environment<'_>) -> Result<Parsed, 
 
     let mut c = match &f.config {
         Some(path) => {
-            let (mut c, w) = load_config_file(path)?;
+            let text = read(Document::KubeProxy, path)?;
+            let (mut c, w) = decode_config(path, &text)?;
+            loaded_files.push(LoadedFile {
+                path: path.clone(),
+                contents: text,
+            });
             warnings.extend(w);
             let ignored: Vec<String> = p
                 .set_flags()
@@ -324,6 +375,7 @@ pub(super) fn run(args: Vec<OsString>, env: &Environment<'_>) -> Result<Parsed, 
             if metrics_off {
                 c.metrics_bind_address.clear();
             }
+            keep_explicit_zero_flags(&p, &mut c);
             c
         }
     };
@@ -339,10 +391,16 @@ pub(super) fn run(args: Vec<OsString>, env: &Environment<'_>) -> Result<Parsed, 
     }
 
     validate::validate(&c).map_err(OptionsError::Validation)?;
+    warnings.extend(features::warnings(&c.feature_gates));
 
     let mut ext = match &f.ebpf_config {
         Some(path) => {
-            let (e, w) = load_ebpf_file(path)?;
+            let text = read(Document::Ebpf, path)?;
+            let (e, w) = decode_ebpf(path, &text)?;
+            loaded_files.push(LoadedFile {
+                path: path.clone(),
+                contents: text,
+            });
             warnings.extend(w);
             e
         }
@@ -352,7 +410,10 @@ pub(super) fn run(args: Vec<OsString>, env: &Environment<'_>) -> Result<Parsed, 
     ebpf::set_defaults(&mut ext);
     ebpf::validate(&ext).map_err(OptionsError::EbpfValidation)?;
 
-    let node_name = if c.hostname_override.trim().is_empty() {
+    // `nodeutil.GetHostname`: an empty override means the OS hostname; whatever is used is
+    // trimmed and lower-cased, and may not end up empty (a blank `hostnameOverride: " "` in
+    // the file is an error, not the OS hostname).
+    let node_name = if c.hostname_override.is_empty() {
         match &env.hostname {
             Some(h) => h.trim().to_lowercase(),
             None => os_hostname()?,
@@ -381,5 +442,7 @@ pub(super) fn run(args: Vec<OsString>, env: &Environment<'_>) -> Result<Parsed, 
         manifests: f.manifests.clone(),
         reported_version,
         warnings,
+        args: original_args,
+        loaded_files,
     })))
 }

@@ -6,6 +6,7 @@
 //! resolved by probing) -> `--hostname-override` -> validation. Nothing on the node is touched
 //! here apart from read-only probes, so every bad input fails before any change.
 
+pub mod checks;
 pub mod decode;
 pub mod defaults;
 pub mod duration;
@@ -86,6 +87,19 @@ pub struct ProxyOptions {
     pub reported_version: String,
     /// Warnings to log once logging is up (deprecated flags, ignored flags, removed fields).
     pub warnings: Vec<String>,
+    /// The command line these options came from (program name first), so that a changed
+    /// config file can be checked the way a restart would load it (`config_watch`).
+    pub args: Vec<OsString>,
+    /// The files read (`--config`, `--ebpf-config`) with the exact content used.
+    pub loaded_files: Vec<LoadedFile>,
+}
+
+/// A configuration file as read at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedFile {
+    /// As given on the command line.
+    pub path: PathBuf,
+    pub contents: String,
 }
 
 /// `nodePortAddresses` interpreted.

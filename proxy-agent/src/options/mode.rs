@@ -70,12 +70,66 @@ impl ModeSupport for FixedSupport {
 #[derive(Debug, Clone, Default)]
 pub struct HostSupport;
 
+/// The oldest kernel our programs load on: `bpf_redirect_neigh` (used by the TC programs to
+/// forward to a backend on another interface) arrived in 5.10.
+pub const MIN_KERNEL: (u32, u32) = (5, 10);
+
+/// `major.minor` of a kernel release string such as `6.1.0-18-amd64`.
+pub fn parse_kernel_release(release: &str) -> Option<(u32, u32)> {
+    let mut it = release.split(['.', '-', '+']);
+    let major = it.next()?.parse().ok()?;
+    let minor = it.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+fn kernel_release() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// `bpf(cmd, attr)`; the attribute is a prefix of `union bpf_attr`, zero-padded.
+fn bpf_syscall<T>(cmd: libc::c_long, attr: &T) -> std::io::Result<i32> {
+    // SAFETY: attr points to a fully initialised value of the size passed; the kernel only
+    // reads it (for the commands used here) and checks that unused bytes are zero.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *const T,
+            std::mem::size_of::<T>(),
+        )
+    };
+    if fd < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(fd as i32)
+    }
+}
+
+fn close(fd: i32) {
+    // SAFETY: fd was just returned by the kernel and is owned here.
+    unsafe { libc::close(fd) };
+}
+
 impl HostSupport {
+    /// Whether our programs can run here: a recent enough kernel with BTF, permission to load
+    /// a TC (`sched_cls`) program, and the LRU hash map our conntrack uses.
     fn probe_bpf() -> Result<(), String> {
+        let release = kernel_release().unwrap_or_default();
+        match parse_kernel_release(&release) {
+            Some(v) if v < MIN_KERNEL => {
+                return Err(format!(
+                    "kernel {release} is older than {}.{} (our TC programs use bpf_redirect_neigh)",
+                    MIN_KERNEL.0, MIN_KERNEL.1
+                ));
+            }
+            Some(_) => {}
+            None => return Err(format!("cannot read the kernel version ({release:?})")),
+        }
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err("the kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing)".into());
         }
-        // BPF_MAP_CREATE of a 1-entry array: proves the bpf() syscall is there and permitted.
         #[repr(C)]
         #[derive(Default)]
         struct MapCreate {
@@ -86,28 +140,44 @@ impl HostSupport {
             map_flags: u32,
             _pad: [u32; 27],
         }
-        let attr = MapCreate {
-            map_type: 2, // BPF_MAP_TYPE_ARRAY
+        let lru = MapCreate {
+            map_type: 9, // BPF_MAP_TYPE_LRU_HASH
             key_size: 4,
             value_size: 4,
             max_entries: 1,
             ..Default::default()
         };
-        // SAFETY: attr is a valid, fully initialised bpf_attr prefix of the size passed.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                0, /* BPF_MAP_CREATE */
-                &attr as *const MapCreate,
-                std::mem::size_of::<MapCreate>(),
-            )
-        };
-        if fd < 0 {
-            let err = std::io::Error::last_os_error();
-            return Err(format!("the bpf() syscall failed: {err}"));
+        let fd = bpf_syscall(0 /* BPF_MAP_CREATE */, &lru)
+            .map_err(|e| format!("the bpf() syscall cannot create an LRU hash map: {e}"))?;
+        close(fd);
+
+        #[repr(C)]
+        #[derive(Default)]
+        struct ProgLoad {
+            prog_type: u32,
+            insn_cnt: u32,
+            insns: u64,
+            license: u64,
+            log_level: u32,
+            log_size: u32,
+            log_buf: u64,
+            kern_version: u32,
+            prog_flags: u32,
+            _pad: [u64; 12],
         }
-        // SAFETY: fd was just returned by the kernel and is owned here.
-        unsafe { libc::close(fd as i32) };
+        // r0 = 0 (TC_ACT_OK); exit
+        let insns: [u64; 2] = [0xb7, 0x95];
+        let license = b"GPL\0";
+        let prog = ProgLoad {
+            prog_type: 3, // BPF_PROG_TYPE_SCHED_CLS
+            insn_cnt: insns.len() as u32,
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            ..Default::default()
+        };
+        let fd = bpf_syscall(5 /* BPF_PROG_LOAD */, &prog)
+            .map_err(|e| format!("cannot load a TC (sched_cls) BPF program: {e}"))?;
+        close(fd);
         Ok(())
     }
 
@@ -203,6 +273,25 @@ mod tests {
         assert!(c.reason.contains("ebpf is unavailable"), "{}", c.reason);
         let none = FixedSupport::default();
         assert_eq!(pick_best(&none).mode, ProxyMode::Iptables);
+    }
+
+    #[test]
+    fn kernel_release_parsing() {
+        assert_eq!(parse_kernel_release("6.18.0-1-amd64"), Some((6, 18)));
+        assert_eq!(parse_kernel_release("5.10.0+"), Some((5, 10)));
+        assert_eq!(parse_kernel_release("4.19"), Some((4, 19)));
+        assert!(parse_kernel_release("4.19").unwrap() < MIN_KERNEL);
+        assert_eq!(parse_kernel_release("garbage"), None);
+    }
+
+    #[test]
+    fn this_host_answers_every_probe() {
+        // Whatever the host supports, each probe returns (no panic, no hang) with a reason.
+        for m in ProxyMode::ALL {
+            if let Err(why) = HostSupport.check(m) {
+                assert!(!why.is_empty(), "{m}");
+            }
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `validation.Validate()` for the merged, defaulted configuration (config_rules.md §1, §1.1).
 //! Paths are v1alpha1 JSON paths so an operator can find the field in the file.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::IpNet;
 
@@ -25,9 +25,44 @@ pub const LOCAL_MODES: [&str; 5] = [
 
 const MODE_DETAIL: &str = "must be iptables, ipvs, nftables, ebpf or blank (blank means the best-available proxy [currently ebpf where the kernel supports it, else nftables, else iptables])";
 
-/// Go's `net.ParseIP`.
+/// k8s `netutils.ParseIPSloppy` (Go's pre-1.17 `net.ParseIP`): like the standard parser, but
+/// IPv4 octets may have leading zeros (`010.0.0.1` is 10.0.0.1).
 pub fn parse_ip(s: &str) -> Option<IpAddr> {
-    s.parse().ok()
+    s.parse()
+        .ok()
+        .or_else(|| parse_ipv4_sloppy(s).map(IpAddr::V4))
+}
+
+/// Go's `dtoi`: decimal digits only (leading zeros allowed), at least one, below 0xFFFFFF.
+fn dtoi(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut n: u32 = 0;
+    for b in s.bytes() {
+        n = n * 10 + u32::from(b - b'0');
+        if n >= 0xFF_FFFF {
+            return None;
+        }
+    }
+    Some(n)
+}
+
+fn parse_ipv4_sloppy(s: &str) -> Option<Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut parts = s.split('.');
+    for o in &mut octets {
+        *o = u8::try_from(dtoi(parts.next()?)?).ok()?;
+    }
+    parts.next().is_none().then_some(Ipv4Addr::from(octets))
+}
+
+/// Go's `ip.To4() != nil`: IPv4, or an IPv4-mapped IPv6 address.
+pub fn is_ipv4_like(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(_) => true,
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some(),
+    }
 }
 
 /// An IP that may be written in brackets (`[::]`), as `bindAddress` accepts.
@@ -39,61 +74,71 @@ pub fn parse_bracketed_ip(s: &str) -> Option<IpAddr> {
     parse_ip(t)
 }
 
-/// Go's `net.ParseCIDR`: `ip/prefix`, host bits allowed.
+/// k8s `netutils.ParseCIDRSloppy`: `ip/prefix`, host bits allowed, leading zeros accepted in
+/// IPv4 octets and in the prefix length (Go's pre-1.17 `net.ParseCIDR`).
 pub fn parse_cidr(s: &str) -> Option<IpNet> {
     let (ip, len) = s.split_once('/')?;
-    if len.is_empty()
-        || !len.bytes().all(|b| b.is_ascii_digit())
-        || (len.len() > 1 && len.starts_with('0'))
-    {
-        return None;
-    }
-    let ip: IpAddr = ip.parse().ok()?;
-    IpNet::new(ip, len.parse().ok()?).ok()
+    let ip = parse_ip(ip)?;
+    let len = u8::try_from(dtoi(len)?).ok()?;
+    IpNet::new(ip, len).ok()
 }
 
 /// Go's `net.SplitHostPort`.
 pub fn split_host_port(s: &str) -> Option<(&str, &str)> {
-    if let Some(rest) = s.strip_prefix('[') {
-        let (host, after) = rest.split_once(']')?;
-        let port = after.strip_prefix(':')?;
-        if port.contains(':') {
+    let last = s.rfind(':')?;
+    let (host, tail_from) = if let Some(rest) = s.strip_prefix('[') {
+        // The first ']' must sit just before the last ':'.
+        let end = rest.find(']')? + 1;
+        if end + 1 != last {
             return None;
         }
-        return Some((host, port));
-    }
-    let (host, port) = s.rsplit_once(':')?;
-    if host.contains(':') {
+        (&s[1..end], end + 1)
+    } else {
+        let host = &s[..last];
+        if host.contains(':') {
+            return None;
+        }
+        (host, 0)
+    };
+    let open_from = if tail_from == 0 { 0 } else { 1 };
+    if s[open_from..].contains('[') || s[tail_from..].contains(']') {
         return None;
     }
-    Some((host, port))
+    Some((host, &s[last + 1..]))
 }
 
-/// k8s `utilnet.ParsePortRange`: `a-b`, `a+n` or a single port; empty is accepted.
+/// k8s `utilnet.ParsePortRange`: `a-b`, `a+n` or a single port, the whole value trimmed but
+/// not its parts; empty is accepted.
 pub fn parse_port_range(s: &str) -> Option<(u16, u16)> {
     let s = s.trim();
     if s.is_empty() {
         return Some((0, 0));
     }
-    let port = |p: &str| p.trim().parse::<u16>().ok();
-    if let Some((a, b)) = s.split_once('-') {
-        let (a, b) = (port(a)?, port(b)?);
-        return (a <= b).then_some((a, b));
+    let port = |p: &str| p.parse::<u16>().ok();
+    match (s.find('-'), s.find('+')) {
+        (Some(_), Some(_)) => None,
+        (Some(i), None) => {
+            let (a, b) = (port(&s[..i])?, port(&s[i + 1..])?);
+            (a <= b).then_some((a, b))
+        }
+        (None, Some(i)) => {
+            let (a, n) = (port(&s[..i])?, port(&s[i + 1..])?);
+            a.checked_add(n).map(|b| (a, b))
+        }
+        (None, None) => port(s).map(|p| (p, p)),
     }
-    if let Some((a, n)) = s.split_once('+') {
-        let (a, n) = (port(a)?, port(n)?);
-        return a.checked_add(n).map(|b| (a, b));
-    }
-    port(s).map(|p| (p, p))
 }
 
+/// A duration as `field.Invalid` prints it: `metav1.Duration` is a `fmt.Stringer`, so `30s`,
+/// not quoted.
 fn dur(d: GoDuration) -> String {
-    format!("{:?}", d.to_string())
+    d.to_string()
 }
 
+/// A `map[string]bool` as `field.Invalid` prints it (Go's `%#v`).
 fn go_map(m: &std::collections::BTreeMap<String, bool>) -> String {
-    let items: Vec<String> = m.iter().map(|(k, v)| format!("{k}:{v}")).collect();
-    format!("map[{}]", items.join(" "))
+    let items: Vec<String> = m.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
+    format!("map[string]bool{{{}}}", items.join(", "))
 }
 
 /// `validateHostPort`.
@@ -185,9 +230,10 @@ pub fn validate(c: &KubeProxyConfiguration) -> Result<(), FieldErrors> {
         ));
     }
     if min > sync {
+        // Upstream reports the minSyncPeriod value under the syncPeriod path.
         errs.push(FieldError::invalid(
             format!("{section}.syncPeriod"),
-            dur(sync),
+            dur(min),
             "must be greater than or equal to KubeProxyConfiguration.MinSyncPeriod",
         ));
     }
@@ -293,7 +339,7 @@ pub fn validate(c: &KubeProxyConfiguration) -> Result<(), FieldErrors> {
             errs.push(FieldError::invalid_str(
                 "bindAddress",
                 &c.bind_address,
-                "must be a either a single IP or dual-stack pair of IPs",
+                "must be a either a single IP or dual-stack pair of IPs (e.g. [10.100.0.0, fde4:8dba:82e1::])",
             ));
         }
     }

@@ -108,3 +108,36 @@ pub fn value_at(v: &serde_yaml::Value, path: &str) -> serde_yaml::Value {
     }
     cur
 }
+
+/// Value at a dotted path, `None` when a key is absent (fields omitted when empty).
+pub fn value_at_opt(v: &serde_yaml::Value, path: &str) -> Option<serde_yaml::Value> {
+    let mut cur = v.clone();
+    for key in path.split('.') {
+        cur = cur.get(key)?.clone();
+    }
+    Some(cur)
+}
+
+/// Dotted paths of every leaf of a serialised document: scalars, sequences, empty mappings,
+/// and the free-form `featureGates` map.
+pub fn leaf_paths(v: &serde_yaml::Value) -> Vec<String> {
+    fn walk(prefix: &str, v: &serde_yaml::Value, out: &mut Vec<String>) {
+        match v {
+            serde_yaml::Value::Mapping(m) if !m.is_empty() && prefix != "featureGates" => {
+                for (k, sub) in m {
+                    let k = k.as_str().expect("string keys");
+                    let p = if prefix.is_empty() {
+                        k.to_string()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&p, sub, out);
+                }
+            }
+            _ => out.push(prefix.to_string()),
+        }
+    }
+    let mut out = Vec::new();
+    walk("", v, &mut out);
+    out
+}
