@@ -10,8 +10,16 @@ use futures::{Stream, StreamExt};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use k8s_openapi::api::core::v1::Node;
+
 use crate::{
-    datapath::{self, Attacher, EbpfProxier, MapSizes},
+    config_watch,
+    datapath::{
+        self, Attacher, EbpfProxier, MapSizes,
+        node::{self, HostNetwork, NodeSettings, node_facts},
+    },
     manifests,
     options::{ProxyMode, ProxyOptions, ebpf::conntrack_params},
     sync::{self, SourceEvent, SyncTiming},
@@ -38,9 +46,21 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
     let prefixes = opts.ebpf.pod_interface_prefixes.clone().unwrap_or_default();
     let mut ebpf = datapath::load_with(sizes)?;
     let (maps, stats) = datapath::kernel_maps(&mut ebpf)?;
+    node::warn_if_snat_ports_overlap();
+
+    let settings = NodeSettings::from_options(&opts);
+    let host = HostNetwork::read().context("reading the node's interfaces and addresses")?;
+    let initial = node_facts(&settings, None, &host);
+    info!(
+        primary = ?initial.addresses.primary,
+        node_port_addresses = ?initial.addresses.node_ports,
+        external_interfaces = ?initial.external_interfaces.keys().collect::<Vec<_>>(),
+        "node facts"
+    );
+    let (facts_tx, facts_rx) = tokio::sync::watch::channel(initial.clone());
+    let proxier = EbpfProxier::new(maps, facts_rx).context("writing the node's settings")?;
     let mut attacher = Attacher::new(ebpf, prefixes.clone(), opts.ebpf.xdp_mode);
-    let proxier = EbpfProxier::new(maps);
-    info!(node = %opts.node_name, ?sizes, ?prefixes, "datapath loaded");
+    info!(node = %opts.node_name, ?sizes, ?prefixes, xdp = ?opts.ebpf.xdp_mode, "datapath loaded");
 
     let timing = SyncTiming {
         min_sync_period: opts.min_sync_period().to_std().unwrap_or_default(),
@@ -50,7 +70,18 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
             .unwrap_or(Duration::from_secs(30)),
         ..SyncTiming::default()
     };
-    let events = source(&opts).await?;
+    // The latest Node object, copied off the event stream for the node facts.
+    let node_object: Arc<Mutex<Option<Node>>> = Arc::default();
+    let seen_node = node_object.clone();
+    let (resync_tx, resync_rx) = futures::channel::mpsc::unbounded();
+    let events = futures::stream::select(
+        source(&opts).await?.inspect(move |event| match event {
+            SourceEvent::NodeApplied(node) => *lock(&seen_node) = Some((**node).clone()),
+            SourceEvent::NodeDeleted => *lock(&seen_node) = None,
+            _ => {}
+        }),
+        resync_rx,
+    );
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
@@ -61,28 +92,50 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
         timing,
         std::future::pending(),
     );
-    let interfaces = async {
+    let node_watch = async {
         let mut tick = tokio::time::interval(POLL_INTERVAL);
+        let mut last = initial;
         loop {
             tick.tick().await;
-            if let Err(e) = attacher.reconcile(&Default::default()) {
-                warn!(error = %format!("{e:#}"), "reconciling pod interfaces");
+            match HostNetwork::read() {
+                Ok(host) => {
+                    let facts = node_facts(&settings, lock(&node_object).as_ref(), &host);
+                    if facts != last {
+                        info!(
+                            node_port_addresses = ?facts.addresses.node_ports,
+                            external_interfaces = ?facts.external_interfaces.keys().collect::<Vec<_>>(),
+                            "node facts changed"
+                        );
+                        let _ = facts_tx.send(facts.clone());
+                        let _ = resync_tx.unbounded_send(SourceEvent::Resync);
+                        last = facts;
+                    }
+                }
+                Err(e) => warn!(error = %e, "reading the node's interfaces"),
+            }
+            if let Err(e) = attacher.reconcile(&last.external_interfaces) {
+                warn!(error = %format!("{e:#}"), "reconciling interfaces");
             }
         }
     };
+    let config_changed = config_watch::watch(&opts);
     // Cancelling the engine is safe: a sync runs without awaiting, so it is
     // never cut half-way.
+    let mut failure = None;
     tokio::select! {
         result = engine => result.context("the sync engine stopped")?,
-        _ = interfaces => {}
+        _ = node_watch => {}
+        err = config_changed => failure = Some(err),
         _ = sigterm.recv() => info!("SIGTERM: shutting down"),
         _ = sigint.recv() => info!("SIGINT: shutting down"),
     }
 
     let detached: Vec<String> = attacher.pod_names().map(str::to_owned).collect();
-    drop(attacher);
     info!(detached = ?detached, counters = ?datapath::stats::read(&stats), "programs detached and maps released");
-    Ok(())
+    match failure {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
 }
 
 async fn source(
@@ -124,7 +177,8 @@ fn warn_unimplemented(opts: &ProxyOptions) {
             "socketLB.enabled is not implemented yet; services are balanced by the TC programs only"
         );
     }
-    if !ext.external_interfaces.is_empty() {
-        warn!("externalInterfaces is not used yet: there is no XDP program so far");
-    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -231,6 +231,7 @@ fn describe(e: &SourceEvent) -> String {
             n.metadata.labels.as_ref().unwrap()["topology.kubernetes.io/zone"]
         ),
         SourceEvent::NodeDeleted => "node-".into(),
+        SourceEvent::Resync => "resync".into(),
     }
 }
 

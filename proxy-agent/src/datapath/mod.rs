@@ -4,6 +4,7 @@
 mod attach;
 mod interfaces;
 pub mod maps;
+pub mod node;
 mod object;
 mod programmer;
 pub mod stats;
@@ -12,13 +13,14 @@ pub mod test_run;
 use anyhow::{Context as _, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray},
+    maps::{MapData, PerCpuArray},
     programs::{SchedClassifier, Xdp},
 };
 use tracing::info;
 
 pub use attach::{Attacher, XdpChoice};
 pub use maps::{KernelMaps, MapError, ServiceMaps};
+pub use node::{NodeFacts, NodeProgrammer};
 pub use object::{OBJECT, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP};
 pub use programmer::{Programmer, SyncStats};
 
@@ -84,37 +86,54 @@ pub fn load_with(sizes: MapSizes) -> anyhow::Result<Ebpf> {
 
 /// Takes the service maps out of a loaded object.
 pub fn kernel_maps(ebpf: &mut Ebpf) -> anyhow::Result<(KernelMaps, PerCpuArray<MapData, u64>)> {
-    use proxy_common::maps as names;
-    let take = |ebpf: &mut Ebpf, name: &str| {
-        ebpf.take_map(name)
-            .with_context(|| format!("map {name} missing"))
-    };
-    let services = HashMap::try_from(take(ebpf, names::SERVICES)?)?;
-    let backends = HashMap::try_from(take(ebpf, names::BACKENDS)?)?;
-    let conntrack = HashMap::try_from(take(ebpf, names::CONNTRACK)?)?;
-    let stats = PerCpuArray::try_from(take(ebpf, names::STATS)?)?;
-    Ok((
-        KernelMaps {
-            services,
-            backends,
-            conntrack,
-        },
-        stats,
-    ))
+    KernelMaps::take(ebpf)
 }
 
-/// The ebpf mode's [`Proxier`]: programs the service maps from the desired state.
+/// The ebpf mode's [`Proxier`]: programs the service maps from the desired
+/// state, and the node maps from the latest [`NodeFacts`].
 pub struct EbpfProxier {
     maps: KernelMaps,
     programmer: Programmer,
+    node_programmer: NodeProgrammer,
+    facts: tokio::sync::watch::Receiver<NodeFacts>,
 }
 
 impl EbpfProxier {
-    pub fn new(maps: KernelMaps) -> Self {
-        Self {
+    /// Writes the initial node facts right away, so the datapath knows the
+    /// node before any program is attached.
+    pub fn new(
+        mut maps: KernelMaps,
+        mut facts: tokio::sync::watch::Receiver<NodeFacts>,
+    ) -> Result<Self, MapError> {
+        let mut node_programmer = NodeProgrammer::new();
+        let mut programmer = Programmer::new();
+        let current = facts.borrow_and_update().clone();
+        node_programmer.apply(&current, &mut maps)?;
+        programmer.set_node_addresses(&current.addresses, &DesiredState::default(), &mut maps)?;
+        Ok(Self {
             maps,
-            programmer: Programmer::new(),
+            programmer,
+            node_programmer,
+            facts,
+        })
+    }
+
+    fn apply_node_facts(&mut self, desired: &DesiredState) -> Result<(), MapError> {
+        if !self.facts.has_changed().unwrap_or(false) {
+            return Ok(());
         }
+        let facts = self.facts.borrow_and_update().clone();
+        let writes = self.node_programmer.apply(&facts, &mut self.maps)?;
+        let stats =
+            self.programmer
+                .set_node_addresses(&facts.addresses, desired, &mut self.maps)?;
+        info!(
+            node_writes = writes,
+            node_port_addresses = ?facts.addresses.node_ports,
+            frontend_writes = stats.writes,
+            "node facts applied"
+        );
+        Ok(())
     }
 }
 
@@ -122,6 +141,7 @@ impl Proxier for EbpfProxier {
     type Error = MapError;
 
     fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), MapError> {
+        self.apply_node_facts(desired)?;
         let stats = if changes.full {
             self.programmer.sync(desired, &mut self.maps)?
         } else {

@@ -79,7 +79,9 @@ pub fn run(
                 .program(PROG_XDP)
                 .with_context(|| format!("program {PROG_XDP} missing"))?
                 .try_into()?;
+            // The kernel insists that data_end equals the packet size.
             let ctx = XdpMd {
+                data_end: packet.len() as u32,
                 ingress_ifindex: ifindex,
                 ..XdpMd::default()
             };

@@ -18,4 +18,7 @@ pub enum SourceEvent {
     SlicesSynced,
     NodeApplied(Box<Node>),
     NodeDeleted,
+    /// Something outside the API objects changed (node addresses,
+    /// interfaces): ask for a sync without changing any state.
+    Resync,
 }

@@ -48,6 +48,7 @@ impl SourceState {
             }
             SourceEvent::NodeApplied(node) => self.set_node(&node),
             SourceEvent::NodeDeleted => self.set_labels(Default::default()),
+            SourceEvent::Resync => true,
         };
         self.is_initialized() && (changed || !was_initialized)
     }

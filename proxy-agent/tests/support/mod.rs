@@ -18,6 +18,11 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(ns: &str, manifests: &Path, log: PathBuf) -> Self {
+        Self::start_as(ns, "node-a", manifests, log, &[])
+    }
+
+    /// Runs the agent as node `node` with `extra` flags appended.
+    pub fn start_as(ns: &str, node: &str, manifests: &Path, log: PathBuf, extra: &[&str]) -> Self {
         let log_file = fs::File::create(&log).unwrap();
         let child = Command::new("ip")
             .args([
@@ -26,10 +31,11 @@ impl Agent {
                 ns,
                 env!("CARGO_BIN_EXE_proxy-agent"),
                 "--hostname-override",
-                "node-a",
+                node,
                 "--manifests",
             ])
             .arg(manifests)
+            .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log_file)
