@@ -11,15 +11,22 @@
 //! encapsulation). Pods are wired as [`crate::Cni::Routed`] pods are, with
 //! their node's IP as gateway. Every namespace is removed on drop, on panic
 //! and on SIGINT/SIGTERM (see [`crate::cleanup`]).
+//!
+//! XDP on a node's `eth0`: a veth's native XDP_TX (and XDP_REDIRECT into a
+//! veth) depends on the *peer* having an XDP program, since only then does
+//! the driver schedule the peer's NAPI to send the frames; otherwise they
+//! wait until unrelated traffic arrives. So every bridge port carries a
+//! native XDP program that passes everything (see [`crate::xdp_pass`]), and
+//! an XDP program on a node's `eth0` can answer with XDP_TX as on a real NIC.
 
-use std::{fmt, net::Ipv4Addr};
+use std::{fmt, net::Ipv4Addr, os::fd::OwnedFd};
 
 use anyhow::Context as _;
 
 use crate::{
     POD_VETH_PREFIX, Pod, cleanup,
     ethtool::{self, Offload},
-    netns,
+    netns, xdp_pass,
 };
 
 pub const LAN_BRIDGE: &str = "br0";
@@ -118,6 +125,9 @@ pub struct Cluster {
     nodes: [Node; 2],
     client: Client,
     namespaces: Vec<String>,
+    /// The bpf links holding [`xdp_pass`] on the bridge ports; closing them
+    /// (or deleting the lan namespace) detaches it.
+    xdp_links: Vec<OwnedFd>,
 }
 
 impl Cluster {
@@ -146,6 +156,7 @@ impl Cluster {
             },
             id,
             namespaces: Vec::new(),
+            xdp_links: Vec::new(),
         };
         cluster.setup_lan().context("setting up the lan")?;
         for n in NodeId::ALL {
@@ -212,8 +223,11 @@ impl Cluster {
     /// complete checksums as on a wire: a veth otherwise passes on
     /// CHECKSUM_PARTIAL packets whose L4 checksum only covers the pseudo
     /// header, which an XDP program sees and cannot fix. GRO on the port
-    /// enables NAPI on it, without which XDP_TX from the peer `eth0` is dropped.
-    fn plug_into_lan(&self, ns: &str, port: &str) -> anyhow::Result<()> {
+    /// enables NAPI on it, without which XDP_TX from the peer `eth0` is
+    /// dropped; the native [`xdp_pass`] program on the port makes the driver
+    /// kick that NAPI after XDP_TX, without which the frames wait for
+    /// unrelated traffic (see the module docs).
+    fn plug_into_lan(&mut self, ns: &str, port: &str) -> anyhow::Result<()> {
         let lan = Some(self.lan_ns.as_str());
         netns::ip(
             lan,
@@ -227,6 +241,7 @@ impl Cluster {
             }
         }
         ethtool::set_offload(&self.lan_ns, port, Offload::Gro, true)?;
+        self.xdp_links.push(xdp_pass::attach(&self.lan_ns, port)?);
         netns::ip(lan, &["link", "set", port, "master", LAN_BRIDGE, "up"])?;
         netns::ip(Some(ns), &["link", "set", LAN_IFACE, "up"])
     }
@@ -368,6 +383,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        self.xdp_links.clear();
         for ns in self.namespaces.drain(..).rev() {
             cleanup::release(&ns);
         }

@@ -3,6 +3,10 @@
 //! external client on a separate link ([`Testbed`]); or two nodes and a
 //! client on one lan ([`cluster::Cluster`]). Addresses come from 198.18.0.0/15.
 //! Everything is removed on drop, on panic, and on Ctrl-C.
+//!
+//! On veths, native XDP_TX from one end only leaves promptly when the peer
+//! end has an XDP program too; the cluster's bridge ports therefore carry a
+//! pass-everything program ([`xdp_pass`]).
 
 pub mod cleanup;
 pub mod clients;
@@ -10,6 +14,7 @@ pub mod cluster;
 pub mod ethtool;
 pub mod netns;
 pub mod servers;
+pub mod xdp_pass;
 
 use std::net::Ipv4Addr;
 
