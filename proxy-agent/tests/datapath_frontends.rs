@@ -300,9 +300,14 @@ fn external_traffic_policy_local_keeps_the_client_address() {
     node.program(vec![svc]);
     for (dst, port) in [(NODE, 30081), (Ipv4Addr::new(198, 18, 3, 21), 80), (Ipv4Addr::new(198, 18, 3, 31), 80)] {
         let syn = Frame::tcp(CLIENT, 40000, dst, port).build(b"");
+        // XDP only finishes frames that leave where they came in; this one is
+        // left untouched for TC, which finds the flow XDP created.
+        let passed = node.run(Hook::Xdp, &syn);
+        assert_eq!((passed.verdict, &passed.packet), (XDP_PASS, &syn));
         let out = node.run(Hook::FromNetdev, &syn);
         assert_eq!(parsed(&out), Frame::tcp(CLIENT, 40000, LOCAL_BACKEND, TARGET), "to {dst}:{port}");
     }
+    assert_eq!((node.counter(Counter::NewFlow), node.counter(Counter::Established)), (3, 3));
 }
 
 #[test]

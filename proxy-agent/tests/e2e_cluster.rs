@@ -275,6 +275,10 @@ fn scene(xdp_mode: &str) -> Scene {
             break;
         }
         if std::time::Instant::now() > deadline {
+            // For debugging by hand: keep the namespaces up this many seconds.
+            if let Some(secs) = std::env::var("KPT_HOLD_SECS").ok().and_then(|s| s.parse().ok()) {
+                std::thread::sleep(Duration::from_secs(secs));
+            }
             let mut scene = scene;
             for agent in &mut scene.agents {
                 agent.stop();
@@ -346,8 +350,13 @@ fn seen(scene: &Scene, backend: &str) -> Vec<Ipv4Addr> {
     v
 }
 
-fn external_traffic(xdp_mode: &str) {
+fn external_traffic(xdp_mode: &str, expect_logged: &str) {
     let scene = scene(xdp_mode);
+    assert!(
+        scene.agents[0].log_text().contains(&format!("xdp={expect_logged}")),
+        "the chosen XDP mode is logged\n{}",
+        scene.logs()
+    );
     let client = scene.client_ns();
     let (a, b) = (scene.node_ip(NodeId::A), scene.node_ip(NodeId::B));
     let client_ip = scene.cluster.client().ip;
@@ -476,14 +485,20 @@ fn external_traffic(xdp_mode: &str) {
     );
 }
 
+/// On a veth, `auto` picks generic XDP.
 #[test]
-fn external_clients_through_xdp() {
-    external_traffic("auto");
+fn external_clients_through_generic_xdp() {
+    external_traffic("auto", "Generic");
+}
+
+#[test]
+fn external_clients_through_native_xdp() {
+    external_traffic("native", "Native");
 }
 
 #[test]
 fn external_clients_through_tc_only() {
-    external_traffic("disabled");
+    external_traffic("disabled", "None");
 }
 
 #[test]

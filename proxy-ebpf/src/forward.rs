@@ -4,7 +4,7 @@
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, bpf_fib_lookup,
-        xdp_action::{XDP_PASS, XDP_TX},
+        xdp_action::{XDP_DROP, XDP_TX},
     },
     helpers::{bpf_redirect, bpf_redirect_neigh},
     programs::{TcContext, XdpContext},
@@ -91,29 +91,36 @@ fn decrement_ttl(ctx: &TcContext, pkt: &Packet) -> Result<(), i64> {
     ctx.store(IP_TTL_OFF, &(pkt.ttl - 1), 0)
 }
 
-/// XDP: send the frame back out of the interface it came in on when that is
-/// where the FIB points (the one-armed node), else hand it to the stack.
+/// XDP: where to send a translated frame when it goes straight back out of
+/// the interface it came in on (the one-armed node): the FIB's next hop.
+/// Anything else is left untouched to TC, which redirects it; translating
+/// here and passing it up would show the stack local source addresses on
+/// an external interface, which it drops as martians.
 #[inline(always)]
-pub fn xdp(ctx: &XdpContext, pkt: &Packet, out: &Rewrite) -> u32 {
+pub fn xdp_next_hop(ctx: &XdpContext, pkt: &Packet, out: &Rewrite) -> Option<([u8; 6], [u8; 6])> {
     if pkt.ttl <= 1 {
-        count(Counter::XdpPass);
-        return XDP_PASS;
+        return None;
     }
     let (ret, params) = lookup(ctx, pkt, out);
     if ret as u32 != BPF_FIB_LKUP_RET_SUCCESS || params.ifindex != ctx.ifindex() {
-        count(Counter::XdpPass);
-        return XDP_PASS;
+        return None;
     }
+    Some((params.dmac, params.smac))
+}
+
+/// XDP: rewrites the Ethernet addresses and TTL and sends the frame back out.
+#[inline(always)]
+pub fn xdp_transmit(ctx: &XdpContext, (dmac, smac): ([u8; 6], [u8; 6])) -> u32 {
     let Some(eth) = ctx.ptr_at::<[u8; 12]>(0) else {
-        return XDP_PASS;
+        return XDP_DROP;
     };
     if xdp_nat::decrement_ttl(ctx).is_err() {
-        return XDP_PASS;
+        return XDP_DROP;
     }
     // SAFETY: bounds-checked by ptr_at.
     let eth = unsafe { &mut *eth };
-    eth[..6].copy_from_slice(&params.dmac);
-    eth[6..].copy_from_slice(&params.smac);
+    eth[..6].copy_from_slice(&dmac);
+    eth[6..].copy_from_slice(&smac);
     count(Counter::XdpTx);
     XDP_TX
 }

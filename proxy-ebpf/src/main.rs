@@ -64,11 +64,16 @@ pub fn xdp_from_netdev(ctx: XdpContext) -> u32 {
         Verdict::Forward(out, counter) => {
             count(Counter::Packets);
             count(counter);
+            let Some(next_hop) = forward::xdp_next_hop(&ctx, &pkt, &out) else {
+                // TC finds the conntrack state this run created and finishes the job.
+                count(Counter::XdpPass);
+                return XDP_PASS;
+            };
             if let Err(reason) = xdp_nat::apply(&ctx, &pkt, &out) {
                 count(reason);
                 return XDP_DROP;
             }
-            forward::xdp(&ctx, &pkt, &out)
+            forward::xdp_transmit(&ctx, next_hop)
         }
     }
 }

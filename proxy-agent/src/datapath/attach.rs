@@ -152,6 +152,13 @@ impl Attacher {
             XdpSetting::Disabled => return (None, XdpChoice::None),
             XdpSetting::Native => &[(XdpMode::Driver, XdpChoice::Native)],
             XdpSetting::Generic => &[(XdpMode::Skb, XdpChoice::Generic)],
+            // A veth sends native XDP_TX frames on only when its peer runs an
+            // XDP program too (else they wait for unrelated traffic), which
+            // the node cannot know: generic mode has no such condition.
+            XdpSetting::Auto if interfaces::driver(name).is_ok_and(|d| d == "veth") => {
+                info!(interface = %name, "veth: choosing generic XDP (native XDP_TX on a veth needs an XDP program on its peer)");
+                &[(XdpMode::Skb, XdpChoice::Generic)]
+            }
             XdpSetting::Auto => &[
                 (XdpMode::Driver, XdpChoice::Native),
                 (XdpMode::Skb, XdpChoice::Generic),
