@@ -144,7 +144,13 @@ fn external(
 impl Node {
     fn new(config: DatapathConfig) -> Self {
         let ext = private_node_namespace();
-        let mut ebpf = datapath::load().expect("load the eBPF object (are we root?)");
+        // Small maps: these tests run in parallel and need a few entries each.
+        let sizes = datapath::MapSizes {
+            services: 4096,
+            backends: 4096,
+            conntrack: 4096,
+        };
+        let mut ebpf = datapath::load_with(sizes).expect("load the eBPF object (are we root?)");
         let (mut maps, stats) = KernelMaps::take(&mut ebpf).unwrap();
         maps.put_config(&config).unwrap();
         maps.put_local_pod_cidr(POD_CIDR.parse::<Ipv4Net>().unwrap())

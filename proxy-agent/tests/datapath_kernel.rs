@@ -18,6 +18,7 @@ use proxy_common::Counter;
 
 const TC_ACT_OK: i32 = 0;
 const TC_ACT_SHOT: i32 = 2;
+const TC_ACT_REDIRECT: i32 = 7;
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
@@ -207,17 +208,20 @@ fn traffic_to_a_non_service_address_is_untouched() {
     assert_eq!(f.counter(Counter::NewFlow), 0);
 }
 
+/// As upstream's nftables mode: a cluster IP's other ports and protocols are rejected.
 #[test]
-fn traffic_to_an_unknown_port_of_a_vip_is_untouched() {
+fn traffic_to_an_unknown_port_of_a_vip_is_rejected() {
     let f = Fixture::new();
     for input in [
         Frame::tcp(CLIENT, 40006, VIP, 81).build(b"x"),
         Frame::udp(CLIENT, 40006, VIP, 80).build(b"x"),
     ] {
         let out = f.run(&input);
-        assert_eq!(out.verdict, TC_ACT_OK);
-        assert_eq!(out.packet, input);
+        assert_eq!(out.verdict, TC_ACT_REDIRECT, "sent back to the client");
+        assert_eq!(Frame::parse(&input).map(|i| i.src), Some(CLIENT));
+        assert_eq!(&out.packet[30..34], &CLIENT.octets(), "addressed to the client");
     }
+    assert_eq!(f.counter(Counter::RejectUnknownPort), 2);
 }
 
 #[test]
@@ -230,11 +234,12 @@ fn non_ipv4_frames_are_untouched() {
 }
 
 #[test]
-fn service_without_endpoints_drops_and_counts() {
+fn service_without_endpoints_rejects_and_counts() {
     let f = Fixture::new();
     let out = f.run(&Frame::tcp(CLIENT, 40007, EMPTY_VIP, 80).build(b"x"));
-    assert_eq!(out.verdict, TC_ACT_SHOT);
-    assert_eq!(f.counter(Counter::DropNoLocalEndpoints), 1);
+    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    assert_eq!(out.packet[14 + 20 + 13] & packet::tcp_flags::RST, packet::tcp_flags::RST);
+    assert_eq!(f.counter(Counter::RejectNoEndpoints), 1);
 }
 
 #[test]

@@ -14,7 +14,6 @@ use anyhow::{Context as _, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray},
-    programs::{SchedClassifier, Xdp},
 };
 use tracing::info;
 
@@ -67,21 +66,50 @@ pub fn load_with(sizes: MapSizes) -> anyhow::Result<Ebpf> {
         .map_max_entries(names::CONNTRACK, sizes.conntrack)
         .load(OBJECT)
         .context("loading the eBPF object into the kernel")?;
-    for name in [PROG_FROM_POD, PROG_FROM_NETDEV] {
-        let prog: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .with_context(|| format!("program {name} missing from the object"))?
-            .try_into()?;
-        prog.load()
-            .with_context(|| format!("the kernel verifier rejected {name}"))?;
+    for name in [PROG_FROM_POD, PROG_FROM_NETDEV, PROG_XDP] {
+        load_program(&mut ebpf, name)?;
     }
-    let xdp: &mut Xdp = ebpf
-        .program_mut(PROG_XDP)
-        .with_context(|| format!("program {PROG_XDP} missing from the object"))?
-        .try_into()?;
-    xdp.load()
-        .with_context(|| format!("the kernel verifier rejected {PROG_XDP}"))?;
     Ok(ebpf)
+}
+
+/// The verifier gives up with EAGAIN when a signal arrives mid-verification
+/// (a child exiting, say); such a load is simply tried again.
+fn load_program(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<()> {
+    const ATTEMPTS: usize = 5;
+    for attempt in 1..=ATTEMPTS {
+        let prog = ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing from the object"))?;
+        let result = match prog {
+            aya::programs::Program::SchedClassifier(p) => p.load(),
+            aya::programs::Program::Xdp(p) => p.load(),
+            _ => bail!("program {name} has an unexpected type"),
+        };
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < ATTEMPTS && interrupted(&e) => {
+                tracing::debug!(program = name, attempt, "verification interrupted; retrying")
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e))
+                    .with_context(|| format!("the kernel verifier rejected {name}"));
+            }
+        }
+    }
+    unreachable!("the last attempt returns")
+}
+
+fn interrupted(e: &aya::programs::ProgramError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(io.raw_os_error(), Some(libc::EAGAIN | libc::EINTR))
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// Takes the service maps out of a loaded object.
