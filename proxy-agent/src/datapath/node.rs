@@ -159,13 +159,20 @@ pub fn node_facts(settings: &NodeSettings, node: Option<&Node>, host: &HostNetwo
         _pad: 0,
     };
 
+    // A bridge whose ports are pod interfaces faces pods, whatever it is called.
+    let pod_bridges: BTreeSet<&str> = host
+        .interfaces
+        .iter()
+        .filter(|i| is_pod_facing(settings, i))
+        .filter_map(|i| i.master.as_deref())
+        .collect();
     let mut ifaces = BTreeMap::new();
     let mut external_interfaces = BTreeMap::new();
     for i in &host.interfaces {
         let mut info = IfaceInfo::default();
         if is_local_pod_interface(&settings.detect_local, i) {
             info.flags |= iface::LOCAL_POD;
-        } else if is_external_interface(settings, i) {
+        } else if !pod_bridges.contains(i.name.as_str()) && is_external_interface(settings, i) {
             info.flags |= iface::EXTERNAL;
             external_interfaces.insert(i.name.clone(), i.index);
         }
@@ -278,15 +285,21 @@ fn is_local_pod_interface(detect: &DetectLocal, i: &HostInterface) -> bool {
     }
 }
 
+fn is_pod_facing(settings: &NodeSettings, i: &HostInterface) -> bool {
+    settings
+        .pod_interface_prefixes
+        .iter()
+        .any(|p| i.name.starts_with(p.as_str()))
+}
+
 fn is_external_interface(settings: &NodeSettings, i: &HostInterface) -> bool {
     if !settings.external_interfaces.is_empty() {
         return settings.external_interfaces.contains(&i.name);
     }
-    let pod_facing = settings
-        .pod_interface_prefixes
-        .iter()
-        .any(|p| i.name.starts_with(p.as_str()));
-    !pod_facing && i.ipv4.iter().any(|a| !a.is_loopback())
+    let pod_facing = is_pod_facing(settings, i);
+    // Service addresses are often put on `lo`; TC and XDP there would only
+    // see the node talking to itself.
+    !pod_facing && i.name != "lo" && i.ipv4.iter().any(|a| !a.is_loopback())
 }
 
 /// Writes [`NodeFacts`] to the maps, changes only.
