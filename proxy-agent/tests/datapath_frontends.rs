@@ -238,7 +238,11 @@ fn nodeport_from_outside_through_xdp_is_balanced_masqueraded_and_sent_back_out()
     let back = node.run(Hook::Xdp, &reply);
     assert_eq!(back.verdict, XDP_TX);
     let b = parsed(&back);
-    assert_eq!(b, Frame::tcp(NODE, 30080, CLIENT, 40000), "reverse SNAT and DNAT");
+    assert_eq!(
+        b,
+        Frame::tcp(NODE, 30080, CLIENT, 40000),
+        "reverse SNAT and DNAT"
+    );
     assert_eq!(&back.packet[0..6], &CLIENT_MAC);
     assert_eq!(node.counter(Counter::XdpTx), 2);
     assert_eq!(node.counter(Counter::Masqueraded), 1);
@@ -287,7 +291,11 @@ fn external_traffic_policy_local_drops_without_a_local_endpoint_but_pods_short_c
 
     let from_pod = Frame::tcp(LOCAL_POD, 40001, NODE, 30081).build(b"");
     let out = node.run(Hook::FromPod, &from_pod);
-    assert_eq!(parsed(&out), Frame::tcp(LOCAL_POD, 40001, REMOTE_BACKEND, TARGET), "no masquerade for short-circuited pod traffic");
+    assert_eq!(
+        parsed(&out),
+        Frame::tcp(LOCAL_POD, 40001, REMOTE_BACKEND, TARGET),
+        "no masquerade for short-circuited pod traffic"
+    );
 }
 
 #[test]
@@ -298,22 +306,39 @@ fn external_traffic_policy_local_keeps_the_client_address() {
         Protocol::Tcp,
         Ipv4Addr::new(198, 19, 0, 11),
         30081,
-        vec![endpoint(LOCAL_BACKEND, true), endpoint(REMOTE_BACKEND, false)],
+        vec![
+            endpoint(LOCAL_BACKEND, true),
+            endpoint(REMOTE_BACKEND, false),
+        ],
     );
     svc.external_policy_local = true;
     svc.load_balancer_ips = vec![IpAddr::V4(Ipv4Addr::new(198, 18, 3, 21))];
     svc.external_ips = vec![IpAddr::V4(Ipv4Addr::new(198, 18, 3, 31))];
     node.program(vec![svc]);
-    for (dst, port) in [(NODE, 30081), (Ipv4Addr::new(198, 18, 3, 21), 80), (Ipv4Addr::new(198, 18, 3, 31), 80)] {
+    for (dst, port) in [
+        (NODE, 30081),
+        (Ipv4Addr::new(198, 18, 3, 21), 80),
+        (Ipv4Addr::new(198, 18, 3, 31), 80),
+    ] {
         let syn = Frame::tcp(CLIENT, 40000, dst, port).build(b"");
         // XDP only finishes frames that leave where they came in; this one is
         // left untouched for TC, which finds the flow XDP created.
         let passed = node.run(Hook::Xdp, &syn);
         assert_eq!((passed.verdict, &passed.packet), (XDP_PASS, &syn));
         let out = node.run(Hook::FromNetdev, &syn);
-        assert_eq!(parsed(&out), Frame::tcp(CLIENT, 40000, LOCAL_BACKEND, TARGET), "to {dst}:{port}");
+        assert_eq!(
+            parsed(&out),
+            Frame::tcp(CLIENT, 40000, LOCAL_BACKEND, TARGET),
+            "to {dst}:{port}"
+        );
     }
-    assert_eq!((node.counter(Counter::NewFlow), node.counter(Counter::Established)), (3, 3));
+    assert_eq!(
+        (
+            node.counter(Counter::NewFlow),
+            node.counter(Counter::Established)
+        ),
+        (3, 3)
+    );
 }
 
 #[test]
@@ -330,13 +355,26 @@ fn load_balancer_source_ranges_apply_to_lb_ips_only() {
     svc.load_balancer_ips = vec![IpAddr::V4(lb)];
     svc.load_balancer_source_ranges = vec!["198.18.0.100/32".parse().unwrap()];
     node.program(vec![svc]);
-    let allowed = node.run(Hook::FromNetdev, &Frame::tcp(CLIENT, 40000, lb, 80).build(b""));
+    let allowed = node.run(
+        Hook::FromNetdev,
+        &Frame::tcp(CLIENT, 40000, lb, 80).build(b""),
+    );
     assert_eq!(parsed(&allowed).dst, REMOTE_BACKEND);
-    let denied = node.run(Hook::FromNetdev, &Frame::tcp(OTHER_CLIENT, 40000, lb, 80).build(b""));
+    let denied = node.run(
+        Hook::FromNetdev,
+        &Frame::tcp(OTHER_CLIENT, 40000, lb, 80).build(b""),
+    );
     assert_eq!(denied.verdict, TC_ACT_SHOT);
     assert_eq!(node.counter(Counter::DropSourceRange), 1);
-    let node_port = node.run(Hook::FromNetdev, &Frame::tcp(OTHER_CLIENT, 40001, NODE, 30083).build(b""));
-    assert_eq!(parsed(&node_port).dst, REMOTE_BACKEND, "node ports ignore source ranges");
+    let node_port = node.run(
+        Hook::FromNetdev,
+        &Frame::tcp(OTHER_CLIENT, 40001, NODE, 30083).build(b""),
+    );
+    assert_eq!(
+        parsed(&node_port).dst,
+        REMOTE_BACKEND,
+        "node ports ignore source ranges"
+    );
 }
 
 /// The RST the datapath must answer `syn` with, byte for byte.
@@ -397,7 +435,11 @@ fn no_endpoints_are_rejected_with_rst_and_icmp_for_every_frontend_kind() {
         assert_eq!(packet::checksum(&[ip]), 0, "IP checksum");
         assert_eq!(&icmp[34..36], &[3, 3], "port unreachable");
         assert_eq!(packet::checksum(&[&icmp[34..]]), 0, "ICMP checksum");
-        assert_eq!(&icmp[42..70], &udp[14..42], "quotes the original header and 8 bytes");
+        assert_eq!(
+            &icmp[42..70],
+            &udp[14..42],
+            "quotes the original header and 8 bytes"
+        );
     }
     // The XDP program leaves rejects to TC.
     let syn = Frame::tcp(CLIENT, 40000, NODE, 30082).build(b"");
@@ -439,16 +481,28 @@ fn hairpin_and_cluster_ip_masquerade_follow_the_local_detector() {
         vec![endpoint(LOCAL_BACKEND, true)],
     )]);
     // The endpoint reaching itself is masqueraded so its reply comes back through the node.
-    let out = node.run(Hook::FromPod, &Frame::tcp(LOCAL_BACKEND, 40000, vip, 80).build(b""));
+    let out = node.run(
+        Hook::FromPod,
+        &Frame::tcp(LOCAL_BACKEND, 40000, vip, 80).build(b""),
+    );
     let f = parsed(&out);
     assert_eq!((f.src, f.dst, f.dport), (NODE, LOCAL_BACKEND, TARGET));
     snat_port_in_range(f.sport);
-    let reply = node.run(Hook::FromPod, &Frame::tcp(LOCAL_BACKEND, TARGET, NODE, f.sport).build(b""));
+    let reply = node.run(
+        Hook::FromPod,
+        &Frame::tcp(LOCAL_BACKEND, TARGET, NODE, f.sport).build(b""),
+    );
     assert_eq!(parsed(&reply), Frame::tcp(vip, 80, LOCAL_BACKEND, 40000));
     // Another local pod keeps its address; a source outside the pod CIDR is masqueraded.
-    let out = node.run(Hook::FromPod, &Frame::tcp(LOCAL_POD, 40000, vip, 80).build(b""));
+    let out = node.run(
+        Hook::FromPod,
+        &Frame::tcp(LOCAL_POD, 40000, vip, 80).build(b""),
+    );
     assert_eq!(parsed(&out).src, LOCAL_POD);
-    let out = node.run(Hook::FromNetdev, &Frame::tcp(CLIENT, 40000, vip, 80).build(b""));
+    let out = node.run(
+        Hook::FromNetdev,
+        &Frame::tcp(CLIENT, 40000, vip, 80).build(b""),
+    );
     assert_eq!(parsed(&out).src, NODE);
 }
 
@@ -466,7 +520,10 @@ fn masquerade_all_masquerades_pod_traffic_to_cluster_ips() {
         80,
         vec![endpoint(REMOTE_BACKEND, false)],
     )]);
-    let out = node.run(Hook::FromPod, &Frame::tcp(LOCAL_POD, 40000, vip, 80).build(b""));
+    let out = node.run(
+        Hook::FromPod,
+        &Frame::tcp(LOCAL_POD, 40000, vip, 80).build(b""),
+    );
     assert_eq!(parsed(&out).src, NODE);
 }
 
@@ -487,10 +544,20 @@ fn conntrack_timeouts_from_the_config_expire_flows() {
     let req = Frame::udp(LOCAL_POD, 40000, vip, 53).build(b"q");
     node.run(Hook::FromPod, &req);
     node.run(Hook::FromPod, &req);
-    assert_eq!((node.counter(Counter::NewFlow), node.counter(Counter::Established)), (1, 1));
+    assert_eq!(
+        (
+            node.counter(Counter::NewFlow),
+            node.counter(Counter::Established)
+        ),
+        (1, 1)
+    );
     std::thread::sleep(Duration::from_millis(120));
     node.run(Hook::FromPod, &req);
-    assert_eq!(node.counter(Counter::NewFlow), 2, "the idle flow expired after udpTimeout");
+    assert_eq!(
+        node.counter(Counter::NewFlow),
+        2,
+        "the idle flow expired after udpTimeout"
+    );
 }
 
 #[test]
@@ -511,4 +578,3 @@ fn forwarded_packets_at_ttl_one_are_left_to_the_kernel() {
     assert_eq!(ttl(&out.packet), 1);
     let _ = TC_ACT_SHOT;
 }
-

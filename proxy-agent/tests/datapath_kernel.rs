@@ -219,7 +219,11 @@ fn traffic_to_an_unknown_port_of_a_vip_is_rejected() {
         let out = f.run(&input);
         assert_eq!(out.verdict, TC_ACT_REDIRECT, "sent back to the client");
         assert_eq!(Frame::parse(&input).map(|i| i.src), Some(CLIENT));
-        assert_eq!(&out.packet[30..34], &CLIENT.octets(), "addressed to the client");
+        assert_eq!(
+            &out.packet[30..34],
+            &CLIENT.octets(),
+            "addressed to the client"
+        );
     }
     assert_eq!(f.counter(Counter::RejectUnknownPort), 2);
 }
@@ -238,7 +242,10 @@ fn service_without_endpoints_rejects_and_counts() {
     let f = Fixture::new();
     let out = f.run(&Frame::tcp(CLIENT, 40007, EMPTY_VIP, 80).build(b"x"));
     assert_eq!(out.verdict, TC_ACT_REDIRECT);
-    assert_eq!(out.packet[14 + 20 + 13] & packet::tcp_flags::RST, packet::tcp_flags::RST);
+    assert_eq!(
+        out.packet[14 + 20 + 13] & packet::tcp_flags::RST,
+        packet::tcp_flags::RST
+    );
     assert_eq!(f.counter(Counter::RejectNoEndpoints), 1);
 }
 

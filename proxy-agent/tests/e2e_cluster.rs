@@ -276,7 +276,10 @@ fn scene(xdp_mode: &str) -> Scene {
         }
         if std::time::Instant::now() > deadline {
             // For debugging by hand: keep the namespaces up this many seconds.
-            if let Some(secs) = std::env::var("KPT_HOLD_SECS").ok().and_then(|s| s.parse().ok()) {
+            if let Some(secs) = std::env::var("KPT_HOLD_SECS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+            {
                 std::thread::sleep(Duration::from_secs(secs));
             }
             let mut scene = scene;
@@ -353,7 +356,9 @@ fn seen(scene: &Scene, backend: &str) -> Vec<Ipv4Addr> {
 fn external_traffic(xdp_mode: &str, expect_logged: &str) {
     let scene = scene(xdp_mode);
     assert!(
-        scene.agents[0].log_text().contains(&format!("xdp={expect_logged}")),
+        scene.agents[0]
+            .log_text()
+            .contains(&format!("xdp={expect_logged}")),
         "the chosen XDP mode is logged\n{}",
         scene.logs()
     );

@@ -39,7 +39,10 @@ pub fn driver(name: &str) -> io::Result<String> {
     const SIOCETHTOOL: libc::c_ulong = 0x8946;
     const ETHTOOL_GDRVINFO: u32 = 0x03;
     if name.len() >= 16 {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "interface name too long"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "interface name too long",
+        ));
     }
     let mut info = DrvInfo {
         cmd: ETHTOOL_GDRVINFO,
