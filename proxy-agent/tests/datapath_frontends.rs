@@ -578,3 +578,77 @@ fn forwarded_packets_at_ttl_one_are_left_to_the_kernel() {
     assert_eq!(ttl(&out.packet), 1);
     let _ = TC_ACT_SHOT;
 }
+
+#[test]
+fn internal_traffic_policy_local_uses_only_this_nodes_endpoints() {
+    let mut node = Node::standard();
+    let vip = Ipv4Addr::new(198, 19, 0, 15);
+    let other_vip = Ipv4Addr::new(198, 19, 0, 16);
+    let local = DesiredService {
+        internal_policy_local: true,
+        local_endpoints: vec![endpoint(LOCAL_BACKEND, true)],
+        ..DesiredService::cluster_ip(
+            spn("itp", Protocol::Tcp),
+            vec![IpAddr::V4(vip)],
+            80,
+            vec![
+                endpoint(LOCAL_BACKEND, true),
+                endpoint(REMOTE_BACKEND, false),
+            ],
+        )
+    };
+    let remote_only = DesiredService {
+        internal_policy_local: true,
+        ..DesiredService::cluster_ip(
+            spn("itp-remote", Protocol::Tcp),
+            vec![IpAddr::V4(other_vip)],
+            80,
+            vec![endpoint(REMOTE_BACKEND, false)],
+        )
+    };
+    node.program(vec![local, remote_only]);
+    for sport in 40000..40020 {
+        let out = node.run(
+            Hook::FromPod,
+            &Frame::tcp(LOCAL_POD, sport, vip, 80).build(b""),
+        );
+        assert_eq!(parsed(&out).dst, LOCAL_BACKEND, "only the local endpoint");
+    }
+    let out = node.run(
+        Hook::FromPod,
+        &Frame::tcp(LOCAL_POD, 40000, other_vip, 80).build(b""),
+    );
+    assert_eq!(
+        out.verdict, TC_ACT_SHOT,
+        "endpoints only elsewhere: dropped, not rejected"
+    );
+    assert_eq!(node.counter(Counter::DropNoLocalEndpoints), 1);
+}
+
+#[test]
+fn interface_based_local_detection_decides_cluster_ip_masquerade() {
+    let mut node = Node::new(DatapathConfig {
+        masquerade_addr_be: u32::from(NODE).to_be(),
+        flags: flags::DETECT_LOCAL_BY_INTERFACE,
+        ..DatapathConfig::default()
+    });
+    let vip = Ipv4Addr::new(198, 19, 0, 14);
+    node.program(vec![DesiredService::cluster_ip(
+        spn("web", Protocol::Tcp),
+        vec![IpAddr::V4(vip)],
+        80,
+        vec![endpoint(REMOTE_BACKEND, false)],
+    )]);
+    // Pod runs arrive on ifindex 1; it is not yet marked as a pod interface.
+    let syn = |sport| Frame::tcp(LOCAL_POD, sport, vip, 80).build(b"");
+    assert_eq!(parsed(&node.run(Hook::FromPod, &syn(40000))).src, NODE);
+    node.maps
+        .put_iface(
+            1,
+            &proxy_common::IfaceInfo {
+                flags: proxy_common::config::iface::LOCAL_POD,
+            },
+        )
+        .unwrap();
+    assert_eq!(parsed(&node.run(Hook::FromPod, &syn(40001))).src, LOCAL_POD);
+}

@@ -37,6 +37,8 @@ const EMPTY_EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 32);
 const RANGED_LB: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 23);
 const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 12);
 const HAIRPIN_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 14);
+const ITP_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 15);
+const ITP_REMOTE_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 16);
 const ALLOWED_EXTRA: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
 const DENIED_SOURCE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
 
@@ -238,6 +240,35 @@ fn scene(xdp_mode: &str) -> Scene {
             slice_yaml("hairpin", &[(web_a.ip, "node-a")]),
         ),
     ];
+    let itp_local = |svc: String| svc.replace("spec:\n", "spec:\n  internalTrafficPolicy: Local\n");
+    let services = services.into_iter().chain([
+        (
+            "itp",
+            itp_local(service_yaml(
+                "itp",
+                &ITP_VIP.to_string(),
+                None,
+                "Cluster",
+                None,
+                None,
+                &[],
+            )),
+            slice_yaml("itp", &[(web_a.ip, "node-a"), (web_b.ip, "node-b")]),
+        ),
+        (
+            "itp-remote",
+            itp_local(service_yaml(
+                "itp-remote",
+                &ITP_REMOTE_VIP.to_string(),
+                None,
+                "Cluster",
+                None,
+                None,
+                &[],
+            )),
+            slice_yaml("itp-remote", &on_b),
+        ),
+    ]);
     for (name, svc, slice) in services {
         write(&format!("{name}-svc.yaml"), svc);
         write(&format!("{name}-slice.yaml"), slice);
@@ -534,6 +565,21 @@ fn pods_reach_services_on_their_own_node() {
         seen(&scene, "web-b"),
         vec![client_ip],
         "short-circuited pod traffic keeps its address"
+    );
+
+    // internalTrafficPolicy Local: only this node's endpoint; none here means a drop.
+    for _ in 0..10 {
+        assert_reaches(
+            &scene,
+            "iTP Local ClusterIP",
+            tcp(&client_a, None, ITP_VIP, 80),
+            "web-a",
+        );
+    }
+    assert_timed_out(
+        &scene,
+        "iTP Local without a local endpoint",
+        tcp(&client_a, None, ITP_REMOTE_VIP, 80),
     );
 
     // ClusterIP without endpoints, and an unused port of a ClusterIP: refused.
