@@ -652,3 +652,44 @@ fn interface_based_local_detection_decides_cluster_ip_masquerade() {
         .unwrap();
     assert_eq!(parsed(&node.run(Hook::FromPod, &syn(40001))).src, LOCAL_POD);
 }
+
+#[test]
+fn a_masquerade_port_is_never_taken_from_a_live_flow() {
+    let mut node = Node::new(DatapathConfig {
+        masquerade_addr_be: u32::from(NODE).to_be(),
+        flags: flags::DETECT_LOCAL_BY_CIDR,
+        snat_port_min: 62000,
+        snat_port_max: 62000,
+        tcp_established_ns: 100_000_000,
+        ..DatapathConfig::default()
+    });
+    node.program(vec![external(
+        "remote",
+        Protocol::Tcp,
+        Ipv4Addr::new(198, 19, 0, 10),
+        30080,
+        vec![endpoint(REMOTE_BACKEND, false)],
+    )]);
+    let first = node.run(
+        Hook::FromNetdev,
+        &Frame::tcp(CLIENT, 40000, NODE, 30080).build(b""),
+    );
+    assert_eq!(parsed(&first).sport, 62000);
+    let second = node.run(
+        Hook::FromNetdev,
+        &Frame::tcp(OTHER_CLIENT, 40000, NODE, 30080).build(b""),
+    );
+    assert_eq!(second.verdict, TC_ACT_SHOT, "the only port is in use");
+    assert_eq!(node.counter(Counter::DropSnatExhausted), 1);
+
+    // Once the first flow has idled out, its port is free again.
+    std::thread::sleep(Duration::from_millis(200));
+    let third = node.run(
+        Hook::FromNetdev,
+        &Frame::tcp(OTHER_CLIENT, 40001, NODE, 30080).build(b""),
+    );
+    assert_eq!(
+        parsed(&third),
+        Frame::tcp(NODE, 62000, REMOTE_BACKEND, TARGET)
+    );
+}
