@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask <setup|build|load|test|demo>`.
+//! Project tasks: `cargo xtask <setup|build|load|test|demo|bench>`.
 
 mod demo;
 mod setup;
@@ -44,7 +44,7 @@ enum Task {
     },
     /// Build a testbed, run the agent on the example Service and show balancing. Needs root.
     Demo,
-    /// Run the benchmarks and print their measurements.
+    /// Run the benchmarks (sync engine; per-packet cost of the eBPF programs) and print their figures. Needs root.
     Bench,
 }
 
@@ -107,8 +107,13 @@ fn run(task: Task) -> anyhow::Result<()> {
         }
         Task::Bench => {
             setup::ensure()?;
+            // The datapath bench loads the real programs into the kernel.
+            require_root()?;
             let status = cargo()
-                .args(["bench", "--package", "proxy-agent", "--bench", "model"])
+                .args(["bench", "--package", "proxy-agent"])
+                .args(["--bench", "model", "--bench", "datapath"])
+                // The datapath bench needs the eBPF object embedded.
+                .env_remove("AYA_BUILD_SKIP")
                 .status()
                 .context("running cargo bench")?;
             if !status.success() {
