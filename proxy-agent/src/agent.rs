@@ -45,6 +45,8 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
     };
     let prefixes = opts.ebpf.pod_interface_prefixes.clone().unwrap_or_default();
     let mut ebpf = datapath::load_with(sizes)?;
+    // Before the maps are taken out of the object: pins them all by name.
+    let pins = datapath::pin::pin_or_warn(&ebpf);
     let (maps, stats) = datapath::kernel_maps(&mut ebpf)?;
     node::warn_if_snat_ports_overlap();
 
@@ -132,6 +134,11 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
 
     let detached: Vec<String> = attacher.pod_names().map(str::to_owned).collect();
     info!(detached = ?detached, counters = ?datapath::stats::read(&stats), "programs detached and maps released");
+    if let Some(pins) = pins
+        && let Err(e) = pins.unpin()
+    {
+        warn!(error = %e, "removing pinned maps");
+    }
     match failure {
         Some(err) => Err(err),
         None => Ok(()),

@@ -4,6 +4,7 @@ pub mod agent;
 pub mod cleanup;
 pub mod config_watch;
 pub mod datapath;
+pub mod explain;
 pub mod hostsetup;
 pub mod manifests;
 pub mod model;

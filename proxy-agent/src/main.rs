@@ -1,16 +1,22 @@
 //! Thin binary: start-up (flags, config, --version, --write-config-to, --cleanup,
 //! --init-only, sysctls, OOM score) lives in `proxy_agent::startup`, the
-//! runtime in `proxy_agent::agent`.
+//! runtime in `proxy_agent::agent`. `proxy-agent explain ...` is a subcommand
+//! of its own (`proxy_agent::explain`), recognised before kube-proxy's flat
+//! flags are parsed so they stay exactly upstream's.
 
-use std::process::ExitCode;
+use std::{ffi::OsString, process::ExitCode};
 
 use proxy_agent::{
-    agent,
+    agent, explain,
     startup::{self, Next},
 };
 
 fn main() -> ExitCode {
-    let opts = match startup::prepare(std::env::args_os()) {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "explain") {
+        return explain::main(&args[2..]);
+    }
+    let opts = match startup::prepare(args) {
         Next::Exit(code) => return code,
         Next::Run(opts) => opts,
     };

@@ -6,6 +6,7 @@ mod interfaces;
 pub mod maps;
 pub mod node;
 mod object;
+pub mod pin;
 mod programmer;
 pub mod stats;
 pub mod test_run;

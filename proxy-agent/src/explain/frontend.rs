@@ -1,0 +1,139 @@
+//! The frontend a packet addresses, as the programmed `SERVICES` map holds
+//! it, and (offline, where the model is at hand) the service port behind it.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use proxy_common::{FrontendKind, ServiceKey, service::flags};
+
+use super::probe::Probe;
+use crate::{datapath::KernelMaps, model::DesiredState};
+
+/// Service port names by frontend (address, port, IP protocol).
+pub type Names = BTreeMap<(Ipv4Addr, u16, u8), String>;
+
+/// Every frontend of `desired` the way the programmer writes them: cluster,
+/// external and load-balancer IPs on the service port, node ports on `node_ports`.
+pub fn names(desired: &DesiredState, node_ports: &[Ipv4Addr]) -> Names {
+    let v4 = |ips: &[std::net::IpAddr]| -> Vec<Ipv4Addr> {
+        ips.iter()
+            .filter_map(|ip| match ip {
+                std::net::IpAddr::V4(a) => Some(*a),
+                std::net::IpAddr::V6(_) => None,
+            })
+            .collect()
+    };
+    let mut out = Names::new();
+    for svc in desired.services.values() {
+        let proto = svc.protocol.ip_proto();
+        let name = svc.name.to_string();
+        for ip in v4(&svc.cluster_ips)
+            .into_iter()
+            .chain(v4(&svc.external_ips))
+            .chain(v4(&svc.load_balancer_ips))
+        {
+            out.insert((ip, svc.port, proto), name.clone());
+        }
+        if let Some(port) = svc.node_port {
+            for ip in node_ports {
+                out.insert((*ip, port, proto), name.clone());
+            }
+        }
+    }
+    out
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frontend {
+    pub kind: FrontendKind,
+    /// The service port (offline only).
+    pub service: Option<String>,
+    /// Backend slots of the frontend's primary scope: this node's endpoints
+    /// when the policy is Local, every endpoint otherwise.
+    pub endpoints: u16,
+    pub policy_local: bool,
+    pub source_ranges: bool,
+}
+
+impl Frontend {
+    /// The field that decides the policy for this kind of frontend.
+    pub fn policy_field(&self) -> &'static str {
+        match self.kind {
+            FrontendKind::ClusterIp => "internalTrafficPolicy",
+            _ => "externalTrafficPolicy",
+        }
+    }
+
+    pub fn policy(&self) -> &'static str {
+        if self.policy_local {
+            "Local"
+        } else {
+            "Cluster"
+        }
+    }
+}
+
+/// The frontend `probe` addresses, if the maps have one.
+pub fn lookup(maps: &KernelMaps, names: &Names, probe: &Probe) -> Option<Frontend> {
+    let key = ServiceKey::frontend(
+        u32::from(probe.dst).to_be(),
+        probe.dport.to_be(),
+        probe.proto.number(),
+    );
+    let value = maps.services.get(&key, 0).ok()?;
+    if value.has(flags::CLUSTER_IP_MARKER) {
+        return None;
+    }
+    Some(Frontend {
+        kind: value.kind(),
+        service: names
+            .get(&(probe.dst, probe.dport, probe.proto.number()))
+            .cloned(),
+        endpoints: value.count,
+        policy_local: value.has(flags::POLICY_LOCAL),
+        source_ranges: value.has(flags::SOURCE_RANGES),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+    use crate::model::{DesiredService, Protocol, ServicePortName};
+
+    #[test]
+    fn names_cover_every_frontend_kind() {
+        let mut svc = DesiredService::cluster_ip(
+            ServicePortName {
+                namespace: "ns".into(),
+                name: "web".into(),
+                port_name: "http".into(),
+                protocol: Protocol::Tcp,
+            },
+            vec![IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1))],
+            80,
+            vec![],
+        );
+        svc.node_port = Some(30080);
+        svc.external_ips = vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 30))];
+        svc.load_balancer_ips = vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 20))];
+        let desired = DesiredState {
+            services: [(svc.name.clone(), svc)].into_iter().collect(),
+        };
+        let n = names(&desired, &[Ipv4Addr::new(192, 0, 2, 1)]);
+        let keys: Vec<_> = n
+            .keys()
+            .map(|(ip, port, _)| (ip.to_string(), *port))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("10.96.0.1".to_string(), 80),
+                ("192.0.2.1".to_string(), 30080),
+                ("192.0.2.20".to_string(), 80),
+                ("192.0.2.30".to_string(), 80),
+            ]
+        );
+        assert!(n.values().all(|v| v == "ns/web:http/TCP"));
+    }
+}

@@ -1,0 +1,105 @@
+//! `proxy-agent explain`: what the eBPF datapath does with a packet.
+//!
+//! The packet runs through the real programs with BPF_PROG_TEST_RUN, never
+//! attached and never sent anywhere, against maps programmed either from
+//! manifests and a configuration (offline: [`offline`], inside a private
+//! network namespace built by [`sandbox`]) or copied from a running agent's
+//! pins (online: [`online`]). [`trace`] runs it, [`verdict`] says what that
+//! means, [`frontend`] names the service, [`report`] prints it.
+//!
+//! ```text
+//! args -> offline | online -> Datapath -> trace::run -> verdict::classify -> report (text | json)
+//! ```
+
+pub mod args;
+pub mod frontend;
+mod offline;
+mod online;
+pub mod probe;
+pub mod report;
+pub mod sandbox;
+pub mod trace;
+pub mod verdict;
+
+use std::{ffi::OsString, process::ExitCode};
+
+use args::{Args, Output, Parsed, Source};
+
+use crate::datapath::pin;
+
+/// Runs `proxy-agent explain` with the arguments after `explain`; prints
+/// the answer on stdout, or one line of error on stderr and exits 1.
+pub fn main(args: &[OsString]) -> ExitCode {
+    let args = match args::parse(args) {
+        Ok(Parsed::Help) => {
+            print!("{}", args::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Run(args)) => args,
+        Err(e) => return fail(e),
+    };
+    match run(&args) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+fn fail(e: impl std::fmt::Display) -> ExitCode {
+    let text = e.to_string();
+    let line: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    eprintln!("error: {}", line.join("; "));
+    ExitCode::FAILURE
+}
+
+/// The rendered answer.
+pub fn run(args: &Args) -> anyhow::Result<String> {
+    let (datapath, names, mode) = match &args.source {
+        Source::Offline(offline) => {
+            let (datapath, names) = offline::prepare(offline)?;
+            (datapath, names, "offline")
+        }
+        Source::Online { pin_dir } => {
+            let dir = pin_dir.clone().unwrap_or_else(pin::pin_dir);
+            let datapath = online::prepare(&dir, &args.probe)?;
+            (datapath, frontend::Names::new(), "online")
+        }
+    };
+    let probe = &args.probe;
+    let front = frontend::lookup(&datapath.maps, &names, probe);
+    match args.flows {
+        None => {
+            let trace = trace::run(&datapath, probe)?;
+            let verdict = verdict::classify(probe, &trace);
+            let report = report::Single::new(mode, probe, front.as_ref(), &trace, &verdict);
+            render(&report, args.output, report::Single::text)
+        }
+        Some(n) => {
+            let mut tally = report::Flows::new(mode, probe, front.as_ref());
+            for sport in probe::source_ports(probe.sport, n) {
+                let flow = probe.with_sport(sport);
+                let trace = trace::run(&datapath, &flow)?;
+                tally.add(&verdict::classify(&flow, &trace));
+            }
+            let tally = tally.finish();
+            render(&tally, args.output, report::Flows::text)
+        }
+    }
+}
+
+fn render<T: serde::Serialize>(
+    report: &T,
+    output: Output,
+    text: impl Fn(&T) -> String,
+) -> anyhow::Result<String> {
+    Ok(match output {
+        Output::Text => text(report),
+        Output::Json => serde_json::to_string_pretty(report)? + "\n",
+    })
+}

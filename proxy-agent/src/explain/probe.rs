@@ -1,0 +1,126 @@
+//! The packet asked about, and the frame built from it.
+
+use std::{fmt, net::Ipv4Addr};
+
+use crate::packet::Frame;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        }
+    }
+
+    pub fn number(self) -> u8 {
+        match self {
+            Proto::Tcp => proxy_common::proto::TCP,
+            Proto::Udp => proxy_common::proto::UDP,
+        }
+    }
+}
+
+/// Where the packet arrives on the node, which decides the programs that see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// From a pod of this node: `tc_from_pod`.
+    Pod,
+    /// On an external interface: `xdp_from_netdev`, then `tc_from_netdev`.
+    Outside,
+}
+
+impl Origin {
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Pod => "pod",
+            Origin::Outside => "outside",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub proto: Proto,
+    pub src: Ipv4Addr,
+    pub sport: u16,
+    pub dst: Ipv4Addr,
+    pub dport: u16,
+    pub origin: Origin,
+}
+
+impl Probe {
+    /// The same packet from another source port.
+    pub fn with_sport(self, sport: u16) -> Self {
+        Self { sport, ..self }
+    }
+
+    /// The addresses and ports as the test-run frame carries them.
+    pub fn frame(&self) -> Frame {
+        match self.proto {
+            Proto::Tcp => Frame::tcp(self.src, self.sport, self.dst, self.dport),
+            Proto::Udp => Frame::udp(self.src, self.sport, self.dst, self.dport),
+        }
+    }
+
+    /// An Ethernet + IPv4 frame: a TCP SYN, or a UDP datagram with a small payload.
+    pub fn bytes(&self) -> Vec<u8> {
+        let payload: &[u8] = match self.proto {
+            Proto::Tcp => b"",
+            Proto::Udp => b"explain",
+        };
+        self.frame().build(payload)
+    }
+}
+
+impl fmt::Display for Probe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}:{} -> {}:{} from {}",
+            self.proto.name(),
+            self.src,
+            self.sport,
+            self.dst,
+            self.dport,
+            self.origin.name()
+        )
+    }
+}
+
+/// `n` distinct source ports from `first` on, wrapping past 65535 to 1.
+pub fn source_ports(first: u16, n: u32) -> impl Iterator<Item = u16> {
+    (0..n).map(move |i| ((u32::from(first) - 1 + i) % 65_535 + 1) as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_ports_are_distinct_and_wrap() {
+        let ports: Vec<u16> = source_ports(65_534, 4).collect();
+        assert_eq!(ports, vec![65_534, 65_535, 1, 2]);
+        let all: std::collections::BTreeSet<u16> = source_ports(40_000, 65_535).collect();
+        assert_eq!(all.len(), 65_535);
+    }
+
+    #[test]
+    fn frames_carry_the_probe() {
+        let p = Probe {
+            proto: Proto::Udp,
+            src: Ipv4Addr::new(192, 0, 2, 1),
+            sport: 1000,
+            dst: Ipv4Addr::new(192, 0, 2, 2),
+            dport: 53,
+            origin: Origin::Pod,
+        };
+        assert_eq!(Frame::parse(&p.bytes()), Some(p.frame()));
+        assert_eq!(p.to_string(), "udp 192.0.2.1:1000 -> 192.0.2.2:53 from pod");
+    }
+}

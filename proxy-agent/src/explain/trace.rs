@@ -1,0 +1,142 @@
+//! Runs a packet through the programs it meets on arrival, with
+//! BPF_PROG_TEST_RUN, and records what each returned, the packet as it left
+//! and the datapath counters that moved.
+
+use aya::{
+    Ebpf,
+    maps::{MapData, PerCpuArray},
+};
+use proxy_common::Counter;
+
+use super::probe::{Origin, Probe};
+use crate::datapath::{
+    KernelMaps, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP,
+    test_run::{self, Hook},
+};
+
+/// A loaded and programmed datapath, never attached, and where packets arrive.
+pub struct Datapath {
+    pub ebpf: Ebpf,
+    pub maps: KernelMaps,
+    pub stats: PerCpuArray<MapData, u64>,
+    /// The interface pod traffic arrives on (`tc_from_pod`).
+    pub pod_ifindex: u32,
+    /// The external interface outside traffic arrives on (XDP, `tc_from_netdev`).
+    pub external_ifindex: u32,
+    /// Whether outside traffic meets `xdp_from_netdev` first.
+    pub xdp: bool,
+}
+
+pub const XDP_ABORTED: i32 = 0;
+pub const XDP_DROP: i32 = 1;
+pub const XDP_PASS: i32 = 2;
+pub const XDP_TX: i32 = 3;
+pub const TC_ACT_OK: i32 = 0;
+pub const TC_ACT_SHOT: i32 = 2;
+pub const TC_ACT_REDIRECT: i32 = 7;
+
+/// One program's run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub program: &'static str,
+    pub xdp: bool,
+    pub code: i32,
+}
+
+impl Step {
+    /// The return code's name.
+    pub fn action(&self) -> &'static str {
+        if self.xdp {
+            match self.code {
+                XDP_ABORTED => "XDP_ABORTED",
+                XDP_DROP => "XDP_DROP",
+                XDP_PASS => "XDP_PASS",
+                XDP_TX => "XDP_TX",
+                4 => "XDP_REDIRECT",
+                _ => "XDP_UNKNOWN",
+            }
+        } else {
+            match self.code {
+                -1 => "TC_ACT_UNSPEC",
+                TC_ACT_OK => "TC_ACT_OK",
+                1 => "TC_ACT_RECLASSIFY",
+                TC_ACT_SHOT => "TC_ACT_SHOT",
+                3 => "TC_ACT_PIPE",
+                4 => "TC_ACT_STOLEN",
+                5 => "TC_ACT_QUEUED",
+                6 => "TC_ACT_REPEAT",
+                TC_ACT_REDIRECT => "TC_ACT_REDIRECT",
+                _ => "TC_ACT_UNKNOWN",
+            }
+        }
+    }
+}
+
+/// What happened to one packet.
+#[derive(Clone, Debug)]
+pub struct Trace {
+    pub steps: Vec<Step>,
+    /// The packet as the last program left it.
+    pub output: Vec<u8>,
+    /// Counters that moved, in counter order, with how much.
+    pub counters: Vec<(Counter, u64)>,
+}
+
+impl Trace {
+    pub fn moved(&self, c: Counter) -> u64 {
+        self.counters
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// Runs `probe` through the programs of its origin: `tc_from_pod`, or
+/// `xdp_from_netdev` and, when XDP passes the packet on, `tc_from_netdev`.
+pub fn run(dp: &Datapath, probe: &Probe) -> anyhow::Result<Trace> {
+    let before = counters(&dp.stats);
+    let mut steps = Vec::new();
+    let mut packet = probe.bytes();
+    let tc = match probe.origin {
+        Origin::Pod => (Hook::FromPod, PROG_FROM_POD, dp.pod_ifindex),
+        Origin::Outside => (Hook::FromNetdev, PROG_FROM_NETDEV, dp.external_ifindex),
+    };
+    let mut finished = false;
+    if probe.origin == Origin::Outside && dp.xdp {
+        let out = test_run::run(&dp.ebpf, Hook::Xdp, &packet, dp.external_ifindex, 1)?;
+        steps.push(Step {
+            program: PROG_XDP,
+            xdp: true,
+            code: out.verdict,
+        });
+        finished = out.verdict != XDP_PASS;
+        packet = out.packet;
+    }
+    if !finished {
+        let out = test_run::run(&dp.ebpf, tc.0, &packet, tc.2, 1)?;
+        steps.push(Step {
+            program: tc.1,
+            xdp: false,
+            code: out.verdict,
+        });
+        packet = out.packet;
+    }
+    let after = counters(&dp.stats);
+    Ok(Trace {
+        steps,
+        output: packet,
+        counters: Counter::ALL
+            .iter()
+            .zip(before.iter().zip(after))
+            .filter_map(|(c, (b, a))| (a > *b).then_some((*c, a - b)))
+            .collect(),
+    })
+}
+
+/// Every counter summed over the CPUs, in [`Counter::ALL`] order.
+fn counters(stats: &PerCpuArray<MapData, u64>) -> Vec<u64> {
+    Counter::ALL
+        .iter()
+        .map(|c| stats.get(&(*c as u32), 0).map_or(0, |v| v.iter().sum()))
+        .collect()
+}
