@@ -89,7 +89,11 @@ fn load_program(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<()> {
         match result {
             Ok(()) => return Ok(()),
             Err(e) if attempt < ATTEMPTS && interrupted(&e) => {
-                tracing::debug!(program = name, attempt, "verification interrupted; retrying")
+                tracing::debug!(
+                    program = name,
+                    attempt,
+                    "verification interrupted; retrying"
+                )
             }
             Err(e) => {
                 return Err(anyhow::Error::new(e))
