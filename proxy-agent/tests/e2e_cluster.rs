@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use support::{Agent, wait_for};
+use support::Agent;
 use testbed::{
     clients::{ConnectOutcome, UdpOutcome, tcp_connect_outcome, udp_outcome},
     cluster::{Cluster, NodeId},

@@ -42,6 +42,25 @@ pub fn run(
     repeat: u32,
 ) -> anyhow::Result<Outcome> {
     let mut out = vec![0u8; packet.len() + 256];
+    let skb = SkbContext {
+        ifindex,
+        ingress_ifindex: ifindex,
+        ..SkbContext::default()
+    };
+    // The kernel insists that an XDP context's data_end equals the packet size.
+    let xdp = XdpMd {
+        data_end: packet.len() as u32,
+        ingress_ifindex: ifindex,
+        ..XdpMd::default()
+    };
+    // SAFETY: both are plain data laid out like the kernel's __sk_buff prefix / xdp_md.
+    let (skb, xdp) = unsafe { (as_bytes(&skb), as_bytes(&xdp)) };
+    let options = TestRunOptions {
+        data_in: Some(packet),
+        data_out: Some(&mut out),
+        repeat,
+        ..TestRunOptions::new()
+    };
     let result = match hook {
         Hook::FromPod | Hook::FromNetdev => {
             let name = if hook == Hook::FromPod {
@@ -53,55 +72,16 @@ pub fn run(
                 .program(name)
                 .with_context(|| format!("program {name} missing"))?
                 .try_into()?;
-            let mut ctx = SkbContext::default();
-            ctx.ifindex = ifindex;
-            ctx.ingress_ifindex = ifindex;
-            // SAFETY: SkbContext is plain data laid out like the kernel's __sk_buff prefix.
-            let ctx_bytes = unsafe { as_bytes(&ctx) };
-            let options = TestRunOptions {
-                data_in: Some(packet),
-                data_out: Some(&mut out),
-                repeat,
-                ..TestRunOptions::new()
-            };
-            let options = if ifindex != 0 {
-                TestRunOptions {
-                    ctx_in: Some(ctx_bytes),
-                    ..options
-                }
-            } else {
-                options
-            };
-            prog.test_run(options).context("BPF_PROG_TEST_RUN")?
+            prog.test_run(context(options, ifindex, skb))
+                .context("BPF_PROG_TEST_RUN")?
         }
         Hook::Xdp => {
             let prog: &Xdp = ebpf
                 .program(PROG_XDP)
                 .with_context(|| format!("program {PROG_XDP} missing"))?
                 .try_into()?;
-            // The kernel insists that data_end equals the packet size.
-            let ctx = XdpMd {
-                data_end: packet.len() as u32,
-                ingress_ifindex: ifindex,
-                ..XdpMd::default()
-            };
-            // SAFETY: XdpMd is plain data laid out like the kernel's xdp_md.
-            let ctx_bytes = unsafe { as_bytes(&ctx) };
-            let options = TestRunOptions {
-                data_in: Some(packet),
-                data_out: Some(&mut out),
-                repeat,
-                ..TestRunOptions::new()
-            };
-            let options = if ifindex != 0 {
-                TestRunOptions {
-                    ctx_in: Some(ctx_bytes),
-                    ..options
-                }
-            } else {
-                options
-            };
-            prog.test_run(options).context("BPF_PROG_TEST_RUN")?
+            prog.test_run(context(options, ifindex, xdp))
+                .context("BPF_PROG_TEST_RUN")?
         }
     };
     out.truncate(result.data_size_out as usize);
@@ -109,6 +89,18 @@ pub fn run(
         verdict: result.return_value as i32,
         packet: out,
     })
+}
+
+/// Passes `ctx` only when the run names an interface; without one the kernel
+/// uses its defaults (loopback).
+fn context<'a>(options: TestRunOptions<'a>, ifindex: u32, ctx: &'a [u8]) -> TestRunOptions<'a> {
+    if ifindex == 0 {
+        return options;
+    }
+    TestRunOptions {
+        ctx_in: Some(ctx),
+        ..options
+    }
 }
 
 /// The `__sk_buff` fields up to `ifindex`, the ones a test run may set.

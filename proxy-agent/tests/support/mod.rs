@@ -1,3 +1,4 @@
+#![allow(dead_code)] // each test binary uses its own subset
 //! Shared by the end-to-end tests: running the real agent binary inside a
 //! testbed's node namespace.
 
