@@ -80,10 +80,10 @@ const TC_ACT_REDIRECT: u32 = 7;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
 
-/// Service ports the agent can number: ids are u16 and 0 is never used.
-const MAX_SERVICE_PORTS: usize = u16::MAX as usize;
-// Stops compiling when the id widens, so the constant above gets revisited.
-const _: fn(ServiceValue) -> u16 = |v| v.service_id;
+/// Service ports the agent can number: ids are u32 and 0 is never used.
+const MAX_SERVICE_PORTS: usize = u32::MAX as usize - 1;
+// Stops compiling when the id type changes, so the constant above gets revisited.
+const _: fn(ServiceValue) -> u32 = |v| v.service_id;
 /// Service ports every tier has besides its services: the mirror and the NodePort.
 const EXTRA_SERVICE_PORTS: usize = 2;
 
@@ -821,9 +821,8 @@ fn report(tiers: &[Tier], results: &[Results]) {
     );
 
     let extra = if tiers.iter().any(|t| t.layout.vips_per_port > 1) {
-        "\nAbove 65,533 services each service port carries several cluster IPs: the agent \
-         numbers service ports with a u16 (ServiceValue::service_id), so it cannot program \
-         more than 65,535. The maps hold one frontend per cluster IP either way."
+        "\nAbove the agent's service-port limit each service port carries several cluster IPs. \
+         The maps hold one frontend per cluster IP either way."
     } else {
         ""
     };

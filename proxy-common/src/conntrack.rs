@@ -62,16 +62,15 @@ pub struct CtValue {
     /// Forward: the translated destination (backend). Reply: the frontend to restore as source.
     pub nat_addr_be: u32,
     pub nat_port_be: u16,
-    pub service_id: u16,
+    pub flags: u16,
+    pub service_id: u32,
     /// Forward: the chosen backend, re-checked on every packet.
     pub backend_id: u32,
-    pub flags: u16,
-    pub _pad: u16,
     /// Forward: the masquerade source. Reply: the client to restore as destination.
     /// Both zero without source NAT.
     pub snat_addr_be: u32,
     pub snat_port_be: u16,
-    pub _pad2: u16,
+    pub _pad: u16,
     /// `bpf_ktime_get_ns()` of the last packet in this direction.
     pub last_seen_ns: u64,
     pub created_ns: u64,

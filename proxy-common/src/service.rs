@@ -104,31 +104,28 @@ pub mod flags {
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceValue {
     pub backend_id: u32,
-    pub count: u16,
     /// Identifies the service port in conntrack entries, source ranges and stats.
-    pub service_id: u16,
+    pub service_id: u32,
+    pub count: u16,
     pub flags: u16,
-    pub _pad: u16,
 }
 
 impl ServiceValue {
-    pub const fn frontend(count: u16, service_id: u16, flags: u16) -> Self {
+    pub const fn frontend(count: u16, service_id: u32, flags: u16) -> Self {
         Self {
             backend_id: 0,
-            count,
             service_id,
+            count,
             flags,
-            _pad: 0,
         }
     }
 
-    pub const fn slot(backend_id: u32, service_id: u16) -> Self {
+    pub const fn slot(backend_id: u32, service_id: u32) -> Self {
         Self {
             backend_id,
-            count: 0,
             service_id,
+            count: 0,
             flags: 0,
-            _pad: 0,
         }
     }
 

@@ -215,11 +215,11 @@ fn new_flow(
 }
 
 #[inline(always)]
-fn source_allowed(service_id: u16, saddr_be: u32) -> bool {
+fn source_allowed(service_id: u32, saddr_be: u32) -> bool {
     let key = Key::new(
         64,
         SourceRange {
-            service_be: (service_id as u32).to_be(),
+            service_be: service_id.to_be(),
             addr_be: saddr_be,
         },
     );

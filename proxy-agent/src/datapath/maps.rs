@@ -33,8 +33,8 @@ pub trait ServiceMaps {
     fn delete_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
     /// Allows sources in `range` for the frontends of `service_id` that carry
     /// [`proxy_common::service::flags::SOURCE_RANGES`].
-    fn put_source_range(&mut self, service_id: u16, range: Ipv4Net) -> Result<(), MapError>;
-    fn delete_source_range(&mut self, service_id: u16, range: Ipv4Net) -> Result<(), MapError>;
+    fn put_source_range(&mut self, service_id: u32, range: Ipv4Net) -> Result<(), MapError>;
+    fn delete_source_range(&mut self, service_id: u32, range: Ipv4Net) -> Result<(), MapError>;
     /// Deletes every conntrack entry matching `matches`, returning how many.
     fn flush_flows(
         &mut self,
@@ -53,7 +53,7 @@ pub trait NodeMaps {
 
 /// The `SOURCE_RANGES` key of `range` for `service_id`: the id is matched
 /// exactly (its 32 bits come first), then the range's prefix.
-pub fn source_range_key(service_id: u16, range: Ipv4Net) -> Key<SourceRange> {
+pub fn source_range_key(service_id: u32, range: Ipv4Net) -> Key<SourceRange> {
     let range = range.trunc();
     Key::new(
         32 + u32::from(range.prefix_len()),
@@ -153,13 +153,13 @@ impl ServiceMaps for KernelMaps {
         ignore_missing(self.services.remove(key)).map_err(write_error(names::SERVICES))
     }
 
-    fn put_source_range(&mut self, service_id: u16, range: Ipv4Net) -> Result<(), MapError> {
+    fn put_source_range(&mut self, service_id: u32, range: Ipv4Net) -> Result<(), MapError> {
         self.source_ranges
             .insert(&source_range_key(service_id, range), PRESENT, 0)
             .map_err(write_error(names::SOURCE_RANGES))
     }
 
-    fn delete_source_range(&mut self, service_id: u16, range: Ipv4Net) -> Result<(), MapError> {
+    fn delete_source_range(&mut self, service_id: u32, range: Ipv4Net) -> Result<(), MapError> {
         ignore_missing(
             self.source_ranges
                 .remove(&source_range_key(service_id, range)),

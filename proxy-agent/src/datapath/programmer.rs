@@ -42,7 +42,7 @@ pub struct SyncStats {
 #[derive(Debug)]
 struct Frontend {
     owner: ServicePortName,
-    service_id: u16,
+    service_id: u32,
     slots: Vec<BackendId>,
     /// Slot 0 as written, `None` before it is.
     written: Option<ServiceValue>,
@@ -75,10 +75,10 @@ pub struct Programmer {
     /// (kept across a failed one, so none leaks).
     unreferenced: BTreeSet<BackendId>,
     backend_ids: Ids,
-    service_ids: HashMap<ServicePortName, u16>,
+    service_ids: HashMap<ServicePortName, u32>,
     service_id_pool: Ids,
     /// Source ranges written, by service id.
-    source_ranges: HashMap<u16, BTreeSet<Ipv4Net>>,
+    source_ranges: HashMap<u32, BTreeSet<Ipv4Net>>,
     markers: ClusterIpMarkers,
 }
 
@@ -102,7 +102,7 @@ impl Programmer {
             unreferenced: BTreeSet::new(),
             backend_ids: Ids::new(u32::MAX - 1),
             service_ids: HashMap::new(),
-            service_id_pool: Ids::new(u32::from(u16::MAX)),
+            service_id_pool: Ids::new(u32::MAX - 1),
             source_ranges: HashMap::new(),
             markers: ClusterIpMarkers::default(),
         }
@@ -236,14 +236,14 @@ impl Programmer {
         Ok(wanted.iter().map(|f| f.key).collect())
     }
 
-    fn service_id(&mut self, spn: &ServicePortName) -> Result<u16, MapError> {
+    fn service_id(&mut self, spn: &ServicePortName) -> Result<u32, MapError> {
         if let Some(id) = self.service_ids.get(spn) {
             return Ok(*id);
         }
         let id = self
             .service_id_pool
             .take()
-            .ok_or(MapError::TooManyServices)? as u16;
+            .ok_or(MapError::TooManyServices)?;
         self.service_ids.insert(spn.clone(), id);
         Ok(id)
     }
@@ -266,7 +266,7 @@ impl Programmer {
 
     fn add_source_ranges(
         &mut self,
-        service_id: u16,
+        service_id: u32,
         wanted: &BTreeSet<Ipv4Net>,
         maps: &mut impl ServiceMaps,
         run: &mut SyncRun,
@@ -291,7 +291,7 @@ impl Programmer {
 
     fn remove_source_ranges(
         &mut self,
-        service_id: u16,
+        service_id: u32,
         keep: &BTreeSet<Ipv4Net>,
         maps: &mut impl ServiceMaps,
         run: &mut SyncRun,
@@ -339,7 +339,7 @@ impl Programmer {
         &mut self,
         key: ServiceKey,
         owner: &ServicePortName,
-        service_id: u16,
+        service_id: u32,
         flags: u16,
         wanted: &[BackendId],
         maps: &mut impl ServiceMaps,

@@ -17,7 +17,7 @@ type CtTuple = (u32, u32, u16, u16, u8, u8);
 struct FakeMaps {
     services: BTreeMap<ServiceKey, ServiceValue>,
     backends: BTreeMap<BackendId, Backend>,
-    source_ranges: BTreeSet<(u16, Ipv4Net)>,
+    source_ranges: BTreeSet<(u32, Ipv4Net)>,
     conntrack: BTreeMap<CtTuple, CtValue>,
     /// Every service key written or deleted, in order.
     touched: Vec<ServiceKey>,
@@ -102,7 +102,7 @@ impl FakeMaps {
             .collect()
     }
 
-    fn ranges_of(&self, service_id: u16) -> Vec<Ipv4Net> {
+    fn ranges_of(&self, service_id: u32) -> Vec<Ipv4Net> {
         self.source_ranges
             .iter()
             .filter(|(id, _)| *id == service_id)
@@ -146,12 +146,12 @@ impl ServiceMaps for FakeMaps {
         self.check_invariant();
         Ok(())
     }
-    fn put_source_range(&mut self, service_id: u16, range: Ipv4Net) -> Result<(), MapError> {
+    fn put_source_range(&mut self, service_id: u32, range: Ipv4Net) -> Result<(), MapError> {
         self.step()?;
         self.source_ranges.insert((service_id, range));
         Ok(())
     }
-    fn delete_source_range(&mut self, service_id: u16, range: Ipv4Net) -> Result<(), MapError> {
+    fn delete_source_range(&mut self, service_id: u32, range: Ipv4Net) -> Result<(), MapError> {
         self.step()?;
         self.source_ranges.remove(&(service_id, range));
         self.check_invariant();
@@ -477,7 +477,7 @@ fn node_port_external_ip_and_lb_frontends_use_the_external_endpoints() {
         vec![Ipv4Addr::from(VIP)],
         "markers are for cluster IPs only"
     );
-    let ids: BTreeSet<u16> = maps
+    let ids: BTreeSet<u32> = maps
         .frontend_keys()
         .iter()
         .map(|k| maps.frontend(*k).service_id)
