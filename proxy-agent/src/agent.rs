@@ -47,7 +47,7 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
     let mut ebpf = datapath::load_with(sizes)?;
     // Before the maps are taken out of the object: pins them all by name.
     let pins = datapath::pin::pin_or_warn(&ebpf);
-    let (maps, stats) = datapath::kernel_maps(&mut ebpf)?;
+    let (maps, stats) = datapath::KernelMaps::take(&mut ebpf)?;
     node::warn_if_snat_ports_overlap();
 
     let settings = NodeSettings::from_options(&opts);

@@ -40,7 +40,7 @@ struct Fixture {
 impl Fixture {
     fn new() -> Self {
         let mut ebpf = datapath::load().expect("load the eBPF object (are we root?)");
-        let (maps, stats) = datapath::kernel_maps(&mut ebpf).unwrap();
+        let (maps, stats) = KernelMaps::take(&mut ebpf).unwrap();
         let mut f = Self {
             ebpf,
             maps,

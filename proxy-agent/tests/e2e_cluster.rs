@@ -306,13 +306,6 @@ fn scene(xdp_mode: &str) -> Scene {
             break;
         }
         if std::time::Instant::now() > deadline {
-            // For debugging by hand: keep the namespaces up this many seconds.
-            if let Some(secs) = std::env::var("KPT_HOLD_SECS")
-                .ok()
-                .and_then(|s| s.parse().ok())
-            {
-                std::thread::sleep(Duration::from_secs(secs));
-            }
             let mut scene = scene;
             for agent in &mut scene.agents {
                 agent.stop();

@@ -9,20 +9,18 @@
 //! 198.18.0.1 with pods in 198.18.1.0/24, node B 198.18.0.2 with pods in
 //! 198.18.2.0/24, the external client 198.18.0.100.
 
-// Only `wait_for`: the agent here needs an environment variable `support::Agent` cannot pass.
-#[allow(dead_code)]
 mod support;
 
 use std::{
     fs,
     net::{Ipv4Addr, SocketAddrV4},
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Output, Stdio},
-    time::{Duration, Instant},
+    process::{Command, Output},
+    time::Duration,
 };
 
 use serde_json::Value;
-use support::wait_for;
+use support::{Agent, wait_for};
 
 const BIN: &str = env!("CARGO_BIN_EXE_proxy-agent");
 const BACKEND_PORT: u16 = 8080;
@@ -795,59 +793,15 @@ impl Drop for Bpffs {
 }
 
 /// The agent binary in `ns`, pinning its maps at `pin_dir`.
-struct PinningAgent {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl PinningAgent {
-    fn start(ns: &str, manifests: &Path, log: PathBuf, pin_dir: &Path) -> Self {
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns, BIN, "--hostname-override", "node-a"])
-            .arg("--manifests")
-            .arg(manifests)
-            .args(["--detect-local-mode", "NodeCIDR"])
-            .env("KUBE_EBPF_PROXY_PIN_DIR", pin_dir)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("starting proxy-agent");
-        PinningAgent {
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn stop(&mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("running");
-        // SAFETY: plain kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("agent ignored SIGTERM; log:\n{}", self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for PinningAgent {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+fn pinning_agent(ns: &str, manifests: &Path, log: PathBuf, pin_dir: &Path) -> Agent {
+    Agent::start_with_env(
+        ns,
+        "node-a",
+        manifests,
+        log,
+        &["--detect-local-mode", "NodeCIDR"],
+        &[("KUBE_EBPF_PROXY_PIN_DIR", pin_dir.as_os_str())],
+    )
 }
 
 fn online(ns: &str, pin_dir: Option<&Path>, env_dir: Option<&Path>, args: &[String]) -> Output {
@@ -906,7 +860,7 @@ fn online_explain_answers_from_the_running_agents_pinned_maps() {
     write_manifests(manifests.path());
     let bpffs = Bpffs::mount();
     let pin_dir = bpffs.path().join("maps");
-    let mut agent = PinningAgent::start(
+    let mut agent = pinning_agent(
         &ns,
         manifests.path(),
         manifests.path().join("agent.log"),
@@ -1015,7 +969,7 @@ fn the_agent_replaces_stale_pins_and_runs_without_a_bpf_filesystem() {
     // An agent killed outright leaves its pins behind.
     let bpffs = Bpffs::mount();
     let pin_dir = bpffs.path().join("maps");
-    let old = PinningAgent::start(
+    let old = pinning_agent(
         &ns,
         manifests.path(),
         manifests.path().join("old.log"),
@@ -1032,7 +986,7 @@ fn the_agent_replaces_stale_pins_and_runs_without_a_bpf_filesystem() {
     );
 
     // The next agent replaces them, and explain reads the new ones.
-    let mut agent = PinningAgent::start(
+    let mut agent = pinning_agent(
         &ns,
         manifests.path(),
         manifests.path().join("new.log"),
@@ -1048,7 +1002,7 @@ fn the_agent_replaces_stale_pins_and_runs_without_a_bpf_filesystem() {
     // Without a BPF filesystem at the pin directory (as /sys/fs/bpf under
     // `ip netns exec`): no pins, a warning, and the agent serves anyway.
     let tmp = tempfile::tempdir().unwrap();
-    let mut agent = PinningAgent::start(
+    let mut agent = pinning_agent(
         &ns,
         manifests.path(),
         manifests.path().join("nofs.log"),

@@ -4,8 +4,8 @@ use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns};
 use proxy_common::{
     Counter, CtKey, CtValue, DatapathConfig,
     conntrack::{
-        DEFAULT_TCP_CLOSING_NS, DEFAULT_TCP_ESTABLISHED_NS, DEFAULT_UDP_NS,
-        DEFAULT_UDP_STREAM_NS, REFRESH_INTERVAL_NS, flags,
+        DEFAULT_TCP_CLOSING_NS, DEFAULT_TCP_ESTABLISHED_NS, DEFAULT_UDP_NS, DEFAULT_UDP_STREAM_NS,
+        REFRESH_INTERVAL_NS, flags,
     },
     proto,
 };
@@ -42,12 +42,7 @@ pub fn idle_timeout(config: &DatapathConfig, proto: u8, entry_flags: u16) -> u64
 /// The live entry for `key`, refreshing its idle timer and recording
 /// `set_flags`; expired entries count as absent.
 #[inline(always)]
-pub fn lookup(
-    config: &DatapathConfig,
-    key: &CtKey,
-    now: u64,
-    set_flags: u16,
-) -> Option<CtValue> {
+pub fn lookup(config: &DatapathConfig, key: &CtKey, now: u64, set_flags: u16) -> Option<CtValue> {
     let entry = CONNTRACK.get_ptr_mut(key)?;
     // SAFETY: the pointer from the map lookup stays valid for this program run.
     let entry = unsafe { &mut *entry };

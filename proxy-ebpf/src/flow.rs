@@ -4,8 +4,8 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use proxy_common::{
-    Backend, Counter, CtDirection, CtKey, CtValue, DatapathConfig, Scope, ServiceKey,
-    ServiceValue, SourceRange, conntrack::flags as ct, service::flags as svc,
+    Backend, Counter, CtDirection, CtKey, CtValue, DatapathConfig, Scope, ServiceKey, ServiceValue,
+    SourceRange, conntrack::flags as ct, service::flags as svc,
 };
 
 use crate::{config, conntrack, lb, maps::SOURCE_RANGES, packet::Packet};

@@ -9,7 +9,7 @@ use aya_ebpf::{
     helpers::{bpf_redirect, bpf_redirect_neigh},
     programs::{TcContext, XdpContext},
 };
-use proxy_common::{Counter, proto};
+use proxy_common::Counter;
 
 use crate::{
     flow::Rewrite,
@@ -53,7 +53,7 @@ fn fib<F: Frame>(ctx: &F, params: &mut bpf_fib_lookup) -> i64 {
 /// route is local, unreachable or the TTL runs out.
 #[inline(always)]
 pub fn tc(ctx: &TcContext, pkt: &Packet, out: &Rewrite) -> i32 {
-    if pkt.ttl <= 1 || (pkt.proto != proto::TCP && pkt.proto != proto::UDP) {
+    if pkt.ttl <= 1 {
         count(Counter::FibPass);
         return TC_ACT_OK;
     }

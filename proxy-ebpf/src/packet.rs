@@ -93,8 +93,13 @@ pub fn parse<F: Frame>(ctx: &F) -> Result<Option<Packet>, Counter> {
         return Err(Counter::DropMalformed);
     }
     let l4_off = ETH_HLEN + ihl;
-    let (saddr_be, daddr_be, proto, ttl, tot_len) =
-        (ip.saddr, ip.daddr, ip.proto, ip.ttl, u16::from_be(ip.tot_len));
+    let (saddr_be, daddr_be, proto, ttl, tot_len) = (
+        ip.saddr,
+        ip.daddr,
+        ip.proto,
+        ip.ttl,
+        u16::from_be(ip.tot_len),
+    );
     // Ports plus the checksum field must be readable: 18 bytes for TCP, 8 for UDP.
     let l4_need = if proto == proto::TCP { 18 } else { 8 };
     if ctx.data() + l4_off + l4_need > ctx.data_end() {

@@ -43,7 +43,14 @@ pub fn send(ctx: &TcContext, pkt: &Packet) -> Result<i32, Counter> {
 
 /// Swapped MACs and an IPv4 header from the original destination back to its source.
 #[inline(always)]
-fn headers(ctx: &TcContext, buf: &mut [u8], pkt: &Packet, ip_proto: u8, tot_len: u16, tos: u8) -> Result<(), Counter> {
+fn headers(
+    ctx: &TcContext,
+    buf: &mut [u8],
+    pkt: &Packet,
+    ip_proto: u8,
+    tot_len: u16,
+    tos: u8,
+) -> Result<(), Counter> {
     let macs: [u8; 12] = ctx.load(0).map_err(|_| Counter::DropRejectFailed)?;
     buf[0..6].copy_from_slice(&macs[6..12]);
     buf[6..12].copy_from_slice(&macs[0..6]);
@@ -94,11 +101,22 @@ fn tcp_reset(ctx: &TcContext, pkt: &Packet) -> Result<(), Counter> {
         let consumed = payload
             + (pkt.tcp_flags & tcp_flags::SYN != 0) as u32
             + (pkt.tcp_flags & tcp_flags::FIN != 0) as u32;
-        (0, seq.wrapping_add(consumed), tcp_flags::RST | tcp_flags::ACK)
+        (
+            0,
+            seq.wrapping_add(consumed),
+            tcp_flags::RST | tcp_flags::ACK,
+        )
     };
 
     let mut buf = [0u8; RST_LEN];
-    headers(ctx, &mut buf, pkt, proto::TCP, (IP_HLEN + TCP_HLEN) as u16, 0)?;
+    headers(
+        ctx,
+        &mut buf,
+        pkt,
+        proto::TCP,
+        (IP_HLEN + TCP_HLEN) as u16,
+        0,
+    )?;
     let t = &mut buf[ETH_HLEN + IP_HLEN..];
     t[0..2].copy_from_slice(&pkt.dport_be.to_ne_bytes());
     t[2..4].copy_from_slice(&pkt.sport_be.to_ne_bytes());
@@ -116,9 +134,7 @@ fn tcp_reset(ctx: &TcContext, pkt: &Packet) -> Result<(), Counter> {
 
 #[inline(always)]
 fn port_unreachable(ctx: &TcContext, pkt: &Packet) -> Result<(), Counter> {
-    let quoted: [u8; IP_HLEN + 8] = ctx
-        .load(ETH_HLEN)
-        .map_err(|_| Counter::DropRejectFailed)?;
+    let quoted: [u8; IP_HLEN + 8] = ctx.load(ETH_HLEN).map_err(|_| Counter::DropRejectFailed)?;
     let mut buf = [0u8; ICMP_LEN];
     // Linux sends ICMP errors with precedence "internetwork control".
     headers(

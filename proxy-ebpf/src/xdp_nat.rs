@@ -46,7 +46,11 @@ pub fn apply(ctx: &XdpContext, pkt: &Packet, out: &Rewrite) -> Result<(), Counte
     }
     if l4_has_csum {
         // In UDP a computed 0 is sent as all ones; 0 would mean "no checksum".
-        *check = if pkt.proto == proto::UDP && l4 == 0 { 0xffff } else { l4 };
+        *check = if pkt.proto == proto::UDP && l4 == 0 {
+            0xffff
+        } else {
+            l4
+        };
     }
     Ok(())
 }

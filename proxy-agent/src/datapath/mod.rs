@@ -12,10 +12,7 @@ pub mod stats;
 pub mod test_run;
 
 use anyhow::{Context as _, bail};
-use aya::{
-    Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray},
-};
+use aya::{Ebpf, EbpfLoader};
 use tracing::info;
 
 pub use attach::{Attacher, XdpChoice};
@@ -115,11 +112,6 @@ fn interrupted(e: &aya::programs::ProgramError) -> bool {
         source = err.source();
     }
     false
-}
-
-/// Takes the service maps out of a loaded object.
-pub fn kernel_maps(ebpf: &mut Ebpf) -> anyhow::Result<(KernelMaps, PerCpuArray<MapData, u64>)> {
-    KernelMaps::take(ebpf)
 }
 
 /// The ebpf mode's [`Proxier`]: programs the service maps from the desired

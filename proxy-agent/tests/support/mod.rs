@@ -24,6 +24,18 @@ impl Agent {
 
     /// Runs the agent as node `node` with `extra` flags appended.
     pub fn start_as(ns: &str, node: &str, manifests: &Path, log: PathBuf, extra: &[&str]) -> Self {
+        Self::start_with_env(ns, node, manifests, log, extra, &[])
+    }
+
+    /// Like [`Agent::start_as`], with extra environment variables.
+    pub fn start_with_env(
+        ns: &str,
+        node: &str,
+        manifests: &Path,
+        log: PathBuf,
+        extra: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Self {
         let log_file = fs::File::create(&log).unwrap();
         let child = Command::new("ip")
             .args([
@@ -37,6 +49,7 @@ impl Agent {
             ])
             .arg(manifests)
             .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log_file)
