@@ -51,13 +51,13 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use proxy_agent::{
-    datapath::{
+    cli::packet::{ETH_HLEN, Frame, IPV4_HLEN, fix_checksums, tcp_flags},
+    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
+    modes::ebpf::{
         KernelMaps, MapSizes, NodeFacts, NodeProgrammer, PROG_FROM_POD, PROG_XDP, Programmer,
         load_with,
         node::{NodeAddresses, SNAT_PORT_MAX, SNAT_PORT_MIN},
     },
-    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
-    packet::{ETH_HLEN, Frame, IPV4_HLEN, fix_checksums, tcp_flags},
 };
 use proxy_common::{Counter, DatapathConfig, IfaceInfo, ServiceValue, config};
 

@@ -17,7 +17,8 @@ use std::{
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proxy_agent::{
     model::DesiredState,
-    sync::{Proxier, SourceEvent, SourceState, SyncChanges, SyncOutcome, Syncer},
+    sources::SourceEvent,
+    sync::{Proxier, SourceState, SyncChanges, SyncOutcome, Syncer},
 };
 use serde_json::json;
 

@@ -15,15 +15,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use k8s_openapi::api::core::v1::Node;
 
 use crate::{
-    config_watch,
-    datapath::{
+    modes::ebpf::{
         self, Attacher, EbpfProxier, MapSizes,
         node::{self, HostNetwork, NodeSettings, node_facts},
     },
-    manifests,
+    options::file_watch as config_watch,
     options::{ProxyMode, ProxyOptions, ebpf::conntrack_params},
-    sync::{self, SourceEvent, SyncTiming},
-    watch,
+    sources::SourceEvent,
+    sources::api as watch,
+    sources::manifests,
+    sync::{self, SyncTiming},
 };
 
 /// How often pod interfaces and the manifests directory are looked at.
@@ -44,10 +45,10 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
         conntrack: conntrack_params(&opts.config, &opts.ebpf, cpus).max_entries,
     };
     let prefixes = opts.ebpf.pod_interface_prefixes.clone().unwrap_or_default();
-    let mut ebpf = datapath::load_with(sizes)?;
+    let mut ebpf = ebpf::load_with(sizes)?;
     // Before the maps are taken out of the object: pins them all by name.
-    let pins = datapath::pin::pin_or_warn(&ebpf);
-    let (maps, stats) = datapath::KernelMaps::take(&mut ebpf)?;
+    let pins = ebpf::pin::pin_or_warn(&ebpf);
+    let (maps, stats) = ebpf::KernelMaps::take(&mut ebpf)?;
     node::warn_if_snat_ports_overlap();
 
     let settings = NodeSettings::from_options(&opts);
@@ -133,7 +134,7 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
     }
 
     let detached: Vec<String> = attacher.pod_names().map(str::to_owned).collect();
-    info!(detached = ?detached, counters = ?datapath::stats::read(&stats), "programs detached and maps released");
+    info!(detached = ?detached, counters = ?ebpf::stats::read(&stats), "programs detached and maps released");
     if let Some(pins) = pins
         && let Err(e) = pins.unpin()
     {

@@ -2,15 +2,11 @@
 
 pub mod agent;
 pub mod cleanup;
-pub mod config_watch;
-pub mod datapath;
-pub mod explain;
+pub mod cli;
 pub mod hostsetup;
-pub mod manifests;
 pub mod model;
+pub mod modes;
 pub mod options;
-pub mod packet;
-pub mod runner;
+pub mod sources;
 pub mod startup;
 pub mod sync;
-pub mod watch;

@@ -7,14 +7,14 @@
 use std::{ffi::OsString, process::ExitCode};
 
 use proxy_agent::{
-    agent, explain,
+    agent, cli,
     startup::{self, Next},
 };
 
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "explain") {
-        return explain::main(&args[2..]);
+        return cli::explain::main(&args[2..]);
     }
     let opts = match startup::prepare(args) {
         Next::Exit(code) => return code,

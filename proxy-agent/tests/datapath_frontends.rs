@@ -18,14 +18,14 @@ use aya::{
 };
 use ipnet::Ipv4Net;
 use proxy_agent::{
-    datapath::{
+    cli::packet::{self, Frame, checksums_valid, tcp_flags},
+    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
+    modes::ebpf::{
         self, KernelMaps, Programmer,
         maps::NodeMaps,
         node::NodeAddresses,
         test_run::{self, Hook},
     },
-    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
-    packet::{self, Frame, checksums_valid, tcp_flags},
 };
 use proxy_common::{Counter, DatapathConfig, config::flags};
 
@@ -145,12 +145,12 @@ impl Node {
     fn new(config: DatapathConfig) -> Self {
         let ext = private_node_namespace();
         // Small maps: these tests run in parallel and need a few entries each.
-        let sizes = datapath::MapSizes {
+        let sizes = ebpf::MapSizes {
             services: 4096,
             backends: 4096,
             conntrack: 4096,
         };
-        let mut ebpf = datapath::load_with(sizes).expect("load the eBPF object (are we root?)");
+        let mut ebpf = ebpf::load_with(sizes).expect("load the eBPF object (are we root?)");
         let (mut maps, stats) = KernelMaps::take(&mut ebpf).unwrap();
         maps.put_config(&config).unwrap();
         maps.put_local_pod_cidr(POD_CIDR.parse::<Ipv4Net>().unwrap())

@@ -10,9 +10,9 @@ use aya::{
     maps::{MapData, PerCpuArray},
 };
 use proxy_agent::{
-    datapath::{self, KernelMaps, Programmer, test_run},
+    cli::packet::{self, Frame, checksums_valid},
     model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
-    packet::{self, Frame, checksums_valid},
+    modes::ebpf::{self, KernelMaps, Programmer, test_run},
 };
 use proxy_common::Counter;
 
@@ -39,7 +39,7 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Self {
-        let mut ebpf = datapath::load().expect("load the eBPF object (are we root?)");
+        let mut ebpf = ebpf::load().expect("load the eBPF object (are we root?)");
         let (maps, stats) = KernelMaps::take(&mut ebpf).unwrap();
         let mut f = Self {
             ebpf,

@@ -3,7 +3,7 @@
 
 use std::fs;
 
-use proxy_agent::manifests::{self, ManifestError};
+use proxy_agent::sources::manifests::{self, ManifestError};
 
 fn load(files: &[(&str, &str)]) -> Result<manifests::Manifests, ManifestError> {
     let dir = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@ use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use proxy_agent::config_watch::{self, ConfigFileChanged, ConfigWatch};
+use proxy_agent::options::file_watch::{self, ConfigFileChanged, ConfigWatch};
 
 const HEADER: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
 
@@ -284,7 +284,7 @@ async fn without_config_files_nothing_is_watched() {
     let mut w = ConfigWatch::for_options(&o).unwrap();
     assert!(w.paths().is_empty());
     assert_quiet(&mut w, "no --config").await;
-    let watch = config_watch::watch(&o);
+    let watch = file_watch::watch(&o);
     assert!(
         tokio::time::timeout(QUIET, watch).await.is_err(),
         "watch() never resolves without files"
@@ -306,7 +306,7 @@ fn resolution_entries_cover_every_symlink_hop() {
     let cm = ConfigMapVolume::new(&[("config.conf", "x")]);
     let vol = cm.dir.path().to_path_buf();
     let ts = cm.current_dir();
-    let got = config_watch::resolution_entries(&cm.path("config.conf")).unwrap();
+    let got = file_watch::resolution_entries(&cm.path("config.conf")).unwrap();
     let want = vec![
         (vol.clone(), "config.conf".into()),
         (vol.clone(), "..data".into()),
@@ -315,7 +315,7 @@ fn resolution_entries_cover_every_symlink_hop() {
     assert_eq!(got, want);
     let plain = cm.dir.file("plain.yaml", "x");
     assert_eq!(
-        config_watch::resolution_entries(&plain).unwrap(),
+        file_watch::resolution_entries(&plain).unwrap(),
         vec![(vol, "plain.yaml".into())]
     );
 }

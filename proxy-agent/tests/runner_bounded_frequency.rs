@@ -5,7 +5,9 @@ use std::{
     time::Duration,
 };
 
-use proxy_agent::runner::{BoundedFrequencyRunner, RunnerError, RunnerHandle, RunnerIntervals};
+use proxy_agent::sync::runner::{
+    BoundedFrequencyRunner, RunnerError, RunnerHandle, RunnerIntervals,
+};
 use tokio::{
     sync::oneshot,
     task::JoinHandle,

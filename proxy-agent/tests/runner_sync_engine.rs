@@ -12,7 +12,8 @@ use k8s_openapi::api::{
 };
 use proxy_agent::{
     model::{DesiredState, NamespacedName, Protocol, ServicePortName},
-    sync::{Proxier, SourceEvent, SourceState, SyncChanges, SyncOutcome, SyncTiming, Syncer, run},
+    sources::SourceEvent,
+    sync::{Proxier, SourceState, SyncChanges, SyncOutcome, SyncTiming, Syncer, run},
 };
 use serde_json::json;
 

@@ -14,8 +14,9 @@ use http::{Request, Response};
 use kube::{Client, client::Body};
 use proxy_agent::{
     model::{NamespacedName, Protocol, ServicePortName},
-    sync::{Proxier, SourceEvent, SourceState, SyncChanges, Syncer},
-    watch,
+    sources::SourceEvent,
+    sources::api as watch,
+    sync::{Proxier, SourceState, SyncChanges, Syncer},
 };
 use serde_json::{Value, json};
 use tower_test::mock;

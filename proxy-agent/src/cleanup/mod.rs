@@ -3,15 +3,15 @@
 //! (KUBE-* chains, `kube-proxy` nftables tables, IPVS services, `kube-ipvs0`, KUBE-* ipsets) —
 //! report it, and succeed when nothing was there. Running it twice is harmless.
 
-pub mod bpf;
 pub mod exec;
-pub mod iptables;
-pub mod ipvs;
-pub mod nftables;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use crate::modes::{
+    ebpf::cleanup as bpf, iptables::cleanup as iptables, ipvs::cleanup as ipvs,
+    nftables::cleanup as nftables,
+};
 pub use exec::{CommandRunner, FakeRunner, ProcessRunner};
 pub use ipvs::{FakeGenl, GenlTransport, NetlinkTransport};
 

@@ -13,6 +13,7 @@ pub mod duration;
 pub mod ebpf;
 pub mod error;
 pub mod features;
+pub mod file_watch;
 pub mod flags;
 pub mod merge;
 pub mod mode;

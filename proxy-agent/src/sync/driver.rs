@@ -6,8 +6,9 @@ use std::{
 
 use futures::{Stream, StreamExt};
 
-use super::{Proxier, SourceEvent, SourceState, Syncer};
-use crate::runner::{BoundedFrequencyRunner, RunnerError, RunnerIntervals};
+use super::{Proxier, SourceState, Syncer};
+use crate::sources::SourceEvent;
+use crate::sync::runner::{BoundedFrequencyRunner, RunnerError, RunnerIntervals};
 
 /// Upstream's `minSyncPeriod` / `syncPeriod`, plus how often a sync is forced full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

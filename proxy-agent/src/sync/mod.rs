@@ -7,13 +7,12 @@
 //! ```
 
 mod driver;
-mod event;
 mod proxier;
+pub mod runner;
 mod source;
 mod syncer;
 
 pub use driver::{SyncTiming, run};
-pub use event::SourceEvent;
 pub use proxier::{Proxier, SyncChanges};
 pub use source::SourceState;
 pub use syncer::{SyncError, SyncOutcome, Syncer};

@@ -1,7 +1,7 @@
 use k8s_openapi::api::core::v1::Node;
 
-use super::SourceEvent;
 use crate::model::{EndpointsChangeTracker, NodeTopology, ServiceChangeTracker};
+use crate::sources::SourceEvent;
 
 /// Everything fed by the sources, shared between the event handler and the syncer.
 #[derive(Debug)]

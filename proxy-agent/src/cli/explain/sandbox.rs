@@ -10,7 +10,7 @@ use std::{ffi::CString, net::Ipv4Addr, process::Command};
 use anyhow::{Context as _, bail};
 use ipnet::Ipv4Net;
 
-use crate::datapath::node::{DetectLocal, HostInterface, HostNetwork, NodeSettings};
+use crate::modes::ebpf::node::{DetectLocal, HostInterface, HostNetwork, NodeSettings};
 
 /// The default route's next hop: a permanent neighbour on the external interface.
 const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 1);

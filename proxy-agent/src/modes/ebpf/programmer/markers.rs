@@ -3,7 +3,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use proxy_common::{ServiceKey, ServiceValue, service::flags};
 
 use super::SyncStats;
-use crate::datapath::maps::{MapError, ServiceMaps};
+use crate::modes::ebpf::maps::{MapError, ServiceMaps};
 
 /// The [`ServiceKey::cluster_ip`] markers: one per cluster IP while any
 /// service port on it is programmed (several ports share one VIP).

@@ -9,7 +9,7 @@ use aya::{
 use proxy_common::Counter;
 
 use super::probe::{Origin, Probe};
-use crate::datapath::{
+use crate::modes::ebpf::{
     KernelMaps, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP,
     test_run::{self, Hook},
 };

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::exec::CommandRunner;
-use super::{Removed, Report};
+use crate::cleanup::exec::CommandRunner;
+use crate::cleanup::{Removed, Report};
 
 /// Names of the programs our datapath attaches (kernel program names, at most 15 characters).
 /// Keep in step with `proxy-ebpf`.

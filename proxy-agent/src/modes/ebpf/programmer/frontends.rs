@@ -9,8 +9,8 @@ use std::{
 use ipnet::{IpNet, Ipv4Net};
 use proxy_common::{Backend, FrontendKind, Scope, ServiceKey, ServiceValue, service::flags};
 
-use crate::datapath::node::NodeAddresses;
 use crate::model::{DesiredService, Endpoint};
+use crate::modes::ebpf::node::NodeAddresses;
 
 /// Which of the service's endpoint lists a frontend balances over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

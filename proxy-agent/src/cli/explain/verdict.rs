@@ -9,7 +9,7 @@ use super::{
     probe::Probe,
     trace::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, Trace, XDP_ABORTED, XDP_DROP, XDP_TX},
 };
-use crate::packet::{ETH_HLEN, Frame};
+use crate::cli::packet::{ETH_HLEN, Frame};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {
@@ -214,7 +214,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::explain::{
+    use crate::cli::explain::{
         probe::{Origin, Proto},
         trace::{Step, XDP_PASS},
     };

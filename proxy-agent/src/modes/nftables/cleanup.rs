@@ -1,7 +1,7 @@
 //! nftables leftovers: upstream's `kube-proxy` tables (ip and ip6) and our own table.
 
-use super::exec::CommandRunner;
-use super::{Removed, Report};
+use crate::cleanup::exec::CommandRunner;
+use crate::cleanup::{Removed, Report};
 
 /// Table names removed in any of the ip, ip6 and inet families.
 pub const TABLES: [&str; 2] = ["kube-proxy", "kube-ebpf-proxy"];

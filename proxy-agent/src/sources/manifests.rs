@@ -13,7 +13,7 @@ use std::{
 use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
 use serde::de::DeserializeOwned;
 
-use crate::{model::NamespacedName, sync::SourceEvent};
+use crate::{model::NamespacedName, sources::SourceEvent};
 
 /// The objects of one consistent read of the directory.
 #[derive(Debug, Default, Clone)]

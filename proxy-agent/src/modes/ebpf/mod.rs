@@ -2,6 +2,7 @@
 //! and programs the service maps from the desired state.
 
 mod attach;
+pub mod cleanup;
 mod interfaces;
 pub mod maps;
 pub mod node;

@@ -6,8 +6,8 @@
 
 use std::io;
 
-use super::exec::CommandRunner;
-use super::{Removed, Report};
+use crate::cleanup::exec::CommandRunner;
+use crate::cleanup::{Removed, Report};
 
 pub const DUMMY_IFACE: &str = "kube-ipvs0";
 

@@ -2,8 +2,8 @@
 //! which use the same names) created, and every rule elsewhere that jumps to one — but not
 //! the chains kubelet owns. Removal is one `iptables-restore --noflush` transaction per table.
 
-use super::exec::CommandRunner;
-use super::{Removed, Report};
+use crate::cleanup::exec::CommandRunner;
+use crate::cleanup::{Removed, Report};
 
 pub const TABLES: [&str; 4] = ["nat", "filter", "mangle", "raw"];
 

@@ -21,7 +21,7 @@ use kube::{
 pub use client::{ClientError, ClientOptions, build_client};
 pub use relist::{Kind, NodeKind, Relister, ServiceKind, SliceKind};
 
-use crate::sync::SourceEvent;
+use crate::sources::SourceEvent;
 
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";

@@ -9,7 +9,7 @@ use k8s_openapi::api::{
 };
 use kube::runtime::watcher::Event;
 
-use crate::{model::NamespacedName, sync::SourceEvent};
+use crate::{model::NamespacedName, sources::SourceEvent};
 
 /// How one watched kind maps onto source events.
 pub trait Kind {

@@ -20,7 +20,7 @@ use super::{
     probe::{Origin, Probe},
     trace::Datapath,
 };
-use crate::datapath::{self, KernelMaps, MapSizes};
+use crate::modes::ebpf::{self, KernelMaps, MapSizes};
 
 /// The agent's maps, opened from their pins.
 struct Pinned {
@@ -42,7 +42,7 @@ pub fn prepare(pin_dir: &Path, probe: &Probe) -> anyhow::Result<Datapath> {
         );
     }
     let pinned = open_all(pin_dir)?;
-    let mut ebpf = datapath::load_with(pinned.sizes)?;
+    let mut ebpf = ebpf::load_with(pinned.sizes)?;
     let (mut maps, stats) = KernelMaps::take(&mut ebpf)?;
     copy(&pinned, &mut maps)?;
     let (ifindex, xdp) = arrival_interface(probe, &pinned.ifaces)?;

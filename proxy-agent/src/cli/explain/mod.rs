@@ -25,7 +25,7 @@ use std::{ffi::OsString, process::ExitCode};
 
 use args::{Args, Output, Parsed, Source};
 
-use crate::datapath::pin;
+use crate::modes::ebpf::pin;
 
 /// Runs `proxy-agent explain` with the arguments after `explain`; prints
 /// the answer on stdout, or one line of error on stderr and exits 1.

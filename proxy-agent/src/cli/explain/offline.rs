@@ -12,17 +12,17 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::{args::Offline, frontend, sandbox, trace::Datapath};
 use crate::{
-    datapath::{
+    model::{DesiredState, NodeTopology, build_desired_state_for},
+    modes::ebpf::{
         self, KernelMaps, MapSizes, NodeProgrammer, Programmer,
         node::{NodeSettings, node_facts, node_pod_cidrs},
     },
-    manifests,
-    model::{DesiredState, NodeTopology, build_desired_state_for},
     options::{
         self, Environment, OptionsError, Parsed, ProxyOptions,
         ebpf::{XdpMode, conntrack_params},
         error::Document,
     },
+    sources::manifests,
 };
 
 pub fn prepare(args: &Offline) -> anyhow::Result<(Datapath, frontend::Names)> {
@@ -58,7 +58,7 @@ pub fn prepare(args: &Offline) -> anyhow::Result<(Datapath, frontend::Names)> {
         backends: opts.ebpf.maps.backends,
         conntrack: conntrack_params(&opts.config, &opts.ebpf, cpus).max_entries,
     };
-    let mut ebpf = datapath::load_with(sizes)?;
+    let mut ebpf = ebpf::load_with(sizes)?;
     let (mut maps, stats) = KernelMaps::take(&mut ebpf)?;
     // The agent's order (EbpfProxier::new, then its first full sync).
     NodeProgrammer::new()

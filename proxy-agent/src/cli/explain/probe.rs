@@ -2,7 +2,7 @@
 
 use std::{fmt, net::Ipv4Addr};
 
-use crate::packet::Frame;
+use crate::cli::packet::Frame;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Proto {

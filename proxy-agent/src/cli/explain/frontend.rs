@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use proxy_common::{FrontendKind, ServiceKey, service::flags};
 
 use super::probe::Probe;
-use crate::{datapath::KernelMaps, model::DesiredState};
+use crate::{model::DesiredState, modes::ebpf::KernelMaps};
 
 /// Service port names by frontend (address, port, IP protocol).
 pub type Names = BTreeMap<(Ipv4Addr, u16, u8), String>;

@@ -1,0 +1,4 @@
+//! The agent's subcommands for operators (`explain` today).
+
+pub mod explain;
+pub mod packet;

@@ -1,0 +1,3 @@
+//! The iptables mode.
+
+pub mod cleanup;

@@ -1,0 +1,3 @@
+//! The ipvs mode.
+
+pub mod cleanup;

@@ -1,0 +1,3 @@
+//! The nftables mode.
+
+pub mod cleanup;
