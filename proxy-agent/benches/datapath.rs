@@ -252,7 +252,10 @@ impl Layout {
         svc.external_policy_local = true;
         svc.local_endpoints = local;
         services.insert(name, svc);
-        DesiredState { services }
+        DesiredState {
+            services,
+            ..DesiredState::default()
+        }
     }
 
     /// New flow `j` to a cluster IP: a distinct pod address and port, to a

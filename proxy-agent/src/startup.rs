@@ -10,7 +10,8 @@ use std::process::ExitCode;
 
 use crate::cleanup::{self, NetlinkTransport, ProcessRunner};
 use crate::hostsetup::{self, ProcParams};
-use crate::options::{self, Environment, HostSupport, Parsed, ProxyOptions, checks, write};
+use crate::modes::HostSupport;
+use crate::options::{self, Environment, Parsed, ProxyOptions, checks, write};
 
 /// What `main` does next.
 pub enum Next {
@@ -169,7 +170,7 @@ pub fn prepare(args: impl IntoIterator<Item = OsString>) -> Next {
             "ebpf mode: conntrack settings size and expire the BPF conntrack table"
         );
     }
-    match hostsetup::modes::apply(&o, &mut params) {
+    match hostsetup::sysctls::apply(&o, &mut params) {
         Ok(writes) => {
             for w in writes {
                 tracing::info!(key = %w.key, new = %w.new, "set sysctl");

@@ -1,8 +1,10 @@
 //! The parts of --cleanup that cannot run on these kernels (IPVS, dummy interfaces, ipset,
 //! attached BPF programs), checked through the exact requests and commands they send.
 
-use proxy_agent::cleanup::ipvs::{self, IpvsOutcome, reply};
-use proxy_agent::cleanup::{FakeGenl, FakeRunner, Removed, Report, bpf, iptables, nftables};
+use proxy_agent::cleanup::{FakeGenl, FakeRunner, Removed, Report};
+use proxy_agent::modes::ebpf::cleanup as bpf;
+use proxy_agent::modes::ipvs::cleanup::{self as ipvs, IpvsOutcome, reply};
+use proxy_agent::modes::{iptables::cleanup as iptables, nftables::cleanup as nftables};
 
 fn ne16(v: u16) -> [u8; 2] {
     v.to_ne_bytes()

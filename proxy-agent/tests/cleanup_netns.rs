@@ -3,7 +3,8 @@
 
 mod cleanup_common;
 use cleanup_common::*;
-use proxy_agent::cleanup::{FakeGenl, ProcessRunner, Removed, cleanup_all, ipvs::reply};
+use proxy_agent::cleanup::{FakeGenl, ProcessRunner, Removed, cleanup_all};
+use proxy_agent::modes::ipvs::cleanup::reply;
 
 /// A kernel without IPVS, as these test machines are (and never the root namespace's IPVS).
 fn no_ipvs() -> FakeGenl {

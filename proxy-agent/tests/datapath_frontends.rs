@@ -186,6 +186,7 @@ impl Node {
     fn program(&mut self, services: Vec<DesiredService>) {
         let state = DesiredState {
             services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
+            ..DesiredState::default()
         };
         self.programmer.sync(&state, &mut self.maps).unwrap();
     }

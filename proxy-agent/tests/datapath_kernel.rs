@@ -77,6 +77,7 @@ impl Fixture {
             ]
             .into_iter()
             .collect(),
+            ..DesiredState::default()
         };
         self.programmer
             .sync(&state, &mut self.maps)

@@ -5,7 +5,7 @@ mod options_common;
 use options_common::*;
 use proxy_agent::hostsetup::conntrack::{self, parse_cpu_list, wanted_max};
 use proxy_agent::hostsetup::params::{FakeParams, HASHSIZE_KEY};
-use proxy_agent::hostsetup::{modes, oom};
+use proxy_agent::hostsetup::{oom, sysctls};
 use proxy_agent::options::ProxyMode;
 
 const MAX: &str = "proc/sys/net/netfilter/nf_conntrack_max";
@@ -153,7 +153,10 @@ fn cpu_list_parsing() {
 
 #[test]
 fn per_mode_sysctls() {
-    let s = |args: &[&str]| modes::mode_sysctls(&opts_with(args, &ProxyMode::ALL));
+    let s = |args: &[&str]| {
+        let o = opts_with(args, &ProxyMode::ALL);
+        proxy_agent::modes::of(o.mode).sysctls(&o)
+    };
     assert_eq!(
         s(&["--proxy-mode=iptables"]),
         [("net/ipv4/conf/all/route_localnet", "1")]
@@ -183,7 +186,7 @@ fn per_mode_sysctls() {
     assert!(s(&["--proxy-mode=nftables"]).is_empty());
     assert!(s(&["--proxy-mode=ebpf"]).is_empty());
     let mut p = FakeParams::with(&[("proc/sys/net/ipv4/ip_forward", "1")]);
-    let w = modes::apply(&opts_with(&["--proxy-mode=ipvs"], &ProxyMode::ALL), &mut p).unwrap();
+    let w = sysctls::apply(&opts_with(&["--proxy-mode=ipvs"], &ProxyMode::ALL), &mut p).unwrap();
     assert_eq!(w.len(), 3, "ip_forward already 1");
 }
 

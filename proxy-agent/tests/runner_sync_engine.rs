@@ -235,7 +235,7 @@ async fn driver_waits_for_initial_lists_and_coalesces_bursts() {
     let task = tokio::spawn({
         let rec = rec.clone();
         async move {
-            run(rx, NODE, rec, timing, async move {
+            run(rx, SourceState::new(NODE), rec, timing, async move {
                 let _ = stop_rx.await;
             })
             .await

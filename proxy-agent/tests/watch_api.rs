@@ -232,7 +232,7 @@ fn describe(e: &SourceEvent) -> String {
             n.metadata.labels.as_ref().unwrap()["topology.kubernetes.io/zone"]
         ),
         SourceEvent::NodeDeleted => "node-".into(),
-        SourceEvent::Resync => "resync".into(),
+        SourceEvent::HostChanged(_) => "host".into(),
     }
 }
 

@@ -1,19 +1,19 @@
 //! `--cleanup`: remove everything any proxy mode left on the node — ours (BPF pins and
 //! attachments, our iptables chains and nftables table, IPVS state) and upstream kube-proxy's
 //! (KUBE-* chains, `kube-proxy` nftables tables, IPVS services, `kube-ipvs0`, KUBE-* ipsets) —
-//! report it, and succeed when nothing was there. Running it twice is harmless.
+//! report it, and succeed when nothing was there. Running it twice is harmless. Each mode's
+//! own cleaner lives with the mode (`crate::modes::*::cleanup`); this runs them.
 
 pub mod exec;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-pub use crate::modes::{
-    ebpf::cleanup as bpf, iptables::cleanup as iptables, ipvs::cleanup as ipvs,
-    nftables::cleanup as nftables,
-};
+pub use crate::modes::ipvs::cleanup::{FakeGenl, GenlTransport, NetlinkTransport};
 pub use exec::{CommandRunner, FakeRunner, ProcessRunner};
-pub use ipvs::{FakeGenl, GenlTransport, NetlinkTransport};
+
+use crate::modes::{self, CleanupTools};
+use crate::options::ProxyMode;
 
 /// One thing removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,19 +99,27 @@ pub struct CleanupError {
     pub errors: Vec<String>,
 }
 
-/// Runs every cleaner. Order: BPF attachments and pins, nftables, iptables, then IPVS (its
-/// ipsets can only go once no iptables rule references them).
+/// Runs every mode's cleaner. Order: BPF attachments and pins, nftables, iptables, then IPVS
+/// (its ipsets can only go once no iptables rule references them).
 pub fn cleanup_all(
     run: &mut dyn CommandRunner,
     genl: &mut dyn GenlTransport,
     pin_root: &Path,
 ) -> Report {
     let mut report = Report::default();
-    bpf::detach(run, &mut report);
-    bpf::remove_pins(pin_root, &mut report);
-    nftables::cleanup(run, &mut report);
-    iptables::cleanup(run, &mut report);
-    ipvs::cleanup(genl, run, &mut report);
+    let mut tools = CleanupTools {
+        run,
+        genl,
+        pin_root,
+    };
+    for mode in [
+        ProxyMode::Ebpf,
+        ProxyMode::Nftables,
+        ProxyMode::Iptables,
+        ProxyMode::Ipvs,
+    ] {
+        modes::of(mode).cleanup(&mut tools, &mut report);
+    }
     report
 }
 
@@ -120,25 +128,23 @@ pub fn cleanup_all(
 /// iptables/ipvs modes remove nftables leftovers, and ebpf mode removes all three so a node
 /// migrated from kube-proxy carries no stale rules. Our BPF pins are never touched here.
 pub fn leftovers_of_other_modes(
-    mode: crate::options::ProxyMode,
+    mode: ProxyMode,
     run: &mut dyn CommandRunner,
     genl: &mut dyn GenlTransport,
 ) -> Report {
-    use crate::options::ProxyMode;
-    let mut report = Report::default();
-    let (ipt, ipvs_too, nft) = match mode {
-        ProxyMode::Nftables => (true, true, false),
-        ProxyMode::Iptables | ProxyMode::Ipvs => (false, false, true),
-        ProxyMode::Ebpf => (true, true, true),
+    let others: &[ProxyMode] = match mode {
+        ProxyMode::Nftables => &[ProxyMode::Iptables, ProxyMode::Ipvs],
+        ProxyMode::Iptables | ProxyMode::Ipvs => &[ProxyMode::Nftables],
+        ProxyMode::Ebpf => &[ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs],
     };
-    if nft {
-        nftables::cleanup(run, &mut report);
-    }
-    if ipt {
-        iptables::cleanup(run, &mut report);
-    }
-    if ipvs_too {
-        ipvs::cleanup(genl, run, &mut report);
+    let mut report = Report::default();
+    let mut tools = CleanupTools {
+        run,
+        genl,
+        pin_root: Path::new(""),
+    };
+    for other in others {
+        modes::of(*other).cleanup(&mut tools, &mut report);
     }
     report
 }

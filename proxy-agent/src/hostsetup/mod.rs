@@ -4,8 +4,8 @@
 //! values without touching the host.
 
 pub mod conntrack;
-pub mod modes;
 pub mod oom;
 pub mod params;
+pub mod sysctls;
 
 pub use params::{FakeParams, KernelParams, ParamWrite, ProcParams};

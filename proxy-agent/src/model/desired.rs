@@ -10,7 +10,7 @@ use std::{
 use ipnet::IpNet;
 
 use super::{
-    Endpoint, IpFamily, NamespacedName, Protocol, ServicePortInfo, ServicePortName,
+    Endpoint, IpFamily, NamespacedName, NodeModel, Protocol, ServicePortInfo, ServicePortName,
     SessionAffinity, categorize_endpoints,
     trackers::{EndpointsChangeTracker, ServiceChangeTracker},
 };
@@ -187,6 +187,8 @@ pub fn desired_service(
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DesiredState {
     pub services: BTreeMap<ServicePortName, DesiredService>,
+    /// This node, as of the sync.
+    pub node: NodeModel,
 }
 
 impl DesiredState {

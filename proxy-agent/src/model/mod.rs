@@ -14,6 +14,7 @@
 mod build;
 mod construct;
 pub mod desired;
+pub mod node;
 pub mod service;
 pub mod slice;
 pub mod topology;
@@ -24,6 +25,7 @@ pub use build::{build_desired_state, build_desired_state_for};
 pub use desired::{
     DesiredService, DesiredState, FamilySet, NodeTopology, ZONE_LABEL, desired_service,
 };
+pub use node::{NodeModel, NodeSettings, node_pod_cidrs};
 pub use service::{ServicePortInfo, ServicePorts, SessionAffinity, service_ports};
 pub use topology::{Categorized, categorize_endpoints};
 pub use trackers::{EndpointsChangeTracker, ServiceChangeTracker};

@@ -203,7 +203,7 @@ fn restart_would_start(args: &[std::ffi::OsString]) -> Result<(), String> {
         Ok(_) => return Ok(()),
         Err(e) => return Err(e.to_string()),
     };
-    o.check_mode_supported(&options::HostSupport)
+    o.check_mode_supported(&crate::modes::HostSupport)
         .map_err(|e| e.to_string())?;
     let facts = options::checks::NodeFacts::at_startup(o.mode);
     match options::checks::run(&o.config, &facts).fatal {

@@ -31,7 +31,7 @@ use ipnet::IpNet;
 pub use duration::GoDuration;
 pub use ebpf::EbpfDatapathConfiguration;
 pub use error::{FieldError, FieldErrors, OptionsError};
-pub use mode::{HostSupport, ModeChoice, ModeSupport, ProxyMode};
+pub use mode::{ModeChoice, ModeSupport, ProxyMode};
 pub use types::KubeProxyConfiguration;
 
 /// What the environment provides to option processing; tests substitute both.
@@ -45,7 +45,7 @@ pub struct Environment<'a> {
 impl Default for Environment<'static> {
     fn default() -> Self {
         Environment {
-            support: &HostSupport,
+            support: &crate::modes::HostSupport,
             hostname: None,
         }
     }
@@ -89,7 +89,7 @@ pub struct ProxyOptions {
     /// Warnings to log once logging is up (deprecated flags, ignored flags, removed fields).
     pub warnings: Vec<String>,
     /// The command line these options came from (program name first), so that a changed
-    /// config file can be checked the way a restart would load it (`config_watch`).
+    /// config file can be checked the way a restart would load it (`file_watch`).
     pub args: Vec<OsString>,
     /// The files read (`--config`, `--ebpf-config`) with the exact content used.
     pub loaded_files: Vec<LoadedFile>,

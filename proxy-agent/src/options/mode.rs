@@ -1,10 +1,9 @@
-//! The proxy mode: upstream's `iptables`, `ipvs`, `nftables`, plus our `ebpf`.
+//! The proxy mode setting: upstream's `iptables`, `ipvs`, `nftables`, plus our `ebpf`.
 //! A blank mode picks the best one this node supports (ebpf, else nftables, else iptables),
 //! and an explicitly requested mode that cannot work here is a fatal error, as upstream.
+//! The probes themselves live with each mode (`crate::modes`).
 
 use std::fmt;
-use std::path::Path;
-use std::process::{Command, Stdio};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ProxyMode {
@@ -44,7 +43,7 @@ impl fmt::Display for ProxyMode {
     }
 }
 
-/// What this node can run. Real probes touch the kernel; tests use [`FixedSupport`].
+/// What this node can run. `crate::modes::HostSupport` probes the node; tests use [`FixedSupport`].
 pub trait ModeSupport {
     /// `Ok(())` when the mode can work here, else the reason it cannot.
     fn check(&self, mode: ProxyMode) -> Result<(), String>;
@@ -62,159 +61,6 @@ impl ModeSupport for FixedSupport {
             Ok(())
         } else {
             Err(format!("{mode} is not supported (test fixture)"))
-        }
-    }
-}
-
-/// Cheap probes of the running kernel and tools.
-#[derive(Debug, Clone, Default)]
-pub struct HostSupport;
-
-/// The oldest kernel our programs load on: `bpf_redirect_neigh` (used by the TC programs to
-/// forward to a backend on another interface) arrived in 5.10.
-pub const MIN_KERNEL: (u32, u32) = (5, 10);
-
-/// `major.minor` of a kernel release string such as `6.1.0-18-amd64`.
-pub fn parse_kernel_release(release: &str) -> Option<(u32, u32)> {
-    let mut it = release.split(['.', '-', '+']);
-    let major = it.next()?.parse().ok()?;
-    let minor = it.next()?.parse().ok()?;
-    Some((major, minor))
-}
-
-fn kernel_release() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
-/// `bpf(cmd, attr)`; the attribute is a prefix of `union bpf_attr`, zero-padded.
-fn bpf_syscall<T>(cmd: libc::c_long, attr: &T) -> std::io::Result<i32> {
-    // SAFETY: attr points to a fully initialised value of the size passed; the kernel only
-    // reads it (for the commands used here) and checks that unused bytes are zero.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *const T,
-            std::mem::size_of::<T>(),
-        )
-    };
-    if fd < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(fd as i32)
-    }
-}
-
-fn close(fd: i32) {
-    // SAFETY: fd was just returned by the kernel and is owned here.
-    unsafe { libc::close(fd) };
-}
-
-impl HostSupport {
-    /// Whether our programs can run here: a recent enough kernel with BTF, permission to load
-    /// a TC (`sched_cls`) program, and the LRU hash map our conntrack uses.
-    fn probe_bpf() -> Result<(), String> {
-        let release = kernel_release().unwrap_or_default();
-        match parse_kernel_release(&release) {
-            Some(v) if v < MIN_KERNEL => {
-                return Err(format!(
-                    "kernel {release} is older than {}.{} (our TC programs use bpf_redirect_neigh)",
-                    MIN_KERNEL.0, MIN_KERNEL.1
-                ));
-            }
-            Some(_) => {}
-            None => return Err(format!("cannot read the kernel version ({release:?})")),
-        }
-        if !Path::new("/sys/kernel/btf/vmlinux").exists() {
-            return Err("the kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing)".into());
-        }
-        #[repr(C)]
-        #[derive(Default)]
-        struct MapCreate {
-            map_type: u32,
-            key_size: u32,
-            value_size: u32,
-            max_entries: u32,
-            map_flags: u32,
-            _pad: [u32; 27],
-        }
-        let lru = MapCreate {
-            map_type: 9, // BPF_MAP_TYPE_LRU_HASH
-            key_size: 4,
-            value_size: 4,
-            max_entries: 1,
-            ..Default::default()
-        };
-        let fd = bpf_syscall(0 /* BPF_MAP_CREATE */, &lru)
-            .map_err(|e| format!("the bpf() syscall cannot create an LRU hash map: {e}"))?;
-        close(fd);
-
-        #[repr(C)]
-        #[derive(Default)]
-        struct ProgLoad {
-            prog_type: u32,
-            insn_cnt: u32,
-            insns: u64,
-            license: u64,
-            log_level: u32,
-            log_size: u32,
-            log_buf: u64,
-            kern_version: u32,
-            prog_flags: u32,
-            _pad: [u64; 12],
-        }
-        // r0 = 0 (TC_ACT_OK); exit
-        let insns: [u64; 2] = [0xb7, 0x95];
-        let license = b"GPL\0";
-        let prog = ProgLoad {
-            prog_type: 3, // BPF_PROG_TYPE_SCHED_CLS
-            insn_cnt: insns.len() as u32,
-            insns: insns.as_ptr() as u64,
-            license: license.as_ptr() as u64,
-            ..Default::default()
-        };
-        let fd = bpf_syscall(5 /* BPF_PROG_LOAD */, &prog)
-            .map_err(|e| format!("cannot load a TC (sched_cls) BPF program: {e}"))?;
-        close(fd);
-        Ok(())
-    }
-
-    fn tool_works(program: &str, args: &[&str]) -> Result<(), String> {
-        match Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-        {
-            Ok(out) if out.status.success() => Ok(()),
-            Ok(out) => Err(format!(
-                "`{program} {}` failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )),
-            Err(e) => Err(format!("cannot run {program}: {e}")),
-        }
-    }
-}
-
-impl ModeSupport for HostSupport {
-    fn check(&self, mode: ProxyMode) -> Result<(), String> {
-        match mode {
-            ProxyMode::Ebpf => Self::probe_bpf(),
-            ProxyMode::Nftables => Self::tool_works("nft", &["list", "tables"]),
-            ProxyMode::Iptables => {
-                Self::tool_works("iptables", &["-w", "-t", "nat", "-S", "POSTROUTING"])
-            }
-            ProxyMode::Ipvs => {
-                if Path::new("/proc/net/ip_vs").exists() {
-                    Ok(())
-                } else {
-                    Err("the kernel has no IPVS support (/proc/net/ip_vs is missing)".into())
-                }
-            }
         }
     }
 }
@@ -273,25 +119,6 @@ mod tests {
         assert!(c.reason.contains("ebpf is unavailable"), "{}", c.reason);
         let none = FixedSupport::default();
         assert_eq!(pick_best(&none).mode, ProxyMode::Iptables);
-    }
-
-    #[test]
-    fn kernel_release_parsing() {
-        assert_eq!(parse_kernel_release("6.18.0-1-amd64"), Some((6, 18)));
-        assert_eq!(parse_kernel_release("5.10.0+"), Some((5, 10)));
-        assert_eq!(parse_kernel_release("4.19"), Some((4, 19)));
-        assert!(parse_kernel_release("4.19").unwrap() < MIN_KERNEL);
-        assert_eq!(parse_kernel_release("garbage"), None);
-    }
-
-    #[test]
-    fn this_host_answers_every_probe() {
-        // Whatever the host supports, each probe returns (no panic, no hang) with a reason.
-        for m in ProxyMode::ALL {
-            if let Err(why) = HostSupport.check(m) {
-                assert!(!why.is_empty(), "{m}");
-            }
-        }
     }
 
     #[test]

@@ -3,6 +3,9 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 
+use std::sync::Arc;
+
+use super::host::HostNetwork;
 use crate::model::NamespacedName;
 
 /// What a source (the API watches or the manifests) reports.
@@ -18,7 +21,6 @@ pub enum SourceEvent {
     SlicesSynced,
     NodeApplied(Box<Node>),
     NodeDeleted,
-    /// Something outside the API objects changed (node addresses,
-    /// interfaces): ask for a sync without changing any state.
-    Resync,
+    /// The host's interfaces or addresses changed (the host source).
+    HostChanged(Arc<HostNetwork>),
 }

@@ -4,6 +4,7 @@
 
 pub mod api;
 mod event;
+pub mod host;
 pub mod manifests;
 
 pub use event::SourceEvent;

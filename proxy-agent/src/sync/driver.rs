@@ -36,7 +36,7 @@ impl Default for SyncTiming {
 /// Used by both the API source and the manifests source.
 pub async fn run<P, S>(
     events: S,
-    node_name: &str,
+    source: SourceState,
     proxier: P,
     timing: SyncTiming,
     shutdown: impl Future<Output = ()> + Send,
@@ -45,7 +45,7 @@ where
     P: Proxier,
     S: Stream<Item = SourceEvent> + Send,
 {
-    let source = Arc::new(Mutex::new(SourceState::new(node_name)));
+    let source = Arc::new(Mutex::new(source));
     let mut syncer = Syncer::new(source.clone(), proxier, timing.full_sync_period);
     let (runner, handle) = BoundedFrequencyRunner::new(
         "sync-proxy-rules",

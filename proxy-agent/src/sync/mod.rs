@@ -1,9 +1,10 @@
-//! The sync engine: source events feed the change trackers; the bounded
-//! frequency runner turns pending changes into (partial or full) syncs of a
-//! [`Proxier`].
+//! The sync engine: source events feed the change trackers and the node
+//! model; the bounded frequency runner turns pending changes into (partial or
+//! full) syncs of a mode's [`Proxier`].
 //!
 //! ```text
-//! watch / manifests --SourceEvent--> SourceState (trackers) --run()--> runner --> Syncer::sync --> Proxier
+//! sources (api | manifests, host) --SourceEvent--> SourceState (trackers, node model)
+//!     --run()--> runner --> Syncer::sync --> DesiredState (services + node) --> Proxier
 //! ```
 
 mod driver;

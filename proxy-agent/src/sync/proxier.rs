@@ -13,7 +13,7 @@ pub struct SyncChanges {
     pub changed: BTreeSet<ServicePortName>,
 }
 
-/// A proxy mode's backend (ebpf today). Called from the sync task only, never
+/// A proxy mode's backend (`crate::modes`). Called from the sync task only, never
 /// concurrently; it should diff against what it installed, as upstream's
 /// nftables proxier does.
 pub trait Proxier: Send {

@@ -1,7 +1,11 @@
+use std::{collections::BTreeMap, sync::Arc};
+
 use k8s_openapi::api::core::v1::Node;
 
-use crate::model::{EndpointsChangeTracker, NodeTopology, ServiceChangeTracker};
-use crate::sources::SourceEvent;
+use crate::model::{
+    EndpointsChangeTracker, NodeModel, NodeSettings, NodeTopology, ServiceChangeTracker,
+};
+use crate::sources::{SourceEvent, host::HostNetwork};
 
 /// Everything fed by the sources, shared between the event handler and the syncer.
 #[derive(Debug)]
@@ -9,16 +13,31 @@ pub struct SourceState {
     pub(crate) services: ServiceChangeTracker,
     pub(crate) endpoints: EndpointsChangeTracker,
     pub(crate) node: NodeTopology,
+    node_settings: NodeSettings,
+    node_object: Option<Node>,
+    host: Arc<HostNetwork>,
+    node_model: NodeModel,
     services_synced: bool,
     slices_synced: bool,
 }
 
 impl SourceState {
     pub fn new(node_name: &str) -> Self {
+        Self::with_node_settings(node_name, NodeSettings::default())
+    }
+
+    pub fn with_node_settings(node_name: &str, node_settings: NodeSettings) -> Self {
+        let node = NodeTopology::new(node_name);
+        let host = Arc::new(HostNetwork::default());
+        let node_model = NodeModel::build(&node_settings, node.clone(), None, host.clone());
         SourceState {
             services: ServiceChangeTracker::default(),
             endpoints: EndpointsChangeTracker::new(node_name),
-            node: NodeTopology::new(node_name),
+            node,
+            node_settings,
+            node_object: None,
+            host,
+            node_model,
             services_synced: false,
             slices_synced: false,
         }
@@ -28,6 +47,11 @@ impl SourceState {
     /// were listed once, so a restart never programs a partial view.
     pub fn is_initialized(&self) -> bool {
         self.services_synced && self.slices_synced
+    }
+
+    /// This node as of the latest Node object and host snapshot.
+    pub fn node_model(&self) -> &NodeModel {
+        &self.node_model
     }
 
     /// Records the event; returns whether a sync should be requested.
@@ -46,22 +70,33 @@ impl SourceState {
                 self.slices_synced = true;
                 false
             }
-            SourceEvent::NodeApplied(node) => self.set_node(&node),
-            SourceEvent::NodeDeleted => self.set_labels(Default::default()),
-            SourceEvent::Resync => true,
+            SourceEvent::NodeApplied(node) => self.set_node(Some(*node)),
+            SourceEvent::NodeDeleted => self.set_node(None),
+            SourceEvent::HostChanged(host) => {
+                self.host = host;
+                self.rebuild_node_model()
+            }
         };
         self.is_initialized() && (changed || !was_initialized)
     }
 
-    fn set_node(&mut self, node: &Node) -> bool {
-        if node.metadata.name.as_deref() != Some(self.node.node_name.as_str()) {
+    fn set_node(&mut self, node: Option<Node>) -> bool {
+        if let Some(n) = &node
+            && n.metadata.name.as_deref() != Some(self.node.node_name.as_str())
+        {
             return false;
         }
-        self.set_labels(node.metadata.labels.clone().unwrap_or_default())
+        let labels = node
+            .as_ref()
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default();
+        let relevant = self.set_labels(labels);
+        self.node_object = node;
+        self.rebuild_node_model() || relevant
     }
 
     /// Only a topology-relevant label change asks for a (full) sync.
-    fn set_labels(&mut self, labels: std::collections::BTreeMap<String, String>) -> bool {
+    fn set_labels(&mut self, labels: BTreeMap<String, String>) -> bool {
         let next = NodeTopology {
             node_name: self.node.node_name.clone(),
             labels,
@@ -69,5 +104,110 @@ impl SourceState {
         let relevant = next.topology_differs(&self.node);
         self.node = next;
         relevant
+    }
+
+    /// Whether anything but the labels changed (those count through
+    /// [`Self::set_labels`]).
+    fn rebuild_node_model(&mut self) -> bool {
+        let next = NodeModel::build(
+            &self.node_settings,
+            self.node.clone(),
+            self.node_object.as_ref(),
+            self.host.clone(),
+        );
+        let changed = !next.same_facts(&self.node_model);
+        self.node_model = next;
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::sources::host::HostInterface;
+
+    fn host(addresses: &[Ipv4Addr]) -> Arc<HostNetwork> {
+        Arc::new(HostNetwork {
+            interfaces: vec![HostInterface {
+                name: "eth0".into(),
+                index: 2,
+                ipv4: addresses.to_vec(),
+                ..HostInterface::default()
+            }],
+            default_route_interface: Some("eth0".into()),
+        })
+    }
+
+    fn initialized() -> SourceState {
+        let mut state = SourceState::new("node-a");
+        state.handle(SourceEvent::ServicesSynced);
+        state.handle(SourceEvent::SlicesSynced);
+        state
+    }
+
+    #[test]
+    fn host_changes_reach_the_node_model_and_ask_for_a_sync_only_when_it_changed() {
+        let mut state = initialized();
+        let a = Ipv4Addr::new(198, 18, 0, 1);
+        assert!(state.handle(SourceEvent::HostChanged(host(&[a]))));
+        assert_eq!(state.node_model().primary_ipv4, Some(a));
+        assert_eq!(state.node_model().node_port_addresses, vec![IpAddr::V4(a)]);
+        assert!(
+            !state.handle(SourceEvent::HostChanged(host(&[a]))),
+            "the same snapshot again changes nothing"
+        );
+        let b = Ipv4Addr::new(198, 18, 0, 2);
+        assert!(state.handle(SourceEvent::HostChanged(host(&[a, b]))));
+        assert_eq!(
+            state.node_model().node_port_addresses,
+            vec![IpAddr::V4(a), IpAddr::V4(b)]
+        );
+    }
+
+    #[test]
+    fn the_node_object_feeds_the_model_and_other_nodes_are_ignored() {
+        let mut state = initialized();
+        state.handle(SourceEvent::HostChanged(host(&[Ipv4Addr::new(
+            198, 18, 0, 1,
+        )])));
+        let node = |name: &str, cidr: &str| {
+            Box::new(Node {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                    pod_cidr: Some(cidr.into()),
+                    ..Default::default()
+                }),
+                ..Node::default()
+            })
+        };
+        assert!(!state.handle(SourceEvent::NodeApplied(node("node-b", "198.19.1.0/24"))));
+        assert!(state.node_model().pod_cidrs.is_empty());
+        assert!(state.handle(SourceEvent::NodeApplied(node("node-a", "198.19.2.0/24"))));
+        assert_eq!(
+            state.node_model().pod_cidrs,
+            vec!["198.19.2.0/24".parse().unwrap()]
+        );
+        assert!(state.handle(SourceEvent::NodeDeleted));
+        assert!(state.node_model().pod_cidrs.is_empty());
+    }
+
+    #[test]
+    fn nothing_asks_for_a_sync_before_both_kinds_were_listed() {
+        let mut state = SourceState::new("node-a");
+        assert!(!state.handle(SourceEvent::HostChanged(host(&[Ipv4Addr::new(
+            198, 18, 0, 1
+        )]))));
+        assert_eq!(
+            state.node_model().primary_ipv4,
+            Some(Ipv4Addr::new(198, 18, 0, 1)),
+            "but the model follows the host already"
+        );
     }
 }

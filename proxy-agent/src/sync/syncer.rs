@@ -74,7 +74,7 @@ impl<P: Proxier> Syncer<P> {
             let full =
                 self.need_full_sync || periodic || src.node.topology_differs(&self.applied_node);
             self.applied_node = src.node.clone();
-            if full {
+            let changes = if full {
                 self.desired = DesiredState::rebuild(&src.services, &src.endpoints, &src.node);
                 SyncChanges {
                     full: true,
@@ -91,7 +91,9 @@ impl<P: Proxier> Syncer<P> {
                     full: false,
                     changed,
                 }
-            }
+            };
+            self.desired.node = src.node_model().clone();
+            changes
         };
         if let Err(err) = self.proxier.sync(&self.desired, &changes) {
             // The trackers were already flushed into `desired`, so only a full

@@ -119,6 +119,7 @@ mod tests {
         svc.load_balancer_ips = vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 20))];
         let desired = DesiredState {
             services: [(svc.name.clone(), svc)].into_iter().collect(),
+            ..DesiredState::default()
         };
         let n = names(&desired, &[Ipv4Addr::new(192, 0, 2, 1)]);
         let keys: Vec<_> = n

@@ -12,10 +12,13 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::{args::Offline, frontend, sandbox, trace::Datapath};
 use crate::{
-    model::{DesiredState, NodeTopology, build_desired_state_for},
+    model::{
+        DesiredState, NodeModel, NodeSettings, NodeTopology, build_desired_state_for,
+        node_pod_cidrs,
+    },
     modes::ebpf::{
         self, KernelMaps, MapSizes, NodeProgrammer, Programmer,
-        node::{NodeSettings, node_facts, node_pod_cidrs},
+        node::{EbpfNodeSettings, node_facts},
     },
     options::{
         self, Environment, OptionsError, Parsed, ProxyOptions,
@@ -43,14 +46,20 @@ pub fn prepare(args: &Offline) -> anyhow::Result<(Datapath, frontend::Names)> {
     };
     let desired = build_desired_state_for(&objects.services, &objects.endpoint_slices, &topology);
 
-    let settings = NodeSettings::from_options(&opts);
+    let settings = EbpfNodeSettings::from_options(&opts);
     let layout = sandbox::Layout::new(
         &settings,
         local_addresses,
         pod_routes(node.as_ref(), &desired),
     );
     let sandbox = sandbox::enter(&layout)?;
-    let facts = node_facts(&settings, node.as_ref(), &sandbox.host);
+    let model = NodeModel::build(
+        &NodeSettings::from_options(&opts),
+        topology,
+        node.as_ref(),
+        std::sync::Arc::new(sandbox.host.clone()),
+    );
+    let facts = node_facts(&settings, &model);
 
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let sizes = MapSizes {
@@ -166,6 +175,10 @@ fn pod_routes(node: Option<&Node>, desired: &DesiredState) -> Vec<Ipv4Net> {
         .map(node_pod_cidrs)
         .unwrap_or_default()
         .into_iter()
+        .filter_map(|c| match c {
+            ipnet::IpNet::V4(c) => Some(c),
+            ipnet::IpNet::V6(_) => None,
+        })
         .collect();
     for svc in desired.services.values() {
         for ep in svc.cluster_endpoints.iter().chain(&svc.local_endpoints) {

@@ -10,7 +10,10 @@ use std::{ffi::CString, net::Ipv4Addr, process::Command};
 use anyhow::{Context as _, bail};
 use ipnet::Ipv4Net;
 
-use crate::modes::ebpf::node::{DetectLocal, HostInterface, HostNetwork, NodeSettings};
+use crate::{
+    modes::ebpf::node::{DetectLocal, EbpfNodeSettings},
+    sources::host::{HostInterface, HostNetwork},
+};
 
 /// The default route's next hop: a permanent neighbour on the external interface.
 const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 1);
@@ -36,7 +39,7 @@ impl Layout {
     /// node: the external one as configured (else `eth0`), the pod one
     /// matching the pod-interface prefix or bridge of detectLocalMode.
     pub fn new(
-        settings: &NodeSettings,
+        settings: &EbpfNodeSettings,
         local_addresses: Vec<Ipv4Addr>,
         pod_routes: Vec<Ipv4Net>,
     ) -> Self {
@@ -172,18 +175,21 @@ fn build(layout: &Layout) -> anyhow::Result<Sandbox> {
             index: ifindex("lo")?,
             master: None,
             ipv4: vec![Ipv4Addr::LOCALHOST],
+            ipv6: Vec::new(),
         },
         HostInterface {
             name: ext.into(),
             index: external_ifindex,
             master: None,
             ipv4: layout.local_addresses.clone(),
+            ipv6: Vec::new(),
         },
         HostInterface {
             name: pod.into(),
             index: pod_ifindex,
             master: layout.bridge.clone(),
             ipv4: Vec::new(),
+            ipv6: Vec::new(),
         },
     ];
     if let Some(bridge) = &layout.bridge {
@@ -192,6 +198,7 @@ fn build(layout: &Layout) -> anyhow::Result<Sandbox> {
             index: ifindex(bridge)?,
             master: None,
             ipv4: Vec::new(),
+            ipv6: Vec::new(),
         });
     }
     interfaces.sort_by_key(|i| i.index);
@@ -234,10 +241,10 @@ pub fn ifindex(name: &str) -> anyhow::Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::options::{GoDuration, NodePortAddresses, ebpf::BpfConntrackParams};
+    use crate::options::{GoDuration, ebpf::BpfConntrackParams};
 
-    fn settings(detect_local: DetectLocal, external: &[&str]) -> NodeSettings {
-        NodeSettings {
+    fn settings(detect_local: DetectLocal, external: &[&str]) -> EbpfNodeSettings {
+        EbpfNodeSettings {
             conntrack: BpfConntrackParams {
                 max_entries: 0,
                 tcp_established: GoDuration::from_secs(0),
@@ -247,8 +254,6 @@ mod tests {
             },
             masquerade_all: false,
             detect_local,
-            node_port_addresses: NodePortAddresses::All,
-            bind_address: None,
             external_interfaces: external.iter().map(|s| s.to_string()).collect(),
             pod_interface_prefixes: vec!["veth".into(), "cali".into()],
         }

@@ -34,38 +34,36 @@ struct External {
 
 pub struct Attacher {
     ebpf: Ebpf,
-    pod_prefixes: Vec<String>,
     xdp_setting: XdpSetting,
     pods: BTreeMap<String, (u32, SchedClassifierLinkId)>,
     externals: BTreeMap<String, External>,
+    /// Interfaces whose attachment failed on the last pass.
+    failed: usize,
 }
 
 impl Attacher {
-    pub fn new(ebpf: Ebpf, pod_prefixes: Vec<String>, xdp_setting: XdpSetting) -> Self {
+    pub fn new(ebpf: Ebpf, xdp_setting: XdpSetting) -> Self {
         Self {
             ebpf,
-            pod_prefixes,
             xdp_setting,
             pods: BTreeMap::new(),
             externals: BTreeMap::new(),
+            failed: 0,
         }
     }
 
-    pub fn ebpf(&self) -> &Ebpf {
-        &self.ebpf
-    }
-
-    /// Pod interfaces present now (name → ifindex).
-    pub fn pod_interfaces(&self) -> anyhow::Result<BTreeMap<String, u32>> {
-        interfaces::matching(&self.pod_prefixes).context("listing /sys/class/net")
-    }
-
     /// Attaches to interfaces that appeared and forgets ones that went away
-    /// (the kernel drops their links with them). `external` is name → ifindex.
-    pub fn reconcile(&mut self, external: &BTreeMap<String, u32>) -> anyhow::Result<()> {
-        let pods = self.pod_interfaces()?;
-        self.reconcile_pods(&pods)?;
-        self.reconcile_externals(external)
+    /// (the kernel drops their links with them). Both maps are name → ifindex.
+    /// Returns whether every interface is attached (else a later pass retries).
+    pub fn reconcile(
+        &mut self,
+        pods: &BTreeMap<String, u32>,
+        external: &BTreeMap<String, u32>,
+    ) -> anyhow::Result<bool> {
+        self.failed = 0;
+        self.reconcile_pods(pods)?;
+        self.reconcile_externals(external)?;
+        Ok(self.failed == 0)
     }
 
     fn reconcile_pods(&mut self, present: &BTreeMap<String, u32>) -> anyhow::Result<()> {
@@ -96,7 +94,10 @@ impl Attacher {
                     self.pods.insert(name.clone(), (*index, link));
                 }
                 // Typically the interface vanished mid-way; the next pass retries.
-                Err(e) => warn!(interface = %name, error = %e, "attaching tc_from_pod failed"),
+                Err(e) => {
+                    self.failed += 1;
+                    warn!(interface = %name, error = %e, "attaching tc_from_pod failed");
+                }
             }
         }
         Ok(())
@@ -127,6 +128,7 @@ impl Attacher {
             let tc = match tc.attach(name, TcAttachType::Ingress) {
                 Ok(link) => link,
                 Err(e) => {
+                    self.failed += 1;
                     warn!(interface = %name, error = %e, "attaching tc_from_netdev failed");
                     continue;
                 }

@@ -1,5 +1,5 @@
-//! The ebpf mode: loads the programs, attaches them to pod-facing interfaces
-//! and programs the service maps from the desired state.
+//! The ebpf mode: loads the programs, attaches them to pod-facing and
+//! external interfaces and programs the maps from the desired state.
 
 mod attach;
 pub mod cleanup;
@@ -8,24 +8,23 @@ pub mod maps;
 pub mod node;
 mod object;
 pub mod pin;
+pub mod probe;
 mod programmer;
+mod proxier;
+mod run;
 pub mod stats;
 pub mod test_run;
 
 use anyhow::{Context as _, bail};
 use aya::{Ebpf, EbpfLoader};
-use tracing::info;
 
 pub use attach::{Attacher, XdpChoice};
 pub use maps::{KernelMaps, MapError, ServiceMaps};
-pub use node::{NodeFacts, NodeProgrammer};
+pub use node::{EbpfNodeSettings, NodeFacts, NodeProgrammer, node_facts};
 pub use object::{OBJECT, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP};
 pub use programmer::{Programmer, SyncStats};
-
-use crate::{
-    model::DesiredState,
-    sync::{Proxier, SyncChanges},
-};
+pub use proxier::EbpfProxier;
+pub use run::EbpfMode;
 
 /// Capacities of the maps, chosen at load time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,77 +112,4 @@ fn interrupted(e: &aya::programs::ProgramError) -> bool {
         source = err.source();
     }
     false
-}
-
-/// The ebpf mode's [`Proxier`]: programs the service maps from the desired
-/// state, and the node maps from the latest [`NodeFacts`].
-pub struct EbpfProxier {
-    maps: KernelMaps,
-    programmer: Programmer,
-    node_programmer: NodeProgrammer,
-    facts: tokio::sync::watch::Receiver<NodeFacts>,
-}
-
-impl EbpfProxier {
-    /// Writes the initial node facts right away, so the datapath knows the
-    /// node before any program is attached.
-    pub fn new(
-        mut maps: KernelMaps,
-        mut facts: tokio::sync::watch::Receiver<NodeFacts>,
-    ) -> Result<Self, MapError> {
-        let mut node_programmer = NodeProgrammer::new();
-        let mut programmer = Programmer::new();
-        let current = facts.borrow_and_update().clone();
-        node_programmer.apply(&current, &mut maps)?;
-        programmer.set_node_addresses(&current.addresses, &DesiredState::default(), &mut maps)?;
-        Ok(Self {
-            maps,
-            programmer,
-            node_programmer,
-            facts,
-        })
-    }
-
-    fn apply_node_facts(&mut self, desired: &DesiredState) -> Result<(), MapError> {
-        if !self.facts.has_changed().unwrap_or(false) {
-            return Ok(());
-        }
-        let facts = self.facts.borrow_and_update().clone();
-        let writes = self.node_programmer.apply(&facts, &mut self.maps)?;
-        let stats =
-            self.programmer
-                .set_node_addresses(&facts.addresses, desired, &mut self.maps)?;
-        info!(
-            node_writes = writes,
-            node_port_addresses = ?facts.addresses.node_ports,
-            frontend_writes = stats.writes,
-            "node facts applied"
-        );
-        Ok(())
-    }
-}
-
-impl Proxier for EbpfProxier {
-    type Error = MapError;
-
-    fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), MapError> {
-        self.apply_node_facts(desired)?;
-        let stats = if changes.full {
-            self.programmer.sync(desired, &mut self.maps)?
-        } else {
-            self.programmer
-                .sync_changed(desired, &changes.changed, &mut self.maps)?
-        };
-        info!(
-            full = changes.full,
-            changed = changes.changed.len(),
-            frontends = stats.frontends,
-            backends = stats.backends,
-            writes = stats.writes,
-            deletes = stats.deletes,
-            flushed_flows = stats.flushed_flows,
-            "datapath synced"
-        );
-        Ok(())
-    }
 }

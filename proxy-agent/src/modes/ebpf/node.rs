@@ -1,12 +1,12 @@
-//! The node's network facts, turned into what the datapath reads besides the
-//! services: `CONFIG`, `LOCAL_POD_CIDRS` and `IFACES`, and the addresses
-//! NodePorts are served on.
+//! The node model as the ebpf mode needs it: what the datapath reads besides
+//! the services (`CONFIG`, `LOCAL_POD_CIDRS` and `IFACES`), the addresses
+//! NodePorts are served on, and which interfaces the programs attach to.
 //!
-//! [`node_facts`] is pure (settings, Node object and host interfaces in,
-//! facts out); [`HostNetwork::read`] reads the live system; [`NodeProgrammer`]
-//! writes the facts in an order the datapath can read at any moment.
+//! [`node_facts`] is pure (settings and node model in, facts out);
+//! [`NodeProgrammer`] writes the facts in an order the datapath can read at
+//! any moment.
 
-mod host;
+mod snat_ports;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -14,18 +14,21 @@ use std::{
 };
 
 use ipnet::{IpNet, Ipv4Net};
-use k8s_openapi::api::core::v1::Node;
 use proxy_common::{
     DatapathConfig, IfaceInfo,
     config::{flags, iface},
 };
 
-pub use host::{HostInterface, HostNetwork, snat_port_overlap, warn_if_snat_ports_overlap};
+pub use snat_ports::{snat_port_overlap, warn_if_snat_ports_overlap};
 
 use super::maps::{MapError, NodeMaps};
-use crate::options::{
-    GoDuration, NodePortAddresses, ProxyOptions,
-    ebpf::{BpfConntrackParams, conntrack_params},
+use crate::{
+    model::NodeModel,
+    options::{
+        GoDuration, ProxyOptions,
+        ebpf::{BpfConntrackParams, conntrack_params},
+    },
+    sources::host::{HostInterface, HostNetwork},
 };
 
 /// Source ports of masqueraded flows: above Linux's default ephemeral range
@@ -46,21 +49,18 @@ pub enum DetectLocal {
     InterfaceNamePrefix(String),
 }
 
-/// The options that shape the node facts.
+/// The options that shape the ebpf mode's node facts.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeSettings {
+pub struct EbpfNodeSettings {
     pub conntrack: BpfConntrackParams,
     pub masquerade_all: bool,
     pub detect_local: DetectLocal,
-    pub node_port_addresses: NodePortAddresses,
-    /// `bindAddress` when it names one routable IPv4 address.
-    pub bind_address: Option<Ipv4Addr>,
     /// `externalInterfaces`; empty means the interfaces holding node addresses.
     pub external_interfaces: Vec<String>,
     pub pod_interface_prefixes: Vec<String>,
 }
 
-impl NodeSettings {
+impl EbpfNodeSettings {
     pub fn from_options(opts: &ProxyOptions) -> Self {
         let config = &opts.config;
         let detect_local = match config.detect_local_mode.as_str() {
@@ -80,22 +80,73 @@ impl NodeSettings {
                 }
             }
         };
-        NodeSettings {
+        EbpfNodeSettings {
             // The CPU count only sizes the table, which is not used here.
             conntrack: conntrack_params(config, &opts.ebpf, 1),
             masquerade_all: opts.masquerade_all(),
             detect_local,
-            node_port_addresses: opts.node_port_addresses(),
-            bind_address: config
-                .bind_address
-                .trim()
-                .parse::<Ipv4Addr>()
-                .ok()
-                .filter(|a| !a.is_unspecified() && !a.is_loopback()),
             external_interfaces: opts.ebpf.external_interfaces.clone(),
             pod_interface_prefixes: opts.ebpf.pod_prefixes().to_vec(),
         }
     }
+
+    /// The pod-facing interfaces present on the host, name -> ifindex:
+    /// where `tc_from_pod` attaches.
+    pub fn pod_interfaces(&self, host: &HostNetwork) -> BTreeMap<String, u32> {
+        host.interfaces
+            .iter()
+            .filter(|i| self.is_pod_facing(i))
+            .map(|i| (i.name.clone(), i.index))
+            .collect()
+    }
+
+    fn is_pod_facing(&self, i: &HostInterface) -> bool {
+        self.pod_interface_prefixes
+            .iter()
+            .any(|p| i.name.starts_with(p.as_str()))
+    }
+
+    fn is_external_interface(&self, i: &HostInterface) -> bool {
+        if !self.external_interfaces.is_empty() {
+            return self.external_interfaces.contains(&i.name);
+        }
+        // Service addresses are often put on `lo`; TC and XDP there would only
+        // see the node talking to itself.
+        !self.is_pod_facing(i) && i.name != "lo" && i.ipv4.iter().any(|a| !a.is_loopback())
+    }
+
+    /// The flags of every interface that has one (by ifindex), and the
+    /// external ones by name: where the NodePort / LB / external-IP programs
+    /// (XDP, `tc_from_netdev`) attach.
+    pub fn interface_roles(&self, host: &HostNetwork) -> InterfaceRoles {
+        // A bridge whose ports are pod interfaces faces pods, whatever it is called.
+        let pod_bridges: BTreeSet<&str> = host
+            .interfaces
+            .iter()
+            .filter(|i| self.is_pod_facing(i))
+            .filter_map(|i| i.master.as_deref())
+            .collect();
+        let mut roles = InterfaceRoles::default();
+        for i in &host.interfaces {
+            let mut info = IfaceInfo::default();
+            if is_local_pod_interface(&self.detect_local, i) {
+                info.flags |= iface::LOCAL_POD;
+            } else if !pod_bridges.contains(i.name.as_str()) && self.is_external_interface(i) {
+                info.flags |= iface::EXTERNAL;
+                roles.external.insert(i.name.clone(), i.index);
+            }
+            if info.flags != 0 {
+                roles.flags.insert(i.index, info);
+            }
+        }
+        roles
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InterfaceRoles {
+    pub flags: BTreeMap<u32, IfaceInfo>,
+    pub external: BTreeMap<String, u32>,
 }
 
 /// The node addresses the service programmer needs.
@@ -116,19 +167,17 @@ pub struct NodeFacts {
     /// Interfaces with at least one flag, by ifindex.
     pub ifaces: BTreeMap<u32, IfaceInfo>,
     pub addresses: NodeAddresses,
-    /// The interfaces flagged external, name -> ifindex: where the
-    /// NodePort / LB / external-IP programs (XDP, `tc_from_netdev`) attach.
+    /// The interfaces flagged external, name -> ifindex.
     pub external_interfaces: BTreeMap<String, u32>,
 }
 
-/// Computes the node facts from the settings, this node's Node object (if
-/// already received) and the host's interfaces.
-pub fn node_facts(settings: &NodeSettings, node: Option<&Node>, host: &HostNetwork) -> NodeFacts {
-    let primary = primary_ipv4(settings, node, host);
+/// The ebpf mode's view of the node model.
+pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
+    let primary = node.primary_ipv4;
     let (detect_flag, local_pod_cidrs) = match &settings.detect_local {
         DetectLocal::ClusterCidr(cidrs) => (flags::DETECT_LOCAL_BY_CIDR, cidrs.clone()),
         DetectLocal::NodeCidr => {
-            let cidrs = node.map(node_pod_cidrs).unwrap_or_default();
+            let cidrs = ipv4_nets(&node.pod_cidrs);
             let flag = if cidrs.is_empty() {
                 0
             } else {
@@ -158,38 +207,16 @@ pub fn node_facts(settings: &NodeSettings, node: Option<&Node>, host: &HostNetwo
         snat_port_max: SNAT_PORT_MAX,
         _pad: 0,
     };
-
-    // A bridge whose ports are pod interfaces faces pods, whatever it is called.
-    let pod_bridges: BTreeSet<&str> = host
-        .interfaces
-        .iter()
-        .filter(|i| is_pod_facing(settings, i))
-        .filter_map(|i| i.master.as_deref())
-        .collect();
-    let mut ifaces = BTreeMap::new();
-    let mut external_interfaces = BTreeMap::new();
-    for i in &host.interfaces {
-        let mut info = IfaceInfo::default();
-        if is_local_pod_interface(&settings.detect_local, i) {
-            info.flags |= iface::LOCAL_POD;
-        } else if !pod_bridges.contains(i.name.as_str()) && is_external_interface(settings, i) {
-            info.flags |= iface::EXTERNAL;
-            external_interfaces.insert(i.name.clone(), i.index);
-        }
-        if info.flags != 0 {
-            ifaces.insert(i.index, info);
-        }
-    }
-
+    let roles = settings.interface_roles(&node.host);
     NodeFacts {
         config,
         local_pod_cidrs: local_pod_cidrs.into_iter().map(|c| c.trunc()).collect(),
-        ifaces,
+        ifaces: roles.flags,
         addresses: NodeAddresses {
             primary,
-            node_ports: node_port_addresses(&settings.node_port_addresses, primary, host),
+            node_ports: node.node_port_ipv4().collect(),
         },
-        external_interfaces,
+        external_interfaces: roles.external,
     }
 }
 
@@ -206,74 +233,6 @@ fn ipv4_nets(nets: &[IpNet]) -> Vec<Ipv4Net> {
         .collect()
 }
 
-/// `--bind-address` when specific, else the Node's first IPv4 InternalIP
-/// (then ExternalIP), else the address of the default route's interface.
-/// Upstream falls back to 127.0.0.1, which is useless as a masquerade source.
-fn primary_ipv4(
-    settings: &NodeSettings,
-    node: Option<&Node>,
-    host: &HostNetwork,
-) -> Option<Ipv4Addr> {
-    settings
-        .bind_address
-        .or_else(|| node.and_then(|n| node_address(n, "InternalIP")))
-        .or_else(|| node.and_then(|n| node_address(n, "ExternalIP")))
-        .or_else(|| {
-            let name = host.default_route_interface.as_deref()?;
-            let iface = host.interfaces.iter().find(|i| i.name == name)?;
-            iface.ipv4.first().copied()
-        })
-}
-
-fn node_address(node: &Node, kind: &str) -> Option<Ipv4Addr> {
-    node.status
-        .as_ref()?
-        .addresses
-        .as_ref()?
-        .iter()
-        .filter(|a| a.type_ == kind)
-        .find_map(|a| a.address.trim().parse().ok())
-}
-
-/// The Node's IPv4 podCIDRs (`spec.podCIDRs`, else `spec.podCIDR`).
-pub fn node_pod_cidrs(node: &Node) -> Vec<Ipv4Net> {
-    let Some(spec) = node.spec.as_ref() else {
-        return Vec::new();
-    };
-    let raw: Vec<&str> = match &spec.pod_cidrs {
-        Some(list) if !list.is_empty() => list.iter().map(String::as_str).collect(),
-        _ => spec.pod_cidr.as_deref().into_iter().collect(),
-    };
-    raw.iter()
-        .filter_map(|c| c.trim().parse::<Ipv4Net>().ok())
-        .map(|c| c.trunc())
-        .collect()
-}
-
-/// Upstream's semantics: no IPv4 CIDR means every address; `primary` means
-/// the primary IP if it is local (every address without a primary IPv4).
-/// Loopback addresses are never included: the TC and XDP programs do not see
-/// traffic to them (upstream iptables serves them through route_localnet).
-fn node_port_addresses(
-    mode: &NodePortAddresses,
-    primary: Option<Ipv4Addr>,
-    host: &HostNetwork,
-) -> Vec<Ipv4Addr> {
-    let cidrs: Vec<Ipv4Net> = match mode {
-        NodePortAddresses::All => Vec::new(),
-        NodePortAddresses::Primary => primary.map(Ipv4Net::from).into_iter().collect(),
-        NodePortAddresses::Cidrs(list) => ipv4_nets(list),
-    };
-    let local: BTreeSet<Ipv4Addr> = host
-        .interfaces
-        .iter()
-        .flat_map(|i| i.ipv4.iter().copied())
-        .filter(|a| !a.is_loopback())
-        .filter(|a| cidrs.is_empty() || cidrs.iter().any(|c| c.contains(a)))
-        .collect();
-    local.into_iter().collect()
-}
-
 /// The programs run on the bridge's ports, so those count as the bridge.
 fn is_local_pod_interface(detect: &DetectLocal, i: &HostInterface) -> bool {
     match detect {
@@ -283,23 +242,6 @@ fn is_local_pod_interface(detect: &DetectLocal, i: &HostInterface) -> bool {
         DetectLocal::InterfaceNamePrefix(prefix) => i.name.starts_with(prefix.as_str()),
         _ => false,
     }
-}
-
-fn is_pod_facing(settings: &NodeSettings, i: &HostInterface) -> bool {
-    settings
-        .pod_interface_prefixes
-        .iter()
-        .any(|p| i.name.starts_with(p.as_str()))
-}
-
-fn is_external_interface(settings: &NodeSettings, i: &HostInterface) -> bool {
-    if !settings.external_interfaces.is_empty() {
-        return settings.external_interfaces.contains(&i.name);
-    }
-    let pod_facing = is_pod_facing(settings, i);
-    // Service addresses are often put on `lo`; TC and XDP there would only
-    // see the node talking to itself.
-    !pod_facing && i.name != "lo" && i.ipv4.iter().any(|a| !a.is_loopback())
 }
 
 /// Writes [`NodeFacts`] to the maps, changes only.

@@ -1,10 +1,29 @@
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus};
 use proxy_common::conntrack::{DEFAULT_UDP_NS, DEFAULT_UDP_STREAM_NS};
 
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+
 use super::*;
-use crate::options::{Environment, Parsed, ProxyMode, mode::FixedSupport, parse};
+use crate::{
+    model::{NodeSettings as ModelSettings, NodeTopology, node_pod_cidrs},
+    options::{Environment, NodePortAddresses, Parsed, ProxyMode, mode::FixedSupport, parse},
+};
+
+/// The mode-neutral settings of the node model and the ebpf mode's own.
+struct Settings {
+    ebpf: EbpfNodeSettings,
+    node: ModelSettings,
+}
+
+/// The facts the ebpf mode derives from the node model of `n` and `h`.
+fn derive(s: &Settings, n: Option<&Node>, h: &HostNetwork) -> NodeFacts {
+    let model = NodeModel::build(&s.node, NodeTopology::new("node-a"), n, Arc::new(h.clone()));
+    node_facts(&s.ebpf, &model)
+}
 
 fn ip(s: &str) -> Ipv4Addr {
     s.parse().unwrap()
@@ -14,21 +33,22 @@ fn net(s: &str) -> Ipv4Net {
     s.parse().unwrap()
 }
 
-fn settings(detect_local: DetectLocal) -> NodeSettings {
-    NodeSettings {
-        conntrack: BpfConntrackParams {
-            max_entries: 1,
-            tcp_established: GoDuration::from_secs(86_400),
-            tcp_close_wait: GoDuration::from_secs(3_600),
-            udp: GoDuration::from_secs(30),
-            udp_stream: GoDuration::from_secs(120),
+fn settings(detect_local: DetectLocal) -> Settings {
+    Settings {
+        ebpf: EbpfNodeSettings {
+            conntrack: BpfConntrackParams {
+                max_entries: 1,
+                tcp_established: GoDuration::from_secs(86_400),
+                tcp_close_wait: GoDuration::from_secs(3_600),
+                udp: GoDuration::from_secs(30),
+                udp_stream: GoDuration::from_secs(120),
+            },
+            masquerade_all: false,
+            detect_local,
+            external_interfaces: Vec::new(),
+            pod_interface_prefixes: vec!["veth".into()],
         },
-        masquerade_all: false,
-        detect_local,
-        node_port_addresses: NodePortAddresses::All,
-        bind_address: None,
-        external_interfaces: Vec::new(),
-        pod_interface_prefixes: vec!["veth".into()],
+        node: ModelSettings::default(),
     }
 }
 
@@ -38,6 +58,7 @@ fn iface(index: u32, name: &str, master: Option<&str>, addrs: &[&str]) -> HostIn
         index,
         master: master.map(Into::into),
         ipv4: addrs.iter().map(|a| ip(a)).collect(),
+        ipv6: Vec::new(),
     }
 }
 
@@ -92,7 +113,7 @@ fn flagged(facts: &NodeFacts, flag: u32) -> Vec<u32> {
 #[test]
 fn cluster_cidr_mode_detects_by_source_address() {
     let s = settings(DetectLocal::ClusterCidr(vec![net("10.244.0.0/16")]));
-    let facts = node_facts(&s, None, &host());
+    let facts = derive(&s, None, &host());
     assert_eq!(facts.config.flags, flags::DETECT_LOCAL_BY_CIDR);
     assert_eq!(
         facts.local_pod_cidrs.iter().copied().collect::<Vec<_>>(),
@@ -103,7 +124,7 @@ fn cluster_cidr_mode_detects_by_source_address() {
 
 #[test]
 fn cluster_cidr_mode_without_an_ipv4_cidr_detects_nothing() {
-    let facts = node_facts(&settings(DetectLocal::None), None, &host());
+    let facts = derive(&settings(DetectLocal::None), None, &host());
     assert_eq!(facts.config.flags, 0);
     assert!(facts.local_pod_cidrs.is_empty());
     assert!(flagged(&facts, iface::LOCAL_POD).is_empty());
@@ -112,11 +133,11 @@ fn cluster_cidr_mode_without_an_ipv4_cidr_detects_nothing() {
 #[test]
 fn node_cidr_mode_uses_the_nodes_ipv4_pod_cidrs_once_known() {
     let s = settings(DetectLocal::NodeCidr);
-    let before = node_facts(&s, None, &host());
+    let before = derive(&s, None, &host());
     assert_eq!(before.config.flags, 0, "no podCIDR yet: no detection");
 
     let n = node(&["192.0.2.10"], &[], &["10.244.1.0/24", "fd00:1::/64"]);
-    let after = node_facts(&s, Some(&n), &host());
+    let after = derive(&s, Some(&n), &host());
     assert_eq!(after.config.flags, flags::DETECT_LOCAL_BY_CIDR);
     assert_eq!(
         after.local_pod_cidrs.iter().copied().collect::<Vec<_>>(),
@@ -128,13 +149,13 @@ fn node_cidr_mode_uses_the_nodes_ipv4_pod_cidrs_once_known() {
 fn node_cidr_falls_back_to_the_singular_pod_cidr() {
     let mut n = node(&[], &[], &[]);
     n.spec.as_mut().unwrap().pod_cidr = Some("10.244.9.0/24".into());
-    assert_eq!(node_pod_cidrs(&n), vec![net("10.244.9.0/24")]);
+    assert_eq!(node_pod_cidrs(&n), vec![IpNet::V4(net("10.244.9.0/24"))]);
 }
 
 #[test]
 fn bridge_interface_mode_marks_the_bridge_and_its_ports() {
     let s = settings(DetectLocal::BridgeInterface("cni0".into()));
-    let facts = node_facts(&s, None, &host());
+    let facts = derive(&s, None, &host());
     assert_eq!(facts.config.flags, flags::DETECT_LOCAL_BY_INTERFACE);
     assert_eq!(flagged(&facts, iface::LOCAL_POD), vec![4, 5, 6]);
     assert!(facts.local_pod_cidrs.is_empty());
@@ -143,7 +164,7 @@ fn bridge_interface_mode_marks_the_bridge_and_its_ports() {
 #[test]
 fn interface_name_prefix_mode_marks_matching_interfaces() {
     let s = settings(DetectLocal::InterfaceNamePrefix("veth".into()));
-    let facts = node_facts(&s, None, &host());
+    let facts = derive(&s, None, &host());
     assert_eq!(facts.config.flags, flags::DETECT_LOCAL_BY_INTERFACE);
     assert_eq!(flagged(&facts, iface::LOCAL_POD), vec![5, 6]);
 }
@@ -151,8 +172,8 @@ fn interface_name_prefix_mode_marks_matching_interfaces() {
 #[test]
 fn masquerade_all_and_conntrack_timeouts_reach_the_config() {
     let mut s = settings(DetectLocal::None);
-    s.masquerade_all = true;
-    let c = node_facts(&s, None, &host()).config;
+    s.ebpf.masquerade_all = true;
+    let c = derive(&s, None, &host()).config;
     assert_eq!(c.flags, flags::MASQUERADE_ALL);
     assert_eq!(c.tcp_established_ns, 86_400 * 1_000_000_000);
     assert_eq!(c.tcp_closing_ns, 3_600 * 1_000_000_000);
@@ -164,7 +185,7 @@ fn masquerade_all_and_conntrack_timeouts_reach_the_config() {
 #[test]
 fn primary_ip_prefers_bind_address_then_internal_then_external_then_default_route() {
     let mut s = settings(DetectLocal::None);
-    let primary = |s: &NodeSettings, n: Option<&Node>| node_facts(s, n, &host()).addresses.primary;
+    let primary = |s: &Settings, n: Option<&Node>| derive(s, n, &host()).addresses.primary;
 
     assert_eq!(
         primary(&s, None),
@@ -175,10 +196,10 @@ fn primary_ip_prefers_bind_address_then_internal_then_external_then_default_rout
     assert_eq!(primary(&s, Some(&external_only)), Some(ip("203.0.113.5")));
     let both = node(&["fd00::1", "192.0.2.10"], &["203.0.113.5"], &[]);
     assert_eq!(primary(&s, Some(&both)), Some(ip("192.0.2.10")));
-    s.bind_address = Some(ip("198.51.100.8"));
+    s.node.bind_address = Some(IpAddr::V4(ip("198.51.100.8")));
     assert_eq!(primary(&s, Some(&both)), Some(ip("198.51.100.8")));
 
-    let c = node_facts(&s, Some(&both), &host()).config;
+    let c = derive(&s, Some(&both), &host()).config;
     assert_eq!(c.masquerade_addr_be, u32::from(ip("198.51.100.8")).to_be());
 }
 
@@ -188,15 +209,15 @@ fn no_primary_ip_disables_masquerading() {
         interfaces: vec![iface(1, "lo", None, &["127.0.0.1"])],
         default_route_interface: None,
     };
-    let facts = node_facts(&settings(DetectLocal::None), None, &host);
+    let facts = derive(&settings(DetectLocal::None), None, &host);
     assert_eq!(facts.addresses.primary, None);
     assert_eq!(facts.config.masquerade_addr_be, 0);
 }
 
 fn node_ports(mode: NodePortAddresses, n: Option<&Node>) -> Vec<Ipv4Addr> {
     let mut s = settings(DetectLocal::None);
-    s.node_port_addresses = mode;
-    node_facts(&s, n, &host()).addresses.node_ports
+    s.node.node_port_addresses = mode;
+    derive(&s, n, &host()).addresses.node_ports
 }
 
 #[test]
@@ -240,7 +261,7 @@ fn node_port_addresses_primary_is_the_primary_ip_if_local() {
 
 #[test]
 fn external_interfaces_are_the_addressed_non_pod_ones_unless_configured() {
-    let facts = node_facts(&settings(DetectLocal::None), None, &host());
+    let facts = derive(&settings(DetectLocal::None), None, &host());
     assert_eq!(
         facts.external_interfaces,
         BTreeMap::from([("eth0".into(), 2), ("eth1".into(), 3)]),
@@ -252,22 +273,22 @@ fn external_interfaces_are_the_addressed_non_pod_ones_unless_configured() {
         .ipv4
         .push(ip("192.0.2.99"));
     assert!(
-        !node_facts(&settings(DetectLocal::None), None, &with_service_ip_on_lo)
+        !derive(&settings(DetectLocal::None), None, &with_service_ip_on_lo)
             .external_interfaces
             .contains_key("lo")
     );
 
     let mut s = settings(DetectLocal::BridgeInterface("cni0".into()));
-    let facts = node_facts(&s, None, &host());
+    let facts = derive(&s, None, &host());
     assert_eq!(
         facts.external_interfaces.keys().collect::<Vec<_>>(),
         ["eth0", "eth1"],
         "the pod bridge is not external"
     );
 
-    s.external_interfaces = vec!["eth1".into()];
+    s.ebpf.external_interfaces = vec!["eth1".into()];
     assert_eq!(
-        node_facts(&s, None, &host()).external_interfaces,
+        derive(&s, None, &host()).external_interfaces,
         BTreeMap::from([("eth1".into(), 3)])
     );
 }
@@ -290,34 +311,42 @@ fn options(args: &[&str]) -> ProxyOptions {
 
 #[test]
 fn settings_follow_the_options() {
-    let s = NodeSettings::from_options(&options(&[
+    let o = options(&[
         "--cluster-cidr=10.244.0.0/16,fd00::/48",
         "--masquerade-all",
         "--bind-address=192.0.2.10",
         "--nodeport-addresses=primary",
-    ]));
+    ]);
+    let (s, n) = (
+        EbpfNodeSettings::from_options(&o),
+        ModelSettings::from_options(&o),
+    );
     assert_eq!(
         s.detect_local,
         DetectLocal::ClusterCidr(vec![net("10.244.0.0/16")])
     );
     assert!(s.masquerade_all);
-    assert_eq!(s.bind_address, Some(ip("192.0.2.10")));
-    assert_eq!(s.node_port_addresses, NodePortAddresses::Primary);
+    assert_eq!(n.bind_address, Some(IpAddr::V4(ip("192.0.2.10"))));
+    assert_eq!(n.node_port_addresses, NodePortAddresses::Primary);
 
-    let s = NodeSettings::from_options(&options(&[]));
+    let o = options(&[]);
     assert_eq!(
-        s.detect_local,
+        EbpfNodeSettings::from_options(&o).detect_local,
         DetectLocal::None,
         "ClusterCIDR without a CIDR"
     );
-    assert_eq!(s.bind_address, None, "0.0.0.0 names no address");
+    assert_eq!(
+        ModelSettings::from_options(&o).bind_address,
+        None,
+        "0.0.0.0 names no address"
+    );
 
-    let s = NodeSettings::from_options(&options(&[
+    let s = EbpfNodeSettings::from_options(&options(&[
         "--detect-local-mode=BridgeInterface",
         "--pod-bridge-interface=cni0",
     ]));
     assert_eq!(s.detect_local, DetectLocal::BridgeInterface("cni0".into()));
-    let s = NodeSettings::from_options(&options(&[
+    let s = EbpfNodeSettings::from_options(&options(&[
         "--detect-local-mode=InterfaceNamePrefix",
         "--pod-interface-name-prefix=veth",
     ]));
@@ -325,7 +354,7 @@ fn settings_follow_the_options() {
         s.detect_local,
         DetectLocal::InterfaceNamePrefix("veth".into())
     );
-    let s = NodeSettings::from_options(&options(&["--detect-local-mode=NodeCIDR"]));
+    let s = EbpfNodeSettings::from_options(&options(&["--detect-local-mode=NodeCIDR"]));
     assert_eq!(s.detect_local, DetectLocal::NodeCidr);
 }
 
@@ -372,7 +401,7 @@ fn node_programmer_writes_data_before_config_and_removes_stale_entries_after() {
     let mut maps = FakeNodeMaps::default();
     let mut p = NodeProgrammer::new();
     let n = node(&["192.0.2.10"], &[], &["10.244.1.0/24"]);
-    let by_cidr = node_facts(&settings(DetectLocal::NodeCidr), Some(&n), &host());
+    let by_cidr = derive(&settings(DetectLocal::NodeCidr), Some(&n), &host());
     p.apply(&by_cidr, &mut maps).unwrap();
     assert_eq!(
         maps.log,
@@ -381,7 +410,7 @@ fn node_programmer_writes_data_before_config_and_removes_stale_entries_after() {
     assert_eq!(p.apply(&by_cidr, &mut maps).unwrap(), 0, "nothing changed");
 
     maps.log.clear();
-    let by_bridge = node_facts(
+    let by_bridge = derive(
         &settings(DetectLocal::BridgeInterface("cni0".into())),
         Some(&n),
         &host(),

@@ -235,6 +235,7 @@ fn external_service(
 fn state(services: Vec<DesiredService>) -> DesiredState {
     DesiredState {
         services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
+        ..DesiredState::default()
     }
 }
 

@@ -1,11 +1,23 @@
-//! Reading the host's interfaces, addresses and default route (in the
-//! agent's network namespace), and the ephemeral port range check.
+//! The host source: this node's interfaces, their addresses and the default
+//! route, as seen from the agent's network namespace. It polls and publishes
+//! a snapshot whenever something changed, both as a [`SourceEvent`] for the
+//! sync engine and on a watch channel for a mode's own consumers (the ebpf
+//! mode keeps its programs attached from it).
 
-use std::{collections::BTreeMap, ffi::CStr, fs, io, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    ffi::CStr,
+    fs, io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    sync::Arc,
+    time::Duration,
+};
 
-use super::{SNAT_PORT_MAX, SNAT_PORT_MIN};
+use futures::Stream;
+use tokio::sync::watch;
+use tracing::{info, warn};
 
-const _: () = assert!(SNAT_PORT_MAX == u16::MAX);
+use super::SourceEvent;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HostInterface {
@@ -14,6 +26,7 @@ pub struct HostInterface {
     /// The device this one is enslaved to (a bridge port's bridge).
     pub master: Option<String>,
     pub ipv4: Vec<Ipv4Addr>,
+    pub ipv6: Vec<Ipv6Addr>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,14 +37,14 @@ pub struct HostNetwork {
 }
 
 impl HostNetwork {
-    /// Lists every interface (from /sys/class/net), its IPv4 addresses
+    /// Lists every interface (from /sys/class/net), its addresses
     /// (getifaddrs) and the default route (/proc/net/route).
     pub fn read() -> io::Result<Self> {
-        let mut addresses: BTreeMap<String, Vec<Ipv4Addr>> = BTreeMap::new();
-        for (label, addr) in ipv4_addresses()? {
+        let mut by_device: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+        for (label, addr) in addresses()? {
             // Labelled secondary addresses ("eth0:1") belong to their device.
             let device = label.split(':').next().unwrap_or(&label).to_owned();
-            addresses.entry(device).or_default().push(addr);
+            by_device.entry(device).or_default().push(addr);
         }
         let mut interfaces = Vec::new();
         for entry in fs::read_dir("/sys/class/net")? {
@@ -47,13 +60,19 @@ impl HostNetwork {
             let master = fs::read_link(format!("{dir}/master"))
                 .ok()
                 .and_then(|p| Some(p.file_name()?.to_string_lossy().into_owned()));
-            let ipv4 = addresses.remove(&name).unwrap_or_default();
-            interfaces.push(HostInterface {
+            let mut iface = HostInterface {
                 name,
                 index,
                 master,
-                ipv4,
-            });
+                ..HostInterface::default()
+            };
+            for addr in by_device.remove(&iface.name).unwrap_or_default() {
+                match addr {
+                    IpAddr::V4(a) => iface.ipv4.push(a),
+                    IpAddr::V6(a) => iface.ipv6.push(a),
+                }
+            }
+            interfaces.push(iface);
         }
         interfaces.sort_by_key(|i| i.index);
         let routes = fs::read_to_string("/proc/net/route").unwrap_or_default();
@@ -64,8 +83,65 @@ impl HostNetwork {
     }
 }
 
-/// Every IPv4 address with its interface label, from getifaddrs(3).
-fn ipv4_addresses() -> io::Result<Vec<(String, Ipv4Addr)>> {
+/// Publishes the host's network; [`HostSource::run`] keeps it current.
+pub struct HostSource {
+    tx: watch::Sender<Arc<HostNetwork>>,
+    interval: Duration,
+}
+
+impl HostSource {
+    /// Reads the host once, so the first snapshot is there before anything starts.
+    pub fn new(interval: Duration) -> io::Result<Self> {
+        let (tx, _) = watch::channel(Arc::new(HostNetwork::read()?));
+        Ok(HostSource { tx, interval })
+    }
+
+    pub fn current(&self) -> Arc<HostNetwork> {
+        self.tx.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<HostNetwork>> {
+        self.tx.subscribe()
+    }
+
+    /// The current snapshot, then one event per change.
+    pub fn events(&self) -> impl Stream<Item = SourceEvent> + Send + use<> {
+        let mut rx = self.tx.subscribe();
+        rx.mark_changed();
+        futures::stream::unfold(rx, |mut rx| async move {
+            rx.changed().await.ok()?;
+            let host = rx.borrow_and_update().clone();
+            Some((SourceEvent::HostChanged(host), rx))
+        })
+    }
+
+    /// Polls the host and publishes what changed; never returns.
+    pub async fn run(&self) {
+        let mut tick = tokio::time::interval(self.interval);
+        loop {
+            tick.tick().await;
+            match HostNetwork::read() {
+                Ok(host) => {
+                    self.tx.send_if_modified(|current| {
+                        if **current == host {
+                            return false;
+                        }
+                        info!(
+                            interfaces = host.interfaces.len(),
+                            "the host's interfaces or addresses changed"
+                        );
+                        *current = Arc::new(host);
+                        true
+                    });
+                }
+                Err(e) => warn!(error = %e, "reading the node's interfaces"),
+            }
+        }
+    }
+}
+
+/// Every IPv4 and IPv6 address with its interface label, from getifaddrs(3).
+fn addresses() -> io::Result<Vec<(String, IpAddr)>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: on success getifaddrs points `head` at a list we free below.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
@@ -82,17 +158,22 @@ fn ipv4_addresses() -> io::Result<Vec<(String, Ipv4Addr)>> {
         }
         // SAFETY: ifa_addr is non-null and points to a sockaddr of the family it names.
         let family = unsafe { (*ifa.ifa_addr).sa_family };
-        if i32::from(family) != libc::AF_INET {
-            continue;
-        }
-        // SAFETY: an AF_INET address is a sockaddr_in.
-        let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+        let addr = match i32::from(family) {
+            libc::AF_INET => {
+                // SAFETY: an AF_INET address is a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: an AF_INET6 address is a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+            }
+            _ => continue,
+        };
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
         let name = unsafe { CStr::from_ptr(ifa.ifa_name) };
-        out.push((
-            name.to_string_lossy().into_owned(),
-            Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-        ));
+        out.push((name.to_string_lossy().into_owned(), addr));
     }
     // SAFETY: `head` came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(head) };
@@ -118,34 +199,6 @@ fn default_route_interface(routes: &str) -> Option<String> {
         .map(|(_, iface)| iface)
 }
 
-/// The local port range from `/proc/sys/net/ipv4/ip_local_port_range` text,
-/// when it overlaps the masquerade source ports.
-pub fn snat_port_overlap(local_port_range: &str) -> Option<(u16, u16)> {
-    let mut it = local_port_range.split_whitespace().map(str::parse::<u16>);
-    let (Some(Ok(low)), Some(Ok(high))) = (it.next(), it.next()) else {
-        return None;
-    };
-    // The masquerade range runs to the last port, so only the upper end matters.
-    (high >= SNAT_PORT_MIN).then_some((low, high))
-}
-
-/// Warns when the node's own connections may pick masquerade source ports:
-/// the datapath would then translate their replies as a service flow's.
-pub fn warn_if_snat_ports_overlap() {
-    let path = "/proc/sys/net/ipv4/ip_local_port_range";
-    let Ok(text) = fs::read_to_string(path) else {
-        return;
-    };
-    if let Some((low, high)) = snat_port_overlap(&text) {
-        tracing::warn!(
-            local_ports = %format!("{low}-{high}"),
-            masquerade_ports = %format!("{SNAT_PORT_MIN}-{SNAT_PORT_MAX}"),
-            "net.ipv4.ip_local_port_range overlaps the ports used for masqueraded flows; \
-             connections of the node itself may collide with them"
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,14 +214,6 @@ eth0\t0000000A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
     fn default_route_is_the_lowest_metric() {
         assert_eq!(default_route_interface(ROUTES).as_deref(), Some("eth0"));
         assert_eq!(default_route_interface("Iface\tDestination\n"), None);
-    }
-
-    #[test]
-    fn snat_ports_overlap_only_when_the_ranges_meet() {
-        assert_eq!(snat_port_overlap("32768\t60999\n"), None);
-        assert_eq!(snat_port_overlap("1024\t65535\n"), Some((1024, 65535)));
-        assert_eq!(snat_port_overlap("61000 61000"), Some((61000, 61000)));
-        assert_eq!(snat_port_overlap("garbage"), None);
     }
 
     #[test]
