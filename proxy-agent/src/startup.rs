@@ -86,7 +86,7 @@ pub fn prepare(args: impl IntoIterator<Item = OsString>) -> Next {
         let report = cleanup::cleanup_all(
             &mut ProcessRunner::default(),
             &mut NetlinkTransport,
-            Path::new(options::ebpf::PIN_ROOT),
+            Path::new(&o.ebpf.pinning.root),
         );
         if report.removed.is_empty() {
             println!("nothing to clean up");

@@ -792,16 +792,26 @@ impl Drop for Bpffs {
     }
 }
 
-/// The agent binary in `ns`, pinning its maps at `pin_dir`.
-fn pinning_agent(ns: &str, manifests: &Path, log: PathBuf, pin_dir: &Path) -> Agent {
-    Agent::start_with_env(
+/// The agent binary in `ns`, pinning under `root` and removing its pins on a clean exit.
+fn pinning_agent(ns: &str, manifests: &Path, log: PathBuf, root: &Path) -> Agent {
+    Agent::start_as(
         ns,
         "node-a",
         manifests,
         log,
-        &["--detect-local-mode", "NodeCIDR"],
-        &[("KUBE_EBPF_PROXY_PIN_DIR", pin_dir.as_os_str())],
+        &[
+            "--detect-local-mode",
+            "NodeCIDR",
+            "--ebpf-pin-root",
+            root.to_str().unwrap(),
+            "--ebpf-detach-on-exit",
+        ],
     )
+}
+
+/// Where an agent pinning under `root` pins its maps.
+fn maps_dir(root: &Path) -> PathBuf {
+    root.join(format!("v{}/maps", proxy_common::ABI_VERSION))
 }
 
 fn online(ns: &str, pin_dir: Option<&Path>, env_dir: Option<&Path>, args: &[String]) -> Output {
@@ -859,12 +869,13 @@ fn online_explain_answers_from_the_running_agents_pinned_maps() {
     let manifests = tempfile::tempdir().unwrap();
     write_manifests(manifests.path());
     let bpffs = Bpffs::mount();
-    let pin_dir = bpffs.path().join("maps");
+    let root = bpffs.path().join("kube-ebpf-proxy");
+    let pin_dir = maps_dir(&root);
     let mut agent = pinning_agent(
         &ns,
         manifests.path(),
         manifests.path().join("agent.log"),
-        &pin_dir,
+        &root,
     );
 
     // The agent pins at start-up and programs the services within a second.
@@ -958,7 +969,7 @@ fn online_explain_answers_from_the_running_agents_pinned_maps() {
 }
 
 #[test]
-fn the_agent_replaces_stale_pins_and_runs_without_a_bpf_filesystem() {
+fn the_agent_takes_over_a_killed_agents_pins_and_runs_without_a_bpf_filesystem() {
     use testbed::cluster::{Cluster, NodeId};
 
     let cluster = Cluster::new().unwrap();
@@ -968,12 +979,13 @@ fn the_agent_replaces_stale_pins_and_runs_without_a_bpf_filesystem() {
 
     // An agent killed outright leaves its pins behind.
     let bpffs = Bpffs::mount();
-    let pin_dir = bpffs.path().join("maps");
+    let root = bpffs.path().join("kube-ebpf-proxy");
+    let pin_dir = maps_dir(&root);
     let old = pinning_agent(
         &ns,
         manifests.path(),
         manifests.path().join("old.log"),
-        &pin_dir,
+        &root,
     );
     let nodeport = packet("tcp", CLIENT, NODE_A, REMOTE_NODEPORT, "outside");
     wait_for(Duration::from_secs(20), "the first agent's maps", || {
@@ -985,28 +997,31 @@ fn the_agent_replaces_stale_pins_and_runs_without_a_bpf_filesystem() {
         "a killed agent leaves its pins"
     );
 
-    // The next agent replaces them, and explain reads the new ones.
+    // The next agent takes them over, and explain reads them.
     let mut agent = pinning_agent(
         &ns,
         manifests.path(),
         manifests.path().join("new.log"),
-        &pin_dir,
+        &root,
     );
     wait_for(Duration::from_secs(20), "the new agent's maps", || {
-        agent.log_text().contains("maps pinned").then_some(())?;
+        agent
+            .log_text()
+            .contains("took over the pinned service maps")
+            .then_some(())?;
         once_forwarded(&ns, &pin_dir, &nodeport)
     });
     assert!(agent.stop().success(), "{}", agent.log_text());
-    assert!(!pin_dir.exists(), "stale pins replaced, then all removed");
+    assert!(!pin_dir.exists(), "--ebpf-detach-on-exit removes every pin");
 
-    // Without a BPF filesystem at the pin directory (as /sys/fs/bpf under
+    // Without a BPF filesystem at the pin root (as /sys/fs/bpf under
     // `ip netns exec`): no pins, a warning, and the agent serves anyway.
     let tmp = tempfile::tempdir().unwrap();
     let mut agent = pinning_agent(
         &ns,
         manifests.path(),
         manifests.path().join("nofs.log"),
-        &tmp.path().join("maps"),
+        &tmp.path().join("kube-ebpf-proxy"),
     );
     wait_for(Duration::from_secs(20), "the agent to sync", || {
         agent.log_text().contains("datapath synced").then_some(())
@@ -1015,5 +1030,5 @@ fn the_agent_replaces_stale_pins_and_runs_without_a_bpf_filesystem() {
     assert!(log.contains("running without pinned maps"), "{log}");
     assert!(log.contains("not on a BPF filesystem"), "{log}");
     assert!(agent.stop().success(), "{}", agent.log_text());
-    assert!(!tmp.path().join("maps").exists());
+    assert!(!tmp.path().join("kube-ebpf-proxy").exists());
 }

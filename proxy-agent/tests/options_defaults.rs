@@ -146,6 +146,8 @@ const EBPF_DEFAULTS: &[(&str, &str)] = &[
     ("loadBalancing.algorithm", "random"),
     ("loadBalancing.maglevTableSize", "16381"),
     ("socketLB.enabled", "true"),
+    ("pinning.root", "/sys/fs/bpf/kube-ebpf-proxy"),
+    ("pinning.detachOnExit", "false"),
 ];
 
 #[test]

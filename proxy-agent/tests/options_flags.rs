@@ -87,6 +87,8 @@ const OUR_FLAGS: &[&str] = &[
     "ebpf-lb-algorithm",
     "ebpf-maglev-table-size",
     "ebpf-socket-lb",
+    "ebpf-pin-root",
+    "ebpf-detach-on-exit",
 ];
 
 /// Upstream flags hidden from the help (deprecated), like upstream.

@@ -11,6 +11,7 @@
 pub mod cleanup;
 pub mod clients;
 pub mod cluster;
+pub mod echo;
 pub mod ethtool;
 pub mod netns;
 pub mod servers;

@@ -65,7 +65,13 @@ pub fn run(agent: &Path, example: &Path) -> anyhow::Result<()> {
     let child = Command::new("ip")
         .args(["netns", "exec", &tb.node_ns])
         .arg(agent)
-        .args(["--hostname-override", "node-a", "--manifests"])
+        // The demo's datapath goes with it (a node's outlives the agent).
+        .args([
+            "--ebpf-detach-on-exit",
+            "--hostname-override",
+            "node-a",
+            "--manifests",
+        ])
         .arg(&dir)
         .stdout(Stdio::null())
         .spawn()

@@ -16,6 +16,7 @@
 //! maps: {services: 262144, backends: 131072, conntrack: 0}   # conntrack 0 = from `conntrack.*`
 //! loadBalancing: {algorithm: random, maglevTableSize: 16381}
 //! socketLB: {enabled: true}
+//! pinning: {root: /sys/fs/bpf/kube-ebpf-proxy, detachOnExit: false}
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -88,6 +89,8 @@ pub struct EbpfDatapathConfiguration {
     pub load_balancing: LoadBalancing,
     #[serde(default, rename = "socketLB", deserialize_with = "nullable")]
     pub socket_lb: SocketLb,
+    #[serde(default, deserialize_with = "nullable")]
+    pub pinning: Pinning,
 }
 
 impl Default for EbpfDatapathConfiguration {
@@ -101,6 +104,7 @@ impl Default for EbpfDatapathConfiguration {
             maps: MapSizes::default(),
             load_balancing: LoadBalancing::default(),
             socket_lb: SocketLb::default(),
+            pinning: Pinning::default(),
         }
     }
 }
@@ -135,6 +139,20 @@ pub struct SocketLb {
     /// Socket-level (connect/sendmsg) balancing for ClusterIP traffic from host processes.
     #[serde(default)]
     pub enabled: Option<bool>,
+}
+
+/// Where the datapath is pinned, so that it outlives the agent (as upstream's
+/// rules outlive kube-proxy) and a restarted or upgraded agent adopts it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Pinning {
+    /// A directory on a BPF filesystem; empty = [`PIN_ROOT`].
+    #[serde(default, deserialize_with = "nullable")]
+    pub root: String,
+    /// Detach the programs and remove the pins when the agent exits (tests and
+    /// demos); by default the datapath keeps serving and only `--cleanup` removes it.
+    #[serde(default, deserialize_with = "nullable")]
+    pub detach_on_exit: bool,
 }
 
 impl EbpfDatapathConfiguration {
@@ -173,6 +191,9 @@ pub fn set_defaults(c: &mut EbpfDatapathConfiguration) {
         c.load_balancing.maglev_table_size = DEFAULT_MAGLEV_TABLE;
     }
     c.socket_lb.enabled.get_or_insert(true);
+    if c.pinning.root.is_empty() {
+        c.pinning.root = PIN_ROOT.into();
+    }
 }
 
 fn is_prime(n: u32) -> bool {
@@ -223,6 +244,13 @@ pub fn validate(c: &EbpfDatapathConfiguration) -> Result<(), FieldErrors> {
             "maps.conntrack",
             c.maps.conntrack.to_string(),
             format!("must be 0 (derive from conntrack settings) or within the range [1024, {MAX_MAP_ENTRIES}]"),
+        ));
+    }
+    if !std::path::Path::new(&c.pinning.root).is_absolute() {
+        errs.push(FieldError::invalid_str(
+            "pinning.root",
+            &c.pinning.root,
+            "must be an absolute path (a directory on a BPF filesystem)",
         ));
     }
     let m = c.load_balancing.maglev_table_size;

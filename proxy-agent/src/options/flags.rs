@@ -423,6 +423,16 @@ pub struct Flags {
     /// [ours] Socket-level balancing of ClusterIP traffic from host processes (cgroup connect/sendmsg hooks).
     #[arg(long = "ebpf-socket-lb", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub ebpf_socket_lb: bool,
+    /// [ours] Directory on a BPF filesystem where the programs' links and maps are pinned, so the datapath outlives the agent.
+    #[arg(
+        long = "ebpf-pin-root",
+        value_name = "string",
+        default_value = "/sys/fs/bpf/kube-ebpf-proxy"
+    )]
+    pub ebpf_pin_root: String,
+    /// [ours] Detach the programs and remove the pins when the agent exits (for tests and demos; by default only --cleanup removes the datapath).
+    #[arg(long = "ebpf-detach-on-exit", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    pub ebpf_detach_on_exit: bool,
 
     #[arg(hide = true, num_args = 0.., trailing_var_arg = false)]
     pub positional: Vec<String>,

@@ -295,6 +295,12 @@ fn ebpf_from_flags(p: &ParsedFlags, c: &mut EbpfDatapathConfiguration) {
     if p.is_set("ebpf-socket-lb") {
         c.socket_lb.enabled = Some(f.ebpf_socket_lb);
     }
+    if p.is_set("ebpf-pin-root") {
+        c.pinning.root = f.ebpf_pin_root.clone();
+    }
+    if p.is_set("ebpf-detach-on-exit") {
+        c.pinning.detach_on_exit = f.ebpf_detach_on_exit;
+    }
 }
 
 /// The OS hostname (`nodeutil.GetHostname`): trimmed and lower-cased.

@@ -84,6 +84,15 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// `kill -9`: the agent gets no chance to clean anything up.
+    pub fn kill(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("agent running");
+        let _ = child.kill();
+        child.wait().unwrap()
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -1,19 +1,27 @@
 //! Keeps the programs attached: `tc_from_pod` on every pod-facing interface,
 //! `tc_from_netdev` and `xdp_from_netdev` on the node's external interfaces.
-//! Dropping the [`Attacher`] detaches everything (the links belong to this process).
+//!
+//! With a [`PinLayout`], every link is pinned and so outlives the agent; a
+//! link an earlier agent pinned is taken over by updating it to this agent's
+//! program (`bpf_link_update`: the interface is never without a program).
+//! Without one, the links belong to this process and go with it.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, path::PathBuf};
 
 use anyhow::Context as _;
 use aya::{
     Ebpf,
     programs::{
-        SchedClassifier, TcAttachType, Xdp, XdpMode, tc::SchedClassifierLinkId, xdp::XdpLinkId,
+        SchedClassifier, TcAttachType, Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        tc::{SchedClassifierLink, SchedClassifierLinkId},
+        xdp::{XdpLink, XdpLinkId},
     },
+    util::KernelVersion,
 };
 use tracing::{info, warn};
 
-use super::{PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP, interfaces};
+use super::{PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP, interfaces, pin::PinLayout};
 use crate::options::ebpf::XdpMode as XdpSetting;
 
 /// How XDP ended up attached to an external interface.
@@ -21,38 +29,66 @@ use crate::options::ebpf::XdpMode as XdpSetting;
 pub enum XdpChoice {
     Native,
     Generic,
+    /// Taken over from an earlier agent, in the mode it chose.
+    Adopted,
     /// Not attached: disabled by configuration, or no mode worked (TC does the work).
     None,
 }
 
+/// One program on one interface.
+enum Held {
+    Tc(SchedClassifierLinkId),
+    Xdp(XdpLinkId),
+    /// Pinned: it stays attached whatever happens to this process, until the
+    /// pin is removed and the last descriptor closed.
+    Pinned {
+        link: FdLink,
+        path: PathBuf,
+    },
+}
+
 struct External {
     ifindex: u32,
-    tc: SchedClassifierLinkId,
-    xdp: Option<XdpLinkId>,
+    tc: Held,
+    xdp: Option<Held>,
     mode: XdpChoice,
 }
 
 pub struct Attacher {
     ebpf: Ebpf,
     xdp_setting: XdpSetting,
-    pods: BTreeMap<String, (u32, SchedClassifierLinkId)>,
+    pins: Option<PinLayout>,
+    /// TC links can be pinned only as tcx links (Linux 6.6).
+    pin_tc: bool,
+    pods: BTreeMap<String, (u32, Held)>,
     externals: BTreeMap<String, External>,
     /// Interfaces whose attachment failed on the last pass.
     failed: usize,
+    /// Whether stale pinned links were looked for (after the first pass).
+    swept: bool,
 }
 
 impl Attacher {
-    pub fn new(ebpf: Ebpf, xdp_setting: XdpSetting) -> Self {
+    pub fn new(ebpf: Ebpf, xdp_setting: XdpSetting, pins: Option<PinLayout>) -> Self {
+        let pin_tc = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
+        if pins.is_some() && !pin_tc {
+            warn!(
+                "this kernel has no tcx links (Linux 6.6): the TC programs are detached when the agent exits"
+            );
+        }
         Self {
             ebpf,
             xdp_setting,
+            pins,
+            pin_tc,
             pods: BTreeMap::new(),
             externals: BTreeMap::new(),
             failed: 0,
+            swept: false,
         }
     }
 
-    /// Attaches to interfaces that appeared and forgets ones that went away
+    /// Attaches to interfaces that appeared and lets go of ones that went away
     /// (the kernel drops their links with them). Both maps are name → ifindex.
     /// Returns whether every interface is attached (else a later pass retries).
     pub fn reconcile(
@@ -63,15 +99,14 @@ impl Attacher {
         self.failed = 0;
         self.reconcile_pods(pods)?;
         self.reconcile_externals(external)?;
+        if !self.swept && self.failed == 0 {
+            self.sweep_stale_pins();
+            self.swept = true;
+        }
         Ok(self.failed == 0)
     }
 
     fn reconcile_pods(&mut self, present: &BTreeMap<String, u32>) -> anyhow::Result<()> {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(PROG_FROM_POD)
-            .context("program missing")?
-            .try_into()?;
         let stale: Vec<String> = self
             .pods
             .iter()
@@ -79,8 +114,8 @@ impl Attacher {
             .map(|(name, _)| name.clone())
             .collect();
         for name in stale {
-            if let Some((_, link)) = self.pods.remove(&name) {
-                let _ = prog.detach(link);
+            if let Some((_, held)) = self.pods.remove(&name) {
+                self.release(PROG_FROM_POD, held);
                 info!(interface = %name, "pod interface gone, link released");
             }
         }
@@ -88,15 +123,16 @@ impl Attacher {
             if self.pods.contains_key(name) {
                 continue;
             }
-            match prog.attach(name, TcAttachType::Ingress) {
-                Ok(link) => {
-                    info!(interface = %name, ifindex = index, "attached tc_from_pod at ingress");
-                    self.pods.insert(name.clone(), (*index, link));
+            match self.attach_tc(PROG_FROM_POD, name, *index) {
+                Ok((held, adopted)) => {
+                    let how = if adopted { "took over" } else { "attached" };
+                    info!(interface = %name, ifindex = index, "{how} tc_from_pod at ingress");
+                    self.pods.insert(name.clone(), (*index, held));
                 }
                 // Typically the interface vanished mid-way; the next pass retries.
                 Err(e) => {
                     self.failed += 1;
-                    warn!(interface = %name, error = %e, "attaching tc_from_pod failed");
+                    warn!(interface = %name, error = %format!("{e:#}"), "attaching tc_from_pod failed");
                 }
             }
         }
@@ -112,7 +148,10 @@ impl Attacher {
             .collect();
         for name in stale {
             if let Some(ext) = self.externals.remove(&name) {
-                self.detach_external(ext);
+                self.release(PROG_FROM_NETDEV, ext.tc);
+                if let Some(xdp) = ext.xdp {
+                    self.release(PROG_XDP, xdp);
+                }
                 info!(interface = %name, "external interface gone or no longer external, detached");
             }
         }
@@ -120,20 +159,15 @@ impl Attacher {
             if self.externals.contains_key(name) {
                 continue;
             }
-            let tc: &mut SchedClassifier = self
-                .ebpf
-                .program_mut(PROG_FROM_NETDEV)
-                .context("program missing")?
-                .try_into()?;
-            let tc = match tc.attach(name, TcAttachType::Ingress) {
-                Ok(link) => link,
+            let tc = match self.attach_tc(PROG_FROM_NETDEV, name, *index) {
+                Ok((held, _)) => held,
                 Err(e) => {
                     self.failed += 1;
-                    warn!(interface = %name, error = %e, "attaching tc_from_netdev failed");
+                    warn!(interface = %name, error = %format!("{e:#}"), "attaching tc_from_netdev failed");
                     continue;
                 }
             };
-            let (xdp, mode) = self.attach_xdp(name);
+            let (xdp, mode) = self.attach_xdp(name, *index);
             info!(interface = %name, ifindex = index, xdp = ?mode, "attached tc_from_netdev at ingress and XDP");
             self.externals.insert(
                 name.clone(),
@@ -148,10 +182,59 @@ impl Attacher {
         Ok(())
     }
 
+    /// Attaches `program` at ingress of `name`, taking over a pinned link
+    /// when there is one; returns whether it was taken over.
+    fn attach_tc(
+        &mut self,
+        program: &str,
+        name: &str,
+        ifindex: u32,
+    ) -> anyhow::Result<(Held, bool)> {
+        let path = self
+            .pins
+            .as_ref()
+            .filter(|_| self.pin_tc)
+            .map(|p| p.link_path(ifindex, program));
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(program)
+            .context("program missing")?
+            .try_into()?;
+        if let Some(path) = path.as_ref().filter(|p| p.exists()) {
+            let adopted = PinnedLink::from_pin(path)
+                .map_err(anyhow::Error::from)
+                .and_then(|pinned| Ok(SchedClassifierLink::try_from(FdLink::from(pinned))?))
+                .and_then(|link| Ok(prog.attach_to_link(link)?))
+                .and_then(|id| Ok(FdLink::try_from(prog.take_link(id)?)?));
+            match adopted {
+                Ok(link) => {
+                    let path = path.clone();
+                    return Ok((Held::Pinned { link, path }, true));
+                }
+                Err(e) => {
+                    warn!(pin = %path.display(), error = %format!("{e:#}"), "cannot take over a pinned link; attaching anew");
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+        let id = prog.attach(name, TcAttachType::Ingress)?;
+        let Some(path) = path else {
+            return Ok((Held::Tc(id), false));
+        };
+        let link = FdLink::try_from(prog.take_link(id)?)?;
+        Ok((pin(link, path)?, false))
+    }
+
     /// Native where the driver supports it, else generic, as the setting allows.
-    fn attach_xdp(&mut self, name: &str) -> (Option<XdpLinkId>, XdpChoice) {
+    fn attach_xdp(&mut self, name: &str, ifindex: u32) -> (Option<Held>, XdpChoice) {
+        let path = self.pins.as_ref().map(|p| p.link_path(ifindex, PROG_XDP));
         let tries: &[(XdpMode, XdpChoice)] = match self.xdp_setting {
-            XdpSetting::Disabled => return (None, XdpChoice::None),
+            XdpSetting::Disabled => {
+                if let Some(path) = path.filter(|p| p.exists()) {
+                    let _ = std::fs::remove_file(path);
+                }
+                return (None, XdpChoice::None);
+            }
             XdpSetting::Native => &[(XdpMode::Driver, XdpChoice::Native)],
             XdpSetting::Generic => &[(XdpMode::Skb, XdpChoice::Generic)],
             // A veth sends native XDP_TX frames on only when its peer runs an
@@ -174,9 +257,42 @@ impl Attacher {
         else {
             return (None, XdpChoice::None);
         };
+        if let Some(path) = path.as_ref().filter(|p| p.exists()) {
+            let adopted = PinnedLink::from_pin(path)
+                .map_err(anyhow::Error::from)
+                .and_then(|pinned| Ok(XdpLink::try_from(FdLink::from(pinned))?))
+                .and_then(|link| Ok(prog.attach_to_link(link)?))
+                .and_then(|id| Ok(FdLink::try_from(prog.take_link(id)?)?));
+            match adopted {
+                Ok(link) => {
+                    let path = path.clone();
+                    return (Some(Held::Pinned { link, path }), XdpChoice::Adopted);
+                }
+                Err(e) => {
+                    warn!(pin = %path.display(), error = %format!("{e:#}"), "cannot take over a pinned XDP link; attaching anew");
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
         for (mode, choice) in tries {
             match prog.attach(name, *mode) {
-                Ok(link) => return (Some(link), *choice),
+                Ok(id) => {
+                    let Some(path) = path else {
+                        return (Some(Held::Xdp(id)), *choice);
+                    };
+                    let pinned = prog
+                        .take_link(id)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|link| Ok(FdLink::try_from(link)?))
+                        .and_then(|link| pin(link, path));
+                    return match pinned {
+                        Ok(held) => (Some(held), *choice),
+                        Err(e) => {
+                            warn!(interface = %name, error = %format!("{e:#}"), "pinning the XDP link failed; TC handles this interface alone");
+                            (None, XdpChoice::None)
+                        }
+                    };
+                }
                 Err(e) => {
                     info!(interface = %name, mode = ?choice, error = %e, "XDP mode not available here")
                 }
@@ -186,24 +302,76 @@ impl Attacher {
         (None, XdpChoice::None)
     }
 
-    fn detach_external(&mut self, ext: External) {
-        if let Ok(prog) = self
-            .ebpf
-            .program_mut(PROG_FROM_NETDEV)
-            .context("program missing")
-            .and_then(|p| <&mut SchedClassifier>::try_from(p).map_err(Into::into))
-        {
-            let _ = prog.detach(ext.tc);
+    fn release(&mut self, program: &str, held: Held) {
+        match held {
+            Held::Tc(id) => {
+                if let Some(Ok(prog)) = self
+                    .ebpf
+                    .program_mut(program)
+                    .map(<&mut SchedClassifier>::try_from)
+                {
+                    let _ = prog.detach(id);
+                }
+            }
+            Held::Xdp(id) => {
+                if let Some(Ok(prog)) = self.ebpf.program_mut(program).map(<&mut Xdp>::try_from) {
+                    let _ = prog.detach(id);
+                }
+            }
+            Held::Pinned { link, path } => {
+                let _ = std::fs::remove_file(&path);
+                drop(link);
+            }
         }
-        if let Some(link) = ext.xdp
-            && let Ok(prog) = self
-                .ebpf
-                .program_mut(PROG_XDP)
-                .context("program missing")
-                .and_then(|p| <&mut Xdp>::try_from(p).map_err(Into::into))
-        {
-            let _ = prog.detach(link);
+    }
+
+    /// Pinned links an earlier agent left for interfaces that are gone or no
+    /// longer served: removing the pin detaches them.
+    fn sweep_stale_pins(&mut self) {
+        let Some(pins) = &self.pins else { return };
+        let held: std::collections::BTreeSet<PathBuf> = self
+            .pods
+            .values()
+            .map(|(_, h)| h)
+            .chain(
+                self.externals
+                    .values()
+                    .flat_map(|e| [Some(&e.tc), e.xdp.as_ref()].into_iter().flatten()),
+            )
+            .filter_map(|h| match h {
+                Held::Pinned { path, .. } => Some(path.clone()),
+                _ => None,
+            })
+            .collect();
+        let Ok(entries) = std::fs::read_dir(pins.links_dir()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if !held.contains(&path) {
+                info!(pin = %path.display(), "removing a pinned link no interface needs any more");
+                let _ = std::fs::remove_file(&path);
+            }
         }
+    }
+
+    /// Removes every link pin this agent holds (their programs detach once
+    /// this process exits); for `pinning.detachOnExit`.
+    pub fn unpin_links(&mut self) -> usize {
+        let mut removed = 0;
+        let held = self.pods.values().map(|(_, h)| h).chain(
+            self.externals
+                .values()
+                .flat_map(|e| [Some(&e.tc), e.xdp.as_ref()].into_iter().flatten()),
+        );
+        for h in held {
+            if let Held::Pinned { path, .. } = h
+                && std::fs::remove_file(path).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        removed
     }
 
     pub fn pod_names(&self) -> impl Iterator<Item = &str> {
@@ -213,4 +381,19 @@ impl Attacher {
     pub fn external_names(&self) -> impl Iterator<Item = (&str, XdpChoice)> {
         self.externals.iter().map(|(n, e)| (n.as_str(), e.mode))
     }
+}
+
+fn pin(link: FdLink, path: PathBuf) -> anyhow::Result<Held> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    // A pin of a link that is gone (its interface was removed) may still be there.
+    let _ = std::fs::remove_file(&path);
+    let pinned = link
+        .pin(&path)
+        .with_context(|| format!("pinning a link at {}", path.display()))?;
+    Ok(Held::Pinned {
+        link: FdLink::from(pinned),
+        path,
+    })
 }

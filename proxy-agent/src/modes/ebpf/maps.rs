@@ -1,5 +1,6 @@
 //! The maps as the programmers see them: real aya maps, or fakes in tests.
 
+use super::programmer::ServiceSnapshot;
 use anyhow::Context as _;
 use aya::{
     Ebpf,
@@ -15,6 +16,12 @@ use proxy_common::{
 pub enum MapError {
     #[error("writing {map} failed: {source}")]
     Write {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("reading {map} failed: {source}")]
+    Read {
         map: &'static str,
         #[source]
         source: aya::maps::MapError,
@@ -100,6 +107,73 @@ impl KernelMaps {
         };
         Ok((maps, take_map(ebpf, names::STATS)?))
     }
+}
+
+impl KernelMaps {
+    /// What the service maps hold (for adopting pinned maps).
+    pub fn service_snapshot(&self) -> Result<ServiceSnapshot, MapError> {
+        let read = |map: &'static str| move |source| MapError::Read { map, source };
+        Ok(ServiceSnapshot {
+            services: self
+                .services
+                .iter()
+                .collect::<Result<_, _>>()
+                .map_err(read(names::SERVICES))?,
+            backends: self
+                .backends
+                .iter()
+                .collect::<Result<_, _>>()
+                .map_err(read(names::BACKENDS))?,
+            source_ranges: self
+                .source_ranges
+                .keys()
+                .map(|k| {
+                    k.map(|k| {
+                        let data = k.data();
+                        let prefix = (k.prefix_len().saturating_sub(32)) as u8;
+                        let addr = std::net::Ipv4Addr::from(u32::from_be(data.addr_be));
+                        (
+                            u32::from_be(data.service_be),
+                            Ipv4Net::new(addr, prefix.min(32)).unwrap_or_default(),
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map_err(read(names::SOURCE_RANGES))?,
+        })
+    }
+
+    /// What the node maps hold (for adopting pinned maps).
+    pub fn node_snapshot(&self) -> Result<NodeSnapshot, MapError> {
+        let read = |map: &'static str| move |source| MapError::Read { map, source };
+        Ok(NodeSnapshot {
+            config: self.config.get(&0, 0).map_err(read(names::CONFIG))?,
+            ifaces: self
+                .ifaces
+                .iter()
+                .collect::<Result<_, _>>()
+                .map_err(read(names::IFACES))?,
+            local_pod_cidrs: self
+                .local_pod_cidrs
+                .keys()
+                .map(|k| {
+                    k.map(|k| {
+                        let addr = std::net::Ipv4Addr::from(u32::from_be(k.data().addr_be));
+                        Ipv4Net::new(addr, k.prefix_len().min(32) as u8).unwrap_or_default()
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map_err(read(names::LOCAL_POD_CIDRS))?,
+        })
+    }
+}
+
+/// What the node maps hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSnapshot {
+    pub config: DatapathConfig,
+    pub ifaces: Vec<(u32, IfaceInfo)>,
+    pub local_pod_cidrs: Vec<Ipv4Net>,
 }
 
 fn take_map<M>(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<M>

@@ -19,10 +19,10 @@ use anyhow::{Context as _, bail};
 use aya::{Ebpf, EbpfLoader};
 
 pub use attach::{Attacher, XdpChoice};
-pub use maps::{KernelMaps, MapError, ServiceMaps};
+pub use maps::{KernelMaps, MapError, NodeSnapshot, ServiceMaps};
 pub use node::{EbpfNodeSettings, NodeFacts, NodeProgrammer, node_facts};
 pub use object::{OBJECT, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP};
-pub use programmer::{Programmer, SyncStats};
+pub use programmer::{AdoptStats, Programmer, ServiceSnapshot, SyncStats};
 pub use proxier::EbpfProxier;
 pub use run::EbpfMode;
 
@@ -52,22 +52,62 @@ pub fn load() -> anyhow::Result<Ebpf> {
 
 /// Loads the embedded object into the kernel without attaching anything.
 pub fn load_with(sizes: MapSizes) -> anyhow::Result<Ebpf> {
+    load_object(sizes, None)
+}
+
+/// Like [`load_with`], with every map taken from (or, when absent, created
+/// and pinned at) `maps_dir/NAME`.
+pub fn load_pinned(sizes: MapSizes, maps_dir: &std::path::Path) -> anyhow::Result<Ebpf> {
+    std::fs::create_dir_all(maps_dir)
+        .with_context(|| format!("creating the pin directory {}", maps_dir.display()))?;
+    load_object(sizes, Some(maps_dir))
+}
+
+fn load_object(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyhow::Result<Ebpf> {
     use proxy_common::maps as names;
     if OBJECT.is_empty() {
         bail!(
             "this binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it"
         );
     }
-    let mut ebpf = EbpfLoader::new()
+    let mut loader = EbpfLoader::new();
+    loader
         .map_max_entries(names::SERVICES, sizes.services)
         .map_max_entries(names::BACKENDS, sizes.backends)
-        .map_max_entries(names::CONNTRACK, sizes.conntrack)
+        .map_max_entries(names::CONNTRACK, sizes.conntrack);
+    let shapes = object_maps()?;
+    if let Some(dir) = maps_dir {
+        for name in shapes.keys() {
+            loader.map_pin_path(name, dir.join(name));
+        }
+    }
+    let mut ebpf = loader
         .load(OBJECT)
         .context("loading the eBPF object into the kernel")?;
     for name in [PROG_FROM_POD, PROG_FROM_NETDEV, PROG_XDP] {
         load_program(&mut ebpf, name)?;
     }
     Ok(ebpf)
+}
+
+/// Every map of the embedded object by name, with its definition.
+pub fn object_maps() -> anyhow::Result<std::collections::BTreeMap<String, pin::MapShape>> {
+    let object = aya_obj::Object::parse(OBJECT).context("parsing the embedded eBPF object")?;
+    Ok(object
+        .maps
+        .iter()
+        .filter(|(name, _)| !name.starts_with('.'))
+        .map(|(name, map)| {
+            (
+                name.clone(),
+                pin::MapShape {
+                    map_type: map.map_type(),
+                    key_size: map.key_size(),
+                    value_size: map.value_size(),
+                },
+            )
+        })
+        .collect())
 }
 
 /// The verifier gives up with EAGAIN when a signal arrives mid-verification

@@ -21,7 +21,7 @@ use proxy_common::{
 
 pub use snat_ports::{snat_port_overlap, warn_if_snat_ports_overlap};
 
-use super::maps::{MapError, NodeMaps};
+use super::maps::{MapError, NodeMaps, NodeSnapshot};
 use crate::{
     model::NodeModel,
     options::{
@@ -258,6 +258,16 @@ pub struct NodeProgrammer {
 impl NodeProgrammer {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Takes over what adopted (pinned) maps hold, so the next
+    /// [`NodeProgrammer::apply`] writes only what differs and removes the rest.
+    pub fn adopt(snapshot: &NodeSnapshot) -> Self {
+        NodeProgrammer {
+            config: Some(snapshot.config),
+            local_pod_cidrs: snapshot.local_pod_cidrs.iter().copied().collect(),
+            ifaces: snapshot.ifaces.iter().copied().collect(),
+        }
     }
 
     /// Returns the number of map writes and deletes made.

@@ -1,34 +1,44 @@
-//! Pins the maps of the loaded object by name under a directory of a BPF
-//! filesystem, so `proxy-agent explain --online` (and bpftool) can read what
-//! the running agent programmed. Pins left by an earlier run are replaced;
-//! [`Pins::unpin`] (or dropping the [`Pins`]) removes them again.
+//! The pinned datapath: the agent leaves its maps and program links on a BPF
+//! filesystem, so the datapath keeps serving while no agent runs (as
+//! upstream's rules outlive kube-proxy) and the next agent adopts it.
 //!
-//! The directory is `$KUBE_EBPF_PROXY_PIN_DIR` when set, else
-//! `/sys/fs/bpf/kube-ebpf-proxy/maps`. Without a BPF filesystem there (under
-//! `ip netns exec`, which remounts /sys, for example) the agent runs without
-//! pins.
+//! Layout under the pin root (`pinning.root`, default `/sys/fs/bpf/kube-ebpf-proxy`):
+//!
+//! ```text
+//! v<ABI>/maps/<MAP>          every map, by name; ABI = proxy_common::ABI_VERSION
+//! links/<ifindex>-<program>  the link of each program on each interface
+//! ```
+//!
+//! A start finds one of: nothing (a fresh load, then pinned), maps of this ABI
+//! (adopted: reused as they are, links updated to the new programs), or maps of
+//! another ABI, which this agent cannot read: it refuses with an error naming
+//! both versions, and the pinned datapath keeps serving.
+//!
+//! `explain --online` reads `v<ABI>/maps` of the default root, or
+//! `$KUBE_EBPF_PROXY_PIN_DIR` when set.
 
 use std::{
+    collections::BTreeMap,
     ffi::CString,
     io,
     os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
 };
 
-use aya::Ebpf;
-use tracing::{info, warn};
+use aya::maps::MapData;
+use proxy_common::ABI_VERSION;
 
 use crate::options::ebpf::PIN_ROOT;
 
-/// Overrides the pin directory, for the agent and `explain --online` alike.
+/// Overrides the maps directory `explain --online` reads.
 pub const PIN_DIR_ENV: &str = "KUBE_EBPF_PROXY_PIN_DIR";
 
 /// statfs(2) `f_type` of a BPF filesystem.
 const BPF_FS_MAGIC: u64 = 0xcafe_4a11;
 
-/// The default pin directory: `PIN_ROOT/maps`.
+/// The maps directory of the default pin root.
 pub fn default_dir() -> PathBuf {
-    Path::new(PIN_ROOT).join("maps")
+    PinLayout::new(PIN_ROOT).maps_dir()
 }
 
 /// `$KUBE_EBPF_PROXY_PIN_DIR` when set and not empty, else [`default_dir`].
@@ -49,12 +59,32 @@ pub enum PinError {
         #[source]
         source: io::Error,
     },
-    #[error("pinning map {name} at {path}: {source}")]
-    Pin {
-        name: String,
+    #[error(
+        "{root} holds a datapath pinned with map ABI version {found}, but this agent uses version \
+         {ours} and cannot migrate it; the pinned datapath keeps serving. Run an agent of ABI \
+         version {found}, or `--cleanup` (which cuts established connections) and start again"
+    )]
+    OtherAbi {
+        root: PathBuf,
+        found: u32,
+        ours: u32,
+    },
+    #[error(
+        "pinned map {path} does not have the layout this agent expects ({what}: pinned {pinned}, \
+         expected {expected}); the pinned datapath keeps serving. Its ABI version was not \
+         raised when the layout changed: run `--cleanup` and start again"
+    )]
+    Layout {
+        path: PathBuf,
+        what: &'static str,
+        pinned: u32,
+        expected: u32,
+    },
+    #[error("reading pinned map {path}: {source}")]
+    Map {
         path: PathBuf,
         #[source]
-        source: aya::pin::PinError,
+        source: aya::maps::MapError,
     },
 }
 
@@ -91,136 +121,150 @@ pub fn check_bpffs(dir: &Path) -> Result<(), PinError> {
     Ok(())
 }
 
-/// The maps pinned by this process; removed by [`Pins::unpin`] or on drop.
-#[derive(Debug)]
-pub struct Pins {
-    dir: PathBuf,
-    paths: Vec<PathBuf>,
+/// Where the pins of one root go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinLayout {
+    root: PathBuf,
 }
 
-/// Pins every map of `ebpf` at `dir/NAME`, creating `dir` and replacing
-/// whatever an earlier run left there.
-pub fn pin_maps(ebpf: &Ebpf, dir: &Path) -> Result<Pins, PinError> {
-    check_bpffs(dir)?;
-    std::fs::create_dir_all(dir).map_err(io_error(dir))?;
-    remove_files(dir)?;
-    let mut pins = Pins {
-        dir: dir.to_owned(),
-        paths: Vec::new(),
-    };
-    for (name, map) in ebpf.maps() {
-        let path = dir.join(name);
-        map.pin(&path).map_err(|source| PinError::Pin {
-            name: name.to_owned(),
-            path: path.clone(),
-            source,
-        })?;
-        pins.paths.push(path);
-    }
-    Ok(pins)
+/// What a start finds under the pin root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// No pinned datapath: load fresh and pin.
+    Nothing,
+    /// A datapath of this ABI: adopt it. The pinned capacity of each map by name.
+    Current { capacities: BTreeMap<String, u32> },
 }
 
-/// Stale pins of an earlier run: every file in `dir` (the directory is ours).
-fn remove_files(dir: &Path) -> Result<(), PinError> {
-    for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
-        let entry = entry.map_err(io_error(dir))?;
-        let path = entry.path();
-        if !entry.file_type().map_err(io_error(&path))?.is_dir() {
-            std::fs::remove_file(&path).map_err(io_error(&path))?;
-        }
-    }
-    Ok(())
-}
-
-/// [`pin_maps`] at [`pin_dir`], logging the outcome; `None` (with a
-/// warning) when the maps cannot be pinned, which is not fatal.
-pub fn pin_or_warn(ebpf: &Ebpf) -> Option<Pins> {
-    let dir = pin_dir();
-    match pin_maps(ebpf, &dir) {
-        Ok(pins) => {
-            info!(dir = %dir.display(), maps = pins.paths.len(), "maps pinned");
-            Some(pins)
-        }
-        Err(e) => {
-            warn!(
-                error = %e,
-                "running without pinned maps: `proxy-agent explain --online` cannot read this agent's maps"
-            );
-            None
-        }
-    }
-}
-
-impl Pins {
-    pub fn dir(&self) -> &Path {
-        &self.dir
+impl PinLayout {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        PinLayout { root: root.into() }
     }
 
-    pub fn paths(&self) -> &[PathBuf] {
-        &self.paths
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
-    /// Removes the pins and the directory (and the default pin root when
-    /// that leaves it empty). The maps themselves live on while this
-    /// process holds them.
-    pub fn unpin(mut self) -> Result<(), PinError> {
-        self.remove()
+    fn version_dir(&self, version: u32) -> PathBuf {
+        self.root.join(format!("v{version}"))
     }
 
-    fn remove(&mut self) -> Result<(), PinError> {
-        let mut first_error = None;
-        for path in std::mem::take(&mut self.paths) {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    first_error.get_or_insert(io_error(&path)(e));
-                }
+    pub fn maps_dir(&self) -> PathBuf {
+        self.version_dir(ABI_VERSION).join("maps")
+    }
+
+    pub fn links_dir(&self) -> PathBuf {
+        self.root.join("links")
+    }
+
+    pub fn link_path(&self, ifindex: u32, program: &str) -> PathBuf {
+        self.links_dir().join(format!("{ifindex}-{program}"))
+    }
+
+    /// The ABI versions with a `v<N>` directory under the root.
+    fn versions(&self) -> Result<Vec<u32>, PinError> {
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_error(&self.root)(e)),
+        };
+        let mut versions = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(io_error(&self.root))?;
+            let name = entry.file_name();
+            if let Some(v) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix('v'))
+                .and_then(|n| n.parse().ok())
+            {
+                versions.push(v);
             }
         }
-        if let Err(e) = std::fs::remove_dir(&self.dir)
-            && e.kind() != io::ErrorKind::NotFound
-        {
-            first_error.get_or_insert(io_error(&self.dir)(e));
+        versions.sort_unstable();
+        Ok(versions)
+    }
+
+    /// Looks at the root before anything is loaded. `expected` is each map of
+    /// the object by name: (map type, key size, value size).
+    pub fn inspect(&self, expected: &BTreeMap<String, MapShape>) -> Result<Found, PinError> {
+        check_bpffs(&self.root)?;
+        if let Some(found) = self.versions()?.into_iter().find(|v| *v != ABI_VERSION) {
+            return Err(PinError::OtherAbi {
+                root: self.root.clone(),
+                found,
+                ours: ABI_VERSION,
+            });
         }
-        if self.dir.parent() == Some(Path::new(PIN_ROOT)) {
-            // Only succeeds when nothing else lives there.
-            let _ = std::fs::remove_dir(PIN_ROOT);
+        let dir = self.maps_dir();
+        if !dir.is_dir() {
+            return Ok(Found::Nothing);
         }
-        first_error.map_or(Ok(()), Err)
+        let mut capacities = BTreeMap::new();
+        for (name, want) in expected {
+            let path = dir.join(name);
+            if !path.exists() {
+                // A map added without an ABI bump: created fresh at load.
+                continue;
+            }
+            let info = MapData::from_pin(&path)
+                .and_then(|m| m.info())
+                .map_err(|source| PinError::Map {
+                    path: path.clone(),
+                    source,
+                })?;
+            let map_type = info.map_type().map_or(u32::MAX, |t| t as u32);
+            for (what, pinned, expected) in [
+                ("map type", map_type, want.map_type),
+                ("key size", info.key_size(), want.key_size),
+                ("value size", info.value_size(), want.value_size),
+            ] {
+                if pinned != expected {
+                    return Err(PinError::Layout {
+                        path,
+                        what,
+                        pinned,
+                        expected,
+                    });
+                }
+            }
+            capacities.insert(name.clone(), info.max_entries());
+        }
+        Ok(Found::Current { capacities })
+    }
+
+    /// Removes every pin of this root (maps of every version, links) and the
+    /// directories; the kernel frees what no process holds any more.
+    pub fn remove_all(&self) -> Result<usize, PinError> {
+        remove_tree(&self.root)
     }
 }
 
-impl Drop for Pins {
-    fn drop(&mut self) {
-        if !self.paths.is_empty()
-            && let Err(e) = self.remove()
-        {
-            warn!(error = %e, "removing pinned maps");
-        }
-    }
+/// A map's definition in the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapShape {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_directory_outside_bpffs_is_refused_before_anything_is_created() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("a/b");
-        match check_bpffs(&dir) {
-            Err(PinError::NotBpffs { mount, .. }) => assert_eq!(mount, tmp.path()),
-            other => panic!("expected NotBpffs, got {other:?}"),
+fn remove_tree(dir: &Path) -> Result<usize, PinError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_error(dir)(e)),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.map_err(io_error(dir))?;
+        let path = entry.path();
+        if entry.file_type().map_err(io_error(&path))?.is_dir() {
+            removed += remove_tree(&path)?;
+        } else {
+            std::fs::remove_file(&path).map_err(io_error(&path))?;
+            removed += 1;
         }
-        assert!(!tmp.path().join("a").exists());
     }
-
-    #[test]
-    fn the_default_directory_is_under_the_pin_root() {
-        assert_eq!(
-            default_dir(),
-            PathBuf::from("/sys/fs/bpf/kube-ebpf-proxy/maps")
-        );
-    }
+    // A bpffs mount root cannot be removed, and need not be.
+    let _ = std::fs::remove_dir(dir);
+    Ok(removed)
 }

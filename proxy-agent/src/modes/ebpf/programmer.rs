@@ -10,6 +10,7 @@
 //! A partial sync looks only at the service ports that changed; backends are
 //! reference-counted by the slots naming them, so nothing scans all services.
 
+mod adopt;
 mod frontends;
 mod ids;
 mod markers;
@@ -29,6 +30,8 @@ use self::{
 use super::maps::{MapError, ServiceMaps};
 use super::node::NodeAddresses;
 use crate::model::{DesiredService, DesiredState, ServicePortName};
+
+pub use adopt::{AdoptStats, ServiceSnapshot};
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SyncStats {
@@ -196,6 +199,7 @@ impl Programmer {
         }
 
         self.flush_gone_udp_flows(maps, &mut run)?;
+        self.markers.delete_unused(maps, &mut run.stats)?;
         self.delete_unreferenced_backends(maps, &mut run)?;
         Ok(self.totals(run.stats))
     }
@@ -562,9 +566,11 @@ fn unref(
 /// with consistent hashing, flow moves) are as few as possible.
 fn stable_slots(current: &[BackendId], wanted: &[BackendId]) -> Vec<BackendId> {
     let wanted_set: BTreeSet<BackendId> = wanted.iter().copied().collect();
+    // Each backend keeps one slot (adopted maps may name one twice).
+    let mut kept = BTreeSet::new();
     let mut slots: Vec<Option<BackendId>> = current
         .iter()
-        .map(|id| wanted_set.contains(id).then_some(*id))
+        .map(|id| (wanted_set.contains(id) && kept.insert(*id)).then_some(*id))
         .collect();
     let placed: BTreeSet<BackendId> = slots.iter().flatten().copied().collect();
     let mut newcomers = wanted.iter().copied().filter(|id| !placed.contains(id));

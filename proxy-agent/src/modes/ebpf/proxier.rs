@@ -15,7 +15,10 @@ pub struct EbpfProxier {
     programmer: Programmer,
     node_programmer: NodeProgrammer,
     settings: EbpfNodeSettings,
-    applied: NodeFacts,
+    /// `None` before the first sync of adopted maps.
+    applied: Option<NodeFacts>,
+    /// The maps were pinned by an earlier agent: the first sync takes them over.
+    adopting: bool,
 }
 
 impl EbpfProxier {
@@ -36,13 +39,43 @@ impl EbpfProxier {
             programmer,
             node_programmer,
             settings,
-            applied: facts,
+            applied: Some(facts),
+            adopting: false,
         })
+    }
+
+    /// Over maps an earlier agent pinned: nothing is written before the first
+    /// sync (which runs once Services and EndpointSlices were listed), which
+    /// then takes over what they hold and writes only what differs.
+    pub fn adopting(maps: KernelMaps, settings: EbpfNodeSettings) -> Self {
+        Self {
+            maps,
+            programmer: Programmer::new(),
+            node_programmer: NodeProgrammer::new(),
+            settings,
+            applied: None,
+            adopting: true,
+        }
+    }
+
+    fn adopt(&mut self, desired: &DesiredState) -> Result<(), MapError> {
+        let facts = node_facts(&self.settings, &desired.node);
+        let services = self.maps.service_snapshot()?;
+        self.node_programmer = NodeProgrammer::adopt(&self.maps.node_snapshot()?);
+        let stats = self.programmer.adopt(&services, desired, &facts.addresses);
+        info!(
+            frontends = stats.frontends,
+            backends = stats.backends,
+            stale_frontends = stats.stale_frontends,
+            "took over the pinned service maps"
+        );
+        self.adopting = false;
+        Ok(())
     }
 
     fn apply_node_facts(&mut self, desired: &DesiredState) -> Result<(), MapError> {
         let facts = node_facts(&self.settings, &desired.node);
-        if facts == self.applied {
+        if self.applied.as_ref() == Some(&facts) {
             return Ok(());
         }
         let writes = self.node_programmer.apply(&facts, &mut self.maps)?;
@@ -56,7 +89,7 @@ impl EbpfProxier {
             frontend_writes = stats.writes,
             "node facts applied"
         );
-        self.applied = facts;
+        self.applied = Some(facts);
         Ok(())
     }
 }
@@ -65,6 +98,9 @@ impl Proxier for EbpfProxier {
     type Error = MapError;
 
     fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), MapError> {
+        if self.adopting {
+            self.adopt(desired)?;
+        }
         self.apply_node_facts(desired)?;
         let stats = if changes.full {
             self.programmer.sync(desired, &mut self.maps)?

@@ -8,8 +8,11 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{
-    Attacher, EbpfNodeSettings, EbpfProxier, KernelMaps, MapSizes, cleanup, load_with,
-    node::warn_if_snat_ports_overlap, pin, probe, stats,
+    Attacher, EbpfNodeSettings, EbpfProxier, KernelMaps, MapSizes, cleanup, load_pinned, load_with,
+    node::warn_if_snat_ports_overlap,
+    object_maps,
+    pin::{Found, PinError, PinLayout},
+    probe, stats,
 };
 use crate::{
     cleanup::Report,
@@ -50,15 +53,18 @@ impl Mode for EbpfMode {
             backends: opts.ebpf.maps.backends,
             conntrack: conntrack_params(&opts.config, &opts.ebpf, cpus).max_entries,
         };
-        let mut ebpf = load_with(sizes)?;
-        // Before the maps are taken out of the object: pins them all by name.
-        let pins = pin::pin_or_warn(&ebpf);
+        let layout = PinLayout::new(&opts.ebpf.pinning.root);
+        let (mut ebpf, pins, adopting) = load(&layout, sizes)?;
         let (maps, counters) = KernelMaps::take(&mut ebpf)?;
         warn_if_snat_ports_overlap();
 
         let settings = EbpfNodeSettings::from_options(opts);
-        let proxier = EbpfProxier::new(maps, settings.clone(), host.initial)
-            .context("writing the node's settings")?;
+        let proxier = if adopting {
+            EbpfProxier::adopting(maps, settings.clone())
+        } else {
+            EbpfProxier::new(maps, settings.clone(), host.initial)
+                .context("writing the node's settings")?
+        };
         info!(
             node = %opts.node_name,
             ?sizes,
@@ -69,16 +75,29 @@ impl Mode for EbpfMode {
         let attacher = Arc::new(std::sync::Mutex::new(Attacher::new(
             ebpf,
             opts.ebpf.xdp_mode,
+            pins.clone(),
         )));
         let background = keep_attached(attacher.clone(), settings, host.changes);
+        let detach_on_exit = opts.ebpf.pinning.detach_on_exit;
         let stop = move || {
-            let attacher = attacher.lock().unwrap_or_else(|e| e.into_inner());
-            let detached: Vec<&str> = attacher.pod_names().collect();
-            info!(detached = ?detached, counters = ?stats::read(&counters), "programs detached and maps released");
-            if let Some(pins) = pins
-                && let Err(e) = pins.unpin()
-            {
-                warn!(error = %e, "removing pinned maps");
+            let mut attacher = attacher.lock().unwrap_or_else(|e| e.into_inner());
+            let counters = stats::read(&counters);
+            match pins {
+                Some(pins) if !detach_on_exit => info!(
+                    pin_root = %pins.root().display(),
+                    ?counters,
+                    "datapath left in place: it keeps serving until the next agent takes it over (`--cleanup` removes it)"
+                ),
+                _ => {
+                    if let Some(pins) = pins {
+                        attacher.unpin_links();
+                        if let Err(e) = pins.remove_all() {
+                            warn!(error = %e, "removing the pins");
+                        }
+                    }
+                    let detached: Vec<&str> = attacher.pod_names().collect();
+                    info!(detached = ?detached, ?counters, "programs detached and maps released");
+                }
             }
         };
         Ok(Running {
@@ -87,6 +106,58 @@ impl Mode for EbpfMode {
             stop: Box::new(stop),
         })
     }
+}
+
+/// Loads the programs, pinned under `layout` when its root is on a BPF
+/// filesystem (adopting what is pinned there), else unpinned. Returns
+/// whether pinned maps are being adopted.
+fn load(
+    layout: &PinLayout,
+    mut sizes: MapSizes,
+) -> anyhow::Result<(aya::Ebpf, Option<PinLayout>, bool)> {
+    use proxy_common::maps as names;
+    let found = match layout.inspect(&object_maps()?) {
+        Ok(found) => found,
+        Err(e @ (PinError::NotBpffs { .. } | PinError::Io { .. })) => {
+            warn!(
+                error = %e,
+                "running without pinned maps: the datapath goes away with the agent, so a restart \
+                 cuts established connections, and `proxy-agent explain --online` cannot read it"
+            );
+            return Ok((load_with(sizes)?, None, false));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let adopting = match &found {
+        Found::Nothing => false,
+        Found::Current { capacities } => {
+            for (name, size) in [
+                (names::SERVICES, &mut sizes.services),
+                (names::BACKENDS, &mut sizes.backends),
+                (names::CONNTRACK, &mut sizes.conntrack),
+            ] {
+                if let Some(pinned) = capacities.get(name)
+                    && pinned != size
+                {
+                    warn!(
+                        map = name,
+                        pinned,
+                        configured = *size,
+                        "a pinned map keeps its capacity; `--cleanup` and a restart apply the new one"
+                    );
+                    *size = *pinned;
+                }
+            }
+            true
+        }
+    };
+    let ebpf = load_pinned(sizes, &layout.maps_dir())?;
+    info!(
+        pin_root = %layout.root().display(),
+        adopted = adopting,
+        "maps pinned"
+    );
+    Ok((ebpf, Some(layout.clone()), adopting))
 }
 
 /// Attaches the programs to the pod-facing and external interfaces of every

@@ -29,3 +29,33 @@ impl Ids {
         self.free.push(id);
     }
 }
+
+impl Ids {
+    /// Takes over ids already in use (read back from the maps): new ids are
+    /// the gaps below the highest, then above it.
+    pub(super) fn adopt(&mut self, used: impl IntoIterator<Item = u32>) {
+        let used: std::collections::BTreeSet<u32> =
+            used.into_iter().filter(|id| *id != 0).collect();
+        let Some(highest) = used.last().copied() else {
+            return;
+        };
+        self.next = self.next.max(highest.saturating_add(1));
+        self.free = (1..self.next)
+            .rev()
+            .filter(|id| !used.contains(id) && !self.free.contains(id))
+            .collect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ids;
+
+    #[test]
+    fn adopted_ids_are_never_handed_out_again() {
+        let mut ids = Ids::new(100);
+        ids.adopt([2, 5, 3]);
+        let taken: Vec<u32> = (0..4).filter_map(|_| ids.take()).collect();
+        assert_eq!(taken, vec![1, 4, 6, 7]);
+    }
+}

@@ -12,9 +12,51 @@ pub(super) struct ClusterIpMarkers {
     /// VIP -> the ClusterIP frontends on it.
     users: HashMap<u32, BTreeSet<ServiceKey>>,
     written: HashSet<u32>,
+    /// Markers found in adopted maps that no frontend uses: deleted by the next sync.
+    unused: Vec<u32>,
 }
 
 impl ClusterIpMarkers {
+    /// A marker found in adopted maps.
+    pub(super) fn adopt_written(&mut self, vip: u32) {
+        self.written.insert(vip);
+    }
+
+    /// A ClusterIP frontend found in adopted maps.
+    pub(super) fn adopt_user(&mut self, frontend: ServiceKey) {
+        self.users
+            .entry(frontend.addr_be)
+            .or_default()
+            .insert(frontend);
+    }
+
+    /// After adoption: remembers the markers nothing uses.
+    pub(super) fn note_unused(&mut self) {
+        self.unused = self
+            .written
+            .iter()
+            .filter(|vip| !self.users.contains_key(vip))
+            .copied()
+            .collect();
+    }
+
+    /// Deletes the unused markers adoption found.
+    pub(super) fn delete_unused(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        stats: &mut SyncStats,
+    ) -> Result<(), MapError> {
+        while let Some(vip) = self.unused.last().copied() {
+            if !self.users.contains_key(&vip) && self.written.contains(&vip) {
+                maps.delete_service(&ServiceKey::cluster_ip(vip))?;
+                stats.deletes += 1;
+                self.written.remove(&vip);
+            }
+            self.unused.pop();
+        }
+        Ok(())
+    }
+
     pub(super) fn add(
         &mut self,
         frontend: ServiceKey,

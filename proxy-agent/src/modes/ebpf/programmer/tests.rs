@@ -1212,3 +1212,156 @@ fn ids_are_reused_after_release() {
         "the freed id 1 is reused"
     );
 }
+
+/// What `maps` holds, as a restarted agent reads it back from pinned maps.
+fn snapshot(maps: &FakeMaps) -> ServiceSnapshot {
+    ServiceSnapshot {
+        services: maps.services.iter().map(|(k, v)| (*k, *v)).collect(),
+        backends: maps.backends.iter().map(|(k, v)| (*k, *v)).collect(),
+        source_ranges: maps.source_ranges.iter().copied().collect(),
+    }
+}
+
+#[test]
+fn an_adopting_programmer_rewrites_nothing_for_the_same_state_and_keeps_every_id() {
+    let mut maps = FakeMaps::default();
+    let mut first = programmer(&mut maps);
+    let s = state(vec![
+        with_ranges(
+            external_service(
+                "web",
+                Protocol::Tcp,
+                vec![ep([198, 18, 1, 2], 80)],
+                vec![local(ep([198, 18, 0, 2], 80))],
+                true,
+            ),
+            &["10.1.0.0/16"],
+        ),
+        service(
+            "dns",
+            [198, 19, 0, 53],
+            53,
+            Protocol::Udp,
+            vec![ep([198, 18, 1, 9], 53)],
+        ),
+    ]);
+    first.sync(&s, &mut maps).unwrap();
+    let before = (
+        maps.services.clone(),
+        maps.backends.clone(),
+        maps.source_ranges.clone(),
+    );
+
+    let mut second = Programmer::new();
+    let adopted = second.adopt(&snapshot(&maps), &s, &node(&[NODE_A, NODE_B]));
+    assert_eq!(adopted.stale_frontends, 0);
+    assert_eq!(adopted.backends, 3);
+    maps.touched.clear();
+    let stats = second.sync(&s, &mut maps).unwrap();
+    assert_eq!(
+        (stats.writes, stats.deletes),
+        (0, 0),
+        "touched {:?}",
+        maps.touched
+    );
+    assert_eq!(
+        (
+            maps.services.clone(),
+            maps.backends.clone(),
+            maps.source_ranges.clone()
+        ),
+        before
+    );
+}
+
+#[test]
+fn adoption_removes_what_no_service_wants_and_changes_only_the_rest() {
+    let mut maps = FakeMaps::default();
+    let mut first = programmer(&mut maps);
+    let web = |eps| service("web", VIP, 80, Protocol::Tcp, eps);
+    let old = state(vec![
+        web(vec![ep([198, 18, 1, 2], 80), ep([198, 18, 1, 3], 80)]),
+        service(
+            "gone",
+            [198, 19, 0, 99],
+            81,
+            Protocol::Tcp,
+            vec![ep([198, 18, 1, 7], 81)],
+        ),
+    ]);
+    first.sync(&old, &mut maps).unwrap();
+    let kept_id = backend_id(&maps, [198, 18, 1, 2]);
+    let web_service_id = maps.frontend(key(VIP, 80, TCP)).service_id;
+
+    // The restarted agent lists a world where "gone" was deleted and web lost
+    // one endpoint and gained another while it was down.
+    let new = state(vec![web(vec![
+        ep([198, 18, 1, 2], 80),
+        ep([198, 18, 1, 4], 80),
+    ])]);
+    let mut second = Programmer::new();
+    let adopted = second.adopt(&snapshot(&maps), &new, &node(&[NODE_A, NODE_B]));
+    assert_eq!(adopted.stale_frontends, 1);
+    second.sync(&new, &mut maps).unwrap();
+    maps.check_invariant();
+    assert_eq!(
+        maps.reachable(VIP, 80, TCP),
+        vec![
+            (Ipv4Addr::new(198, 18, 1, 2), 80),
+            (Ipv4Addr::new(198, 18, 1, 4), 80)
+        ]
+    );
+    assert!(maps.reachable([198, 19, 0, 99], 81, TCP).is_empty());
+    assert_eq!(
+        maps.markers(),
+        vec![Ipv4Addr::from(VIP)],
+        "the stale VIP's marker went too"
+    );
+    assert_eq!(
+        backend_id(&maps, [198, 18, 1, 2]),
+        kept_id,
+        "a kept backend keeps its id"
+    );
+    assert_eq!(maps.frontend(key(VIP, 80, TCP)).service_id, web_service_id);
+    assert_eq!(maps.backends.len(), 2);
+
+    // New ids never collide with adopted ones.
+    let third = state(vec![
+        web(vec![ep([198, 18, 1, 2], 80), ep([198, 18, 1, 4], 80)]),
+        service(
+            "new",
+            [198, 19, 0, 77],
+            82,
+            Protocol::Tcp,
+            vec![ep([198, 18, 1, 8], 82)],
+        ),
+    ]);
+    second.sync(&third, &mut maps).unwrap();
+    maps.check_invariant();
+    let ids: BTreeSet<u32> = maps
+        .frontend_keys()
+        .iter()
+        .map(|k| maps.frontend(*k).service_id)
+        .collect();
+    assert_eq!(ids.len(), 2, "distinct service ids");
+    assert_eq!(maps.backends.len(), 3);
+}
+
+#[test]
+fn adoption_takes_over_slots_a_crashed_sync_left_beyond_count() {
+    let mut maps = FakeMaps::default();
+    let mut first = programmer(&mut maps);
+    let eps = vec![ep([198, 18, 1, 2], 80)];
+    let s = state(vec![service("web", VIP, 80, Protocol::Tcp, eps.clone())]);
+    first.sync(&s, &mut maps).unwrap();
+    // A slot written before the crash, never exposed by `count`.
+    let id = backend_id(&maps, [198, 18, 1, 2]);
+    maps.services
+        .insert(key(VIP, 80, TCP).with_slot(2), ServiceValue::slot(id, 1));
+
+    let mut second = Programmer::new();
+    second.adopt(&snapshot(&maps), &s, &node(&[NODE_A, NODE_B]));
+    second.sync(&s, &mut maps).unwrap();
+    assert!(!maps.services.contains_key(&key(VIP, 80, TCP).with_slot(2)));
+    assert_eq!(maps.frontend(key(VIP, 80, TCP)).count, 1);
+}

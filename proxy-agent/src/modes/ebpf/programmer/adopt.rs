@@ -1,0 +1,148 @@
+//! Taking over maps a previous agent programmed (pinned maps found at start):
+//! the bookkeeping is rebuilt from what the maps hold, so the first sync only
+//! writes what differs, and backends and services keep their ids (established
+//! flows name them).
+
+use std::collections::{BTreeMap, HashMap};
+
+use ipnet::Ipv4Net;
+use proxy_common::{Backend, BackendId, FrontendKind, ServiceKey, ServiceValue, service::flags};
+
+use super::{Frontend, Programmer, frontends::wanted_frontends};
+use crate::{
+    model::{DesiredState, NamespacedName, Protocol, ServicePortName},
+    modes::ebpf::node::NodeAddresses,
+};
+
+/// What the service maps hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceSnapshot {
+    pub services: Vec<(ServiceKey, ServiceValue)>,
+    pub backends: Vec<(BackendId, Backend)>,
+    pub source_ranges: Vec<(u32, Ipv4Net)>,
+}
+
+impl Programmer {
+    /// Rebuilds the bookkeeping from `snapshot`. Frontends are matched to the
+    /// service ports of `state` that want them (under `node`'s addresses);
+    /// the rest get a placeholder owner no service port has, so the next full
+    /// sync removes them. Call once, before the first sync.
+    pub fn adopt(
+        &mut self,
+        snapshot: &ServiceSnapshot,
+        state: &DesiredState,
+        node: &NodeAddresses,
+    ) -> AdoptStats {
+        self.node = node.clone();
+        let owners: HashMap<ServiceKey, &ServicePortName> = state
+            .services
+            .values()
+            .flat_map(|svc| {
+                wanted_frontends(svc, node)
+                    .into_iter()
+                    .map(move |f| (f.key, &svc.name))
+            })
+            .collect();
+        let entries: BTreeMap<ServiceKey, ServiceValue> =
+            snapshot.services.iter().copied().collect();
+
+        for (id, backend) in &snapshot.backends {
+            self.backends.insert(*backend, *id);
+            self.backend_by_id.insert(*id, *backend);
+            self.unreferenced.insert(*id);
+        }
+        self.backend_ids
+            .adopt(snapshot.backends.iter().map(|(id, _)| *id));
+
+        let mut stats = AdoptStats::default();
+        let frontend_keys = entries
+            .keys()
+            .map(|k| k.with_slot(0))
+            .collect::<std::collections::BTreeSet<_>>();
+        for key in frontend_keys {
+            let value = entries.get(&key);
+            if value.is_some_and(|v| v.has(flags::CLUSTER_IP_MARKER)) {
+                self.markers.adopt_written(key.addr_be);
+                continue;
+            }
+            // Slots 1.. while present; any beyond `count` were written by a
+            // sync that stopped before exposing them.
+            let slots: Vec<BackendId> = (1..=u16::MAX)
+                .map_while(|i| entries.get(&key.with_slot(i)).map(|v| v.backend_id))
+                .collect();
+            let service_id = value.map_or_else(
+                || entries.get(&key.with_slot(1)).map_or(0, |v| v.service_id),
+                |v| v.service_id,
+            );
+            let owner = match owners.get(&key) {
+                Some(spn) => (*spn).clone(),
+                None => {
+                    stats.stale_frontends += 1;
+                    placeholder(service_id, key.proto)
+                }
+            };
+            for id in &slots {
+                *self.backend_refs.entry(*id).or_default() += 1;
+            }
+            self.service_ids.entry(owner.clone()).or_insert(service_id);
+            self.by_service
+                .entry(owner.clone())
+                .or_default()
+                .insert(key);
+            if value.is_some_and(|v| v.kind() == FrontendKind::ClusterIp) {
+                self.markers.adopt_user(key);
+            }
+            stats.frontends += 1;
+            self.frontends.insert(
+                key,
+                Frontend {
+                    owner,
+                    service_id,
+                    slots,
+                    written: value.copied(),
+                },
+            );
+        }
+        for (service_id, range) in &snapshot.source_ranges {
+            self.source_ranges
+                .entry(*service_id)
+                .or_default()
+                .insert(*range);
+            if !self.service_ids.values().any(|id| id == service_id) {
+                self.service_ids
+                    .insert(placeholder(*service_id, 0), *service_id);
+            }
+        }
+        self.service_id_pool
+            .adopt(self.service_ids.values().copied());
+        self.markers.note_unused();
+        for (id, refs) in &self.backend_refs {
+            if *refs > 0 {
+                self.unreferenced.remove(id);
+            }
+        }
+        stats.backends = self.backends.len();
+        stats
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AdoptStats {
+    pub frontends: usize,
+    pub backends: usize,
+    /// Frontends no current service port wants: removed by the first sync.
+    pub stale_frontends: usize,
+}
+
+/// An owner no Kubernetes service port can have (namespaces are never empty).
+fn placeholder(service_id: u32, proto: u8) -> ServicePortName {
+    let protocol = match proto {
+        proxy_common::proto::UDP => Protocol::Udp,
+        _ => Protocol::Tcp,
+    };
+    ServicePortName::new(
+        &NamespacedName::new("", format!("adopted-service-{service_id}")),
+        "",
+        protocol,
+    )
+}

@@ -1,0 +1,176 @@
+//! The datapath outlives the agent: long-lived TCP connections and a UDP
+//! stream through a ClusterIP keep working, on their original backends, while
+//! the agent is killed (`kill -9`) or stopped (SIGTERM), while no agent runs,
+//! and after a new agent takes the pinned datapath over. Needs root.
+
+mod support;
+
+use std::{fs, path::Path, process::Command, time::Duration};
+
+use support::{Agent, sock, wait_for};
+use testbed::{
+    Cni, Testbed,
+    echo::{Connections, EchoServer, UdpStream},
+};
+
+const VIP: &str = "198.19.0.10:80";
+const BACKENDS: [&str; 2] = ["echo-0", "echo-1"];
+const CONNECTIONS: usize = 1000;
+
+/// A BPF filesystem on a temporary directory; unmounted on drop, which frees
+/// whatever the agents left pinned there.
+struct Bpffs(tempfile::TempDir);
+
+impl Bpffs {
+    fn mount() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t bpf");
+        Bpffs(dir)
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+fn manifests(dir: &Path, pod_ips: &[String]) {
+    fs::write(
+        dir.join("service.yaml"),
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: demo}
+spec:
+  clusterIP: 198.19.0.10
+  clusterIPs: [198.19.0.10]
+  ports:
+    - {name: tcp, protocol: TCP, port: 80, targetPort: 7000}
+    - {name: udp, protocol: UDP, port: 80, targetPort: 7000}
+"#,
+    )
+    .unwrap();
+    let mut slice = String::from(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: echo-1\n  namespace: demo\n  labels: {kubernetes.io/service-name: echo}\naddressType: IPv4\nports:\n  - {name: tcp, protocol: TCP, port: 7000}\n  - {name: udp, protocol: UDP, port: 7000}\nendpoints:\n",
+    );
+    for ip in pod_ips {
+        slice.push_str(&format!(
+            "  - addresses: [{ip}]\n    conditions: {{ready: true}}\n    nodeName: node-a\n"
+        ));
+    }
+    fs::write(dir.join("slice.yaml"), slice).unwrap();
+}
+
+fn start(ns: &str, dir: &Path, pins: &Bpffs, run: u32) -> Agent {
+    let root = pins.0.path().join("kube-ebpf-proxy");
+    Agent::start_as(
+        ns,
+        "node-a",
+        dir,
+        dir.join(format!("agent-{run}.log")),
+        &["--ebpf-pin-root", root.to_str().unwrap()],
+    )
+}
+
+#[test]
+fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
+    let mut pods: Vec<&str> = BACKENDS.to_vec();
+    pods.push("client");
+    let tb = Testbed::new(Cni::Routed, &pods).unwrap();
+    let _servers: Vec<_> = BACKENDS
+        .iter()
+        .map(|name| EchoServer::start(&tb.pod(name).ns, name, 7000).unwrap())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let ips: Vec<String> = BACKENDS.iter().map(|b| tb.pod(b).ip.to_string()).collect();
+    manifests(dir.path(), &ips);
+    let pins = Bpffs::mount();
+    let client = tb.pod("client").ns.clone();
+
+    let mut agent = start(&tb.node_ns, dir.path(), &pins, 0);
+    wait_for(Duration::from_secs(20), "the ClusterIP to answer", || {
+        Connections::open(&client, sock(VIP), 1).ok()
+    });
+    assert!(
+        agent.log_text().contains("maps pinned"),
+        "{}",
+        agent.log_text()
+    );
+
+    let mut conns = Connections::open(&client, sock(VIP), CONNECTIONS).unwrap();
+    let before: Vec<String> = conns.identities().map(str::to_owned).collect();
+    for b in BACKENDS {
+        let n = before.iter().filter(|id| *id == b).count();
+        assert!(n > CONNECTIONS / 4, "{b} got {n} of {CONNECTIONS}");
+    }
+    assert_eq!(conns.check(0).broken, 0);
+    let udp = UdpStream::start(&client, sock(VIP), Duration::from_millis(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    for (round, how) in [(1, "kill -9"), (2, "SIGTERM")] {
+        if how == "kill -9" {
+            agent.kill();
+        } else {
+            let status = agent.stop();
+            assert!(status.success(), "{status:?}");
+            assert!(
+                agent.log_text().contains("datapath left in place"),
+                "{}",
+                agent.log_text()
+            );
+        }
+        // No agent runs: the pinned datapath keeps serving.
+        std::thread::sleep(Duration::from_millis(300));
+        let check = conns.check(round * 10);
+        assert_eq!(check.broken, 0, "after {how}, with no agent: {check:?}");
+
+        agent = start(&tb.node_ns, dir.path(), &pins, round);
+        wait_for(
+            Duration::from_secs(20),
+            "the new agent to take over",
+            || {
+                agent
+                    .log_text()
+                    .contains("took over the pinned service maps")
+                    .then_some(())
+            },
+        );
+        let check = conns.check(round * 10 + 1);
+        assert_eq!(check.broken, 0, "after {how} and a restart: {check:?}");
+        let after: Vec<String> = conns.identities().map(str::to_owned).collect();
+        assert_eq!(after, before, "every connection stays on its backend");
+
+        // New connections are still balanced over both backends.
+        let fresh = Connections::open(&client, sock(VIP), 40).unwrap();
+        for b in BACKENDS {
+            assert!(
+                fresh.identities().any(|id| id == b),
+                "no new connection reached {b}"
+            );
+        }
+    }
+
+    let tally = udp.finish();
+    assert!(tally.sent > 50, "{tally:?}");
+    assert_eq!(
+        tally.backends.len(),
+        1,
+        "the UDP flow stayed on one backend: {tally:?}"
+    );
+    let lost = tally.sent - tally.answered;
+    println!(
+        "restart: {CONNECTIONS} TCP connections, 0 broken; UDP {} sent, {} answered, {lost} lost",
+        tally.sent, tally.answered
+    );
+    assert!(
+        lost <= 2,
+        "UDP datagrams lost across two restarts: {lost} ({tally:?})"
+    );
+    agent.stop();
+}
