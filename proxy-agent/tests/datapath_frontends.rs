@@ -661,7 +661,8 @@ fn a_masquerade_port_is_never_taken_from_a_live_flow() {
         flags: flags::DETECT_LOCAL_BY_CIDR,
         snat_port_min: 62000,
         snat_port_max: 62000,
-        tcp_established_ns: 100_000_000,
+        // The flows below stay unanswered: SYN_SENT is their state.
+        tcp_syn_sent_ns: 100_000_000,
         ..DatapathConfig::default()
     });
     node.program(vec![external(

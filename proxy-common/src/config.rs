@@ -18,9 +18,16 @@ pub mod flags {
 pub struct DatapathConfig {
     /// Idle timeouts; 0 means the built-in default of [`crate::conntrack`].
     pub tcp_established_ns: u64,
+    /// A FIN seen in one direction (the kernel's CLOSE_WAIT, `tcpCloseWaitTimeout`).
     pub tcp_closing_ns: u64,
     pub udp_ns: u64,
     pub udp_stream_ns: u64,
+    /// No reply seen yet (the kernel's SYN_SENT).
+    pub tcp_syn_sent_ns: u64,
+    /// A FIN seen in both directions (the kernel's TIME_WAIT).
+    pub tcp_time_wait_ns: u64,
+    /// A RST seen (the kernel's CLOSE).
+    pub tcp_close_ns: u64,
     /// The node address masqueraded traffic leaves with; 0 disables masquerading.
     pub masquerade_addr_be: u32,
     pub flags: u32,

@@ -52,8 +52,16 @@ pub mod flags {
     pub const SNAT: u16 = 1 << 0;
     /// A TCP FIN or RST was seen: the closing timeout applies.
     pub const CLOSING: u16 = 1 << 1;
-    /// A reply was seen: a UDP flow counts as a stream.
+    /// A reply was seen: a UDP flow counts as a stream, a TCP one as established.
     pub const SEEN_REPLY: u16 = 1 << 2;
+    /// A TCP FIN was seen from the client (towards the service).
+    pub const FIN_FORWARD: u16 = 1 << 3;
+    /// A TCP FIN was seen from the backend.
+    pub const FIN_REPLY: u16 = 1 << 4;
+    /// A TCP RST was seen in either direction.
+    pub const RST: u16 = 1 << 5;
+    /// The TCP connection is over or closing: a new SYN on its tuple starts a new one.
+    pub const FINISHED: u16 = CLOSING | FIN_FORWARD | FIN_REPLY | RST;
 }
 
 #[repr(C)]
@@ -82,5 +90,9 @@ pub const DEFAULT_TCP_ESTABLISHED_NS: u64 = 24 * 3600 * 1_000_000_000;
 pub const DEFAULT_TCP_CLOSING_NS: u64 = 3600 * 1_000_000_000;
 pub const DEFAULT_UDP_NS: u64 = 30 * 1_000_000_000;
 pub const DEFAULT_UDP_STREAM_NS: u64 = 120 * 1_000_000_000;
+/// The kernel's nf_conntrack_tcp_timeout_syn_sent, _time_wait and _close.
+pub const DEFAULT_TCP_SYN_SENT_NS: u64 = 120 * 1_000_000_000;
+pub const DEFAULT_TCP_TIME_WAIT_NS: u64 = 120 * 1_000_000_000;
+pub const DEFAULT_TCP_CLOSE_NS: u64 = 10 * 1_000_000_000;
 /// `last_seen_ns` is refreshed at most this often, to keep writes off the hot path.
 pub const REFRESH_INTERVAL_NS: u64 = 1_000_000_000;

@@ -23,7 +23,7 @@ pub use stats::Counter;
 
 /// Bumped whenever a map type changes layout, so an agent never reuses maps
 /// pinned by an incompatible version.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// IP protocol numbers as stored in keys.
 pub mod proto {
@@ -46,7 +46,7 @@ assert_layout!(ServiceValue, size = 12, align = 4);
 assert_layout!(Backend, size = 8, align = 4);
 assert_layout!(CtKey, size = 16, align = 4);
 assert_layout!(CtValue, size = 40, align = 8);
-assert_layout!(DatapathConfig, size = 48, align = 8);
+assert_layout!(DatapathConfig, size = 72, align = 8);
 assert_layout!(IfaceInfo, size = 4, align = 4);
 assert_layout!(Ipv4Prefix, size = 4, align = 4);
 assert_layout!(SourceRange, size = 8, align = 4);

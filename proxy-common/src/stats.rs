@@ -63,6 +63,8 @@ counters! {
     XdpTx = 18 => "xdp_tx",
     /// XDP: packets handed to the TC programs / kernel.
     XdpPass = 19 => "xdp_pass",
+    /// New TCP connections on the tuple of a finished one (FIN or RST seen), balanced anew.
+    Reopened = 20 => "reopened",
 }
 
 const _: () = assert!((Counter::ALL.len() as u32) <= COUNTER_MAX);

@@ -4,7 +4,8 @@ use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns};
 use proxy_common::{
     Counter, CtKey, CtValue, DatapathConfig,
     conntrack::{
-        DEFAULT_TCP_CLOSING_NS, DEFAULT_TCP_ESTABLISHED_NS, DEFAULT_UDP_NS, DEFAULT_UDP_STREAM_NS,
+        DEFAULT_TCP_CLOSE_NS, DEFAULT_TCP_CLOSING_NS, DEFAULT_TCP_ESTABLISHED_NS,
+        DEFAULT_TCP_SYN_SENT_NS, DEFAULT_TCP_TIME_WAIT_NS, DEFAULT_UDP_NS, DEFAULT_UDP_STREAM_NS,
         REFRESH_INTERVAL_NS, flags,
     },
     proto,
@@ -27,8 +28,17 @@ fn or_default(value: u64, default: u64) -> u64 {
 #[inline(always)]
 pub fn idle_timeout(config: &DatapathConfig, proto: u8, entry_flags: u16) -> u64 {
     if proto == proto::TCP {
-        if entry_flags & flags::CLOSING != 0 {
+        // The kernel's conntrack states, as far as flags can tell them.
+        if entry_flags & flags::RST != 0 {
+            or_default(config.tcp_close_ns, DEFAULT_TCP_CLOSE_NS)
+        } else if entry_flags & (flags::FIN_FORWARD | flags::FIN_REPLY)
+            == flags::FIN_FORWARD | flags::FIN_REPLY
+        {
+            or_default(config.tcp_time_wait_ns, DEFAULT_TCP_TIME_WAIT_NS)
+        } else if entry_flags & flags::CLOSING != 0 {
             or_default(config.tcp_closing_ns, DEFAULT_TCP_CLOSING_NS)
+        } else if entry_flags & flags::SEEN_REPLY == 0 {
+            or_default(config.tcp_syn_sent_ns, DEFAULT_TCP_SYN_SENT_NS)
         } else {
             or_default(config.tcp_established_ns, DEFAULT_TCP_ESTABLISHED_NS)
         }
@@ -39,10 +49,17 @@ pub fn idle_timeout(config: &DatapathConfig, proto: u8, entry_flags: u16) -> u64
     }
 }
 
+/// A live entry, as it was before this packet.
+pub struct Hit {
+    pub value: CtValue,
+    /// Flags this packet set that the entry did not have.
+    pub new_flags: u16,
+}
+
 /// The live entry for `key`, refreshing its idle timer and recording
 /// `set_flags`; expired entries count as absent.
 #[inline(always)]
-pub fn lookup(config: &DatapathConfig, key: &CtKey, now: u64, set_flags: u16) -> Option<CtValue> {
+pub fn lookup(config: &DatapathConfig, key: &CtKey, now: u64, set_flags: u16) -> Option<Hit> {
     let entry = CONNTRACK.get_ptr_mut(key)?;
     // SAFETY: the pointer from the map lookup stays valid for this program run.
     let entry = unsafe { &mut *entry };
@@ -53,10 +70,12 @@ pub fn lookup(config: &DatapathConfig, key: &CtKey, now: u64, set_flags: u16) ->
     if idle > REFRESH_INTERVAL_NS {
         entry.last_seen_ns = now;
     }
-    if entry.flags & set_flags != set_flags {
-        entry.flags |= set_flags;
+    let value = *entry;
+    let new_flags = set_flags & !value.flags;
+    if new_flags != 0 {
+        entry.flags |= new_flags;
     }
-    Some(*entry)
+    Some(Hit { value, new_flags })
 }
 
 #[inline(always)]

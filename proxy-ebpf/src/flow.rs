@@ -8,7 +8,11 @@ use proxy_common::{
     SourceRange, conntrack::flags as ct, service::flags as svc,
 };
 
-use crate::{config, conntrack, lb, maps::SOURCE_RANGES, packet::Packet};
+use crate::{
+    config, conntrack, lb,
+    maps::SOURCE_RANGES,
+    packet::{Packet, tcp_flags},
+};
 
 /// The tuple a packet leaves with.
 #[derive(Clone, Copy)]
@@ -51,9 +55,26 @@ fn unchanged(pkt: &Packet) -> Rewrite {
     }
 }
 
+/// The conntrack flags a TCP FIN or RST in `direction` sets.
 #[inline(always)]
-fn closing(pkt: &Packet) -> u16 {
-    if pkt.closes() { ct::CLOSING } else { 0 }
+fn closing(pkt: &Packet, direction: CtDirection) -> u16 {
+    if pkt.tcp_flags & tcp_flags::RST != 0 {
+        ct::RST | ct::CLOSING
+    } else if pkt.tcp_flags & tcp_flags::FIN != 0 {
+        ct::CLOSING
+            | match direction {
+                CtDirection::Forward => ct::FIN_FORWARD,
+                CtDirection::Reply => ct::FIN_REPLY,
+            }
+    } else {
+        0
+    }
+}
+
+/// A SYN without ACK: a client opening a connection.
+#[inline(always)]
+fn opens(pkt: &Packet) -> bool {
+    pkt.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN
 }
 
 #[inline(always)]
@@ -63,27 +84,50 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64) -> Verdict {
         &config,
         &key_of(pkt, CtDirection::Reply),
         now,
-        ct::SEEN_REPLY | closing(pkt),
+        ct::SEEN_REPLY | closing(pkt, CtDirection::Reply),
     ) {
         return Verdict::Forward(reply_rewrite(&config, pkt, &reply, now), Counter::ReplyNat);
     }
 
     let forward_key = key_of(pkt, CtDirection::Forward);
-    if let Some(flow) = conntrack::lookup(&config, &forward_key, now, closing(pkt)) {
-        // The agent removes a backend's entry once no service uses it; such
-        // flows are balanced again rather than sent into the void.
-        match lb::backend(flow.backend_id) {
-            Some(b) if b.addr_be == flow.nat_addr_be && b.port_be == flow.nat_port_be => {
-                let mut out = unchanged(pkt);
-                out.daddr_be = b.addr_be;
-                out.dport_be = b.port_be;
-                if flow.flags & ct::SNAT != 0 {
-                    out.saddr_be = flow.snat_addr_be;
-                    out.sport_be = flow.snat_port_be;
+    if let Some(hit) = conntrack::lookup(
+        &config,
+        &forward_key,
+        now,
+        closing(pkt, CtDirection::Forward),
+    ) {
+        let flow = hit.value;
+        if opens(pkt) && flow.flags & ct::FINISHED != 0 {
+            // A client reusing the tuple of a finished connection opens a new one.
+            crate::stats::count(Counter::Reopened);
+        } else {
+            // The agent removes a backend's entry once no service uses it; such
+            // flows are balanced again rather than sent into the void.
+            match lb::backend(flow.backend_id) {
+                Some(b) if b.addr_be == flow.nat_addr_be && b.port_be == flow.nat_port_be => {
+                    let mut out = unchanged(pkt);
+                    out.daddr_be = b.addr_be;
+                    out.dport_be = b.port_be;
+                    if flow.flags & ct::SNAT != 0 {
+                        out.saddr_be = flow.snat_addr_be;
+                        out.sport_be = flow.snat_port_be;
+                    }
+                    if hit.new_flags != 0 {
+                        // The reply entry closes with the flow.
+                        let reply = CtKey::new(
+                            out.daddr_be,
+                            out.saddr_be,
+                            out.dport_be,
+                            out.sport_be,
+                            pkt.proto,
+                            CtDirection::Reply,
+                        );
+                        let _ = conntrack::lookup(&config, &reply, now, hit.new_flags);
+                    }
+                    return Verdict::Forward(out, Counter::Established);
                 }
-                return Verdict::Forward(out, Counter::Established);
+                _ => crate::stats::count(Counter::Rebalanced),
             }
-            _ => crate::stats::count(Counter::Rebalanced),
         }
     }
 
@@ -105,7 +149,8 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64) -> Verdict {
 
 /// Replies get the frontend back as source and, when masqueraded, the client as destination.
 #[inline(always)]
-fn reply_rewrite(config: &DatapathConfig, pkt: &Packet, reply: &CtValue, now: u64) -> Rewrite {
+fn reply_rewrite(config: &DatapathConfig, pkt: &Packet, hit: &conntrack::Hit, now: u64) -> Rewrite {
+    let reply = &hit.value;
     let mut out = unchanged(pkt);
     out.saddr_be = reply.nat_addr_be;
     out.sport_be = reply.nat_port_be;
@@ -113,8 +158,9 @@ fn reply_rewrite(config: &DatapathConfig, pkt: &Packet, reply: &CtValue, now: u6
         out.daddr_be = reply.snat_addr_be;
         out.dport_be = reply.snat_port_be;
     }
-    if reply.flags & ct::SEEN_REPLY == 0 {
-        // First reply: the forward entry learns the flow is two-way (UDP streams live longer).
+    if hit.new_flags != 0 {
+        // The forward entry learns the flow is two-way (UDP streams live
+        // longer, TCP is established) or closing, as the reply entry did.
         let forward = CtKey::new(
             out.daddr_be,
             out.saddr_be,
@@ -123,7 +169,7 @@ fn reply_rewrite(config: &DatapathConfig, pkt: &Packet, reply: &CtValue, now: u6
             pkt.proto,
             CtDirection::Forward,
         );
-        let _ = conntrack::lookup(config, &forward, now, ct::SEEN_REPLY);
+        let _ = conntrack::lookup(config, &forward, now, hit.new_flags);
     }
     out
 }

@@ -17,6 +17,7 @@ use ipnet::{IpNet, Ipv4Net};
 use proxy_common::{
     DatapathConfig, IfaceInfo,
     config::{flags, iface},
+    conntrack::{DEFAULT_TCP_CLOSE_NS, DEFAULT_TCP_SYN_SENT_NS, DEFAULT_TCP_TIME_WAIT_NS},
 };
 
 pub use snat_ports::{snat_port_overlap, warn_if_snat_ports_overlap};
@@ -201,6 +202,10 @@ pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
         tcp_closing_ns: nanos(ct.tcp_close_wait),
         udp_ns: nanos(ct.udp),
         udp_stream_ns: nanos(ct.udp_stream),
+        // kube-proxy has no settings for these: the kernel's defaults.
+        tcp_syn_sent_ns: DEFAULT_TCP_SYN_SENT_NS,
+        tcp_time_wait_ns: DEFAULT_TCP_TIME_WAIT_NS,
+        tcp_close_ns: DEFAULT_TCP_CLOSE_NS,
         masquerade_addr_be: primary.map_or(0, |a| u32::from(a).to_be()),
         flags: masquerade_all | detect_flag,
         snat_port_min: SNAT_PORT_MIN,
