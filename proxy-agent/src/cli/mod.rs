@@ -1,4 +1,6 @@
-//! The agent's subcommands for operators (`explain` today).
+//! The agent's subcommands for operators (`explain` today). Shared by them:
+//! [`pins`] (the running agent's pinned maps) and [`packet`] (frames).
 
 pub mod explain;
 pub mod packet;
+pub mod pins;
