@@ -2,13 +2,32 @@
 //! filesystem ([`crate::modes::ebpf::pin`]), for the subcommands that read
 //! them (`explain --online` today). Opening a pin never changes the map.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use aya::maps::{Map, MapData, MapError};
 use proxy_common::maps as names;
 
-use crate::modes::ebpf::{KernelMaps, MapSizes};
+use crate::{
+    cli::values::nonempty_path,
+    modes::ebpf::{KernelMaps, MapSizes, pin},
+};
+
+/// `--pin-dir`, for any subcommand that reads the agent's pins.
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
+pub struct PinDirArg {
+    /// Where the agent pins its maps [default: $KUBE_EBPF_PROXY_PIN_DIR,
+    /// else /sys/fs/bpf/kube-ebpf-proxy/maps]
+    #[arg(long, value_name = "DIR", value_parser = nonempty_path)]
+    pub pin_dir: Option<PathBuf>,
+}
+
+impl PinDirArg {
+    /// The directory given, else the agent's ([`pin::pin_dir`]).
+    pub fn dir(&self) -> PathBuf {
+        self.pin_dir.clone().unwrap_or_else(pin::pin_dir)
+    }
+}
 
 /// Every map the agent pins, typed as the agent holds them, with the sizes
 /// it loaded them with. The subcommands only read them.
