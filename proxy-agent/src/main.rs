@@ -1,8 +1,8 @@
 //! Thin binary: start-up (flags, config, --version, --write-config-to, --cleanup,
 //! --init-only, sysctls, OOM score) lives in `proxy_agent::startup`, the
-//! runtime in `proxy_agent::agent`. `proxy-agent explain ...` is a subcommand
-//! of its own (`proxy_agent::explain`), recognised before kube-proxy's flat
-//! flags are parsed so they stay exactly upstream's.
+//! runtime in `proxy_agent::agent`. The subcommands (`proxy-agent explain
+//! ...`, `proxy_agent::cli`) are recognised by name in first position before
+//! kube-proxy's flat flags are parsed, so those stay exactly upstream's.
 
 use std::{ffi::OsString, process::ExitCode};
 
@@ -13,8 +13,8 @@ use proxy_agent::{
 
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| a == "explain") {
-        return cli::explain::main(&args[2..]);
+    if let Some(code) = cli::main(&args) {
+        return code;
     }
     let opts = match startup::prepare(args) {
         Next::Exit(code) => return code,

@@ -740,9 +740,24 @@ fn bad_input_is_one_line_naming_the_flag() {
         "--pin-dir: /nonexistent holds no pinned maps",
     );
 
-    let help = explain_raw(&["--help"]);
-    assert!(help.status.success());
-    assert!(String::from_utf8_lossy(&help.stdout).contains("proxy-agent explain --online"));
+    let offline_flag_online = [
+        &["--online", "--local-address", "192.0.2.1"],
+        &refs(&good)[..],
+    ];
+    assert_one_line_error(
+        &explain_raw(&offline_flag_online.concat()),
+        "--local-address: not used with --online",
+    );
+
+    // Help wins, even over a mistake before it.
+    for args in [&["--help"][..], &["--src", "x", "--help"], &["-h"]] {
+        let help = explain_raw(args);
+        assert!(help.status.success(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&help.stdout).contains("proxy-agent explain --online"),
+            "{args:?}"
+        );
+    }
 }
 
 #[test]

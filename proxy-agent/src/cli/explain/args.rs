@@ -1,58 +1,160 @@
-//! The command line of `proxy-agent explain`. Parsed by hand so that every
-//! mistake is one line naming the flag (and kube-proxy's own flag parsing
-//! never sees these).
+//! The command line of `proxy-agent explain`: [`ExplainArgs`] as clap
+//! parses it (one variant of [`crate::cli::Command`]), resolved into what
+//! to run ([`Args`]). Every mistake is one line naming the flag
+//! ([`crate::cli::error`], with [`word`] for the mode flags), and
+//! kube-proxy's own flag parsing never sees these.
 
-use std::{ffi::OsString, net::Ipv4Addr, path::PathBuf};
+use std::{net::Ipv4Addr, path::PathBuf};
+
+use clap::ArgGroup;
 
 use super::probe::{Origin, Probe, Proto};
+use crate::cli::{
+    error::Mistake,
+    pins::PinDirArg,
+    values::{ipv4, nonempty_path, port},
+};
 
-pub const USAGE: &str = "\
-Explains what the eBPF datapath does with one packet (or N new flows), by
-running it through the real programs with BPF_PROG_TEST_RUN. No traffic is sent.
+pub const DEFAULT_SPORT: u16 = 40_000;
+/// Distinct source ports: at most every port once.
+pub const MAX_FLOWS: u32 = 65_535;
 
-Usage:
-  proxy-agent explain --manifests DIR [--config FILE] [--ebpf-config FILE]
-                      [--hostname-override NODE] [--local-address IP ...] PACKET
-  proxy-agent explain --online [--pin-dir DIR] PACKET
+const USAGE: &str = "\
+proxy-agent explain --manifests DIR [--config FILE] [--ebpf-config FILE]
+                           [--hostname-override NODE] [--local-address IP ...] PACKET
+       proxy-agent explain --online [--pin-dir DIR] PACKET
 
-PACKET:
-  --src IP --dst IP --dport N [--sport N] --proto tcp|udp --from pod|outside
-  [--flows N] [--output text|json]
+PACKET: --src IP --dst IP --dport N [--sport N] --proto tcp|udp --from pod|outside
+        [--flows N] [--output text|json]";
 
-Offline (--manifests): loads the programs without attaching them, programs the
-maps from the Services, EndpointSlices and Node in DIR as the agent would, and
-runs the packet in a private network namespace.
-  --manifests DIR          Services, EndpointSlices and the Node (as for the agent)
-  --config FILE            KubeProxyConfiguration (clusterCIDR, detectLocalMode,
-                           nodePortAddresses, masqueradeAll, ...)
-  --ebpf-config FILE       EbpfDatapathConfiguration (xdpMode, interfaces, map sizes)
-  --hostname-override NODE this node's name (default: the config's, else the hostname)
-  --local-address IP       a local IPv4 address of the node, repeatable
-                           (default: the Node object's addresses)
+/// Explains what the eBPF datapath does with one packet (or N new flows)
+///
+/// The packet runs through the real programs with BPF_PROG_TEST_RUN. No
+/// traffic is sent.
+///
+/// Offline (--manifests): loads the programs without attaching them,
+/// programs the maps from the Services, EndpointSlices and Node in DIR as
+/// the agent would, and runs the packet in a private network namespace.
+///
+/// Online (--online): copies the running agent's pinned maps into a private
+/// load of the programs (the live conntrack is never touched) and runs the
+/// packet in this network namespace.
+#[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
+#[command(override_usage = USAGE)]
+#[command(group(ArgGroup::new("source").required(true).args(["manifests", "online"])))]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub offline: OfflineArgs,
 
-Online (--online): copies the running agent's pinned maps into a private load
-of the programs (the live conntrack is never touched) and runs the packet in
-this network namespace.
-  --pin-dir DIR            default: $KUBE_EBPF_PROXY_PIN_DIR, else
-                           /sys/fs/bpf/kube-ebpf-proxy/maps
+    /// Ask the running agent: copy its pinned maps
+    #[arg(long, help_heading = "Online (--online)")]
+    pub online: bool,
 
-Packet:
-  --src IP, --dst IP       IPv4 source and destination
-  --dport N, --sport N     ports (source port default 40000)
-  --proto tcp|udp          TCP packets are SYNs
-  --from pod|outside       arriving from a pod of this node (tc_from_pod) or on
-                           an external interface (xdp_from_netdev, then
-                           tc_from_netdev when XDP passes it on)
-  --flows N                run N new flows (source ports sport, sport+1, ...)
-                           and count the endpoints reached
-  --output text|json       default text
-";
+    #[command(flatten, next_help_heading = "Online (--online)")]
+    pub pins: PinDirArg,
+
+    #[command(flatten)]
+    pub packet: PacketArgs,
+
+    /// Run N new flows (source ports sport, sport+1, ...) and count the
+    /// endpoints reached
+    #[arg(long, value_name = "N", value_parser = flows, help_heading = "Packet")]
+    pub flows: Option<u32>,
+
+    /// Output format
+    #[arg(long, value_enum, default_value_t = Output::Text, help_heading = "Packet")]
+    pub output: Output,
+}
+
+/// The online form's flags, which no offline flag goes with.
+const ONLINE: [&str; 2] = ["online", "pin_dir"];
+
+/// The offline flags: a manifests directory and the agent's configuration.
+/// None of them goes with `--online` or `--pin-dir`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "Offline (--manifests)")]
+pub struct OfflineArgs {
+    /// Services, EndpointSlices and the Node (as for the agent)
+    #[arg(long, value_name = "DIR", value_parser = nonempty_path)]
+    #[arg(conflicts_with_all = ONLINE)]
+    pub manifests: Option<PathBuf>,
+
+    /// KubeProxyConfiguration (clusterCIDR, detectLocalMode,
+    /// nodePortAddresses, masqueradeAll, ...)
+    #[arg(long, value_name = "FILE", value_parser = nonempty_path)]
+    #[arg(conflicts_with_all = ONLINE)]
+    pub config: Option<PathBuf>,
+
+    /// EbpfDatapathConfiguration (xdpMode, interfaces, map sizes)
+    #[arg(long, value_name = "FILE", value_parser = nonempty_path)]
+    #[arg(conflicts_with_all = ONLINE)]
+    pub ebpf_config: Option<PathBuf>,
+
+    /// This node's name [default: the config's, else the hostname]
+    #[arg(long = "hostname-override", value_name = "NODE", value_parser = hostname)]
+    #[arg(conflicts_with_all = ONLINE)]
+    pub hostname: Option<String>,
+
+    /// A local IPv4 address of the node, repeatable [default: the Node
+    /// object's addresses]
+    #[arg(long = "local-address", value_name = "IP", value_parser = ipv4)]
+    #[arg(conflicts_with_all = ONLINE)]
+    pub local_addresses: Vec<Ipv4Addr>,
+}
+
+/// The packet asked about.
+#[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "Packet")]
+pub struct PacketArgs {
+    /// IPv4 source
+    #[arg(long, value_name = "IP", value_parser = ipv4)]
+    pub src: Ipv4Addr,
+
+    /// IPv4 destination
+    #[arg(long, value_name = "IP", value_parser = ipv4)]
+    pub dst: Ipv4Addr,
+
+    /// Destination port
+    #[arg(long, value_name = "N", value_parser = port)]
+    pub dport: u16,
+
+    /// Source port
+    #[arg(long, value_name = "N", value_parser = port, default_value_t = DEFAULT_SPORT)]
+    pub sport: u16,
+
+    /// Protocol
+    #[arg(long, value_enum)]
+    pub proto: Proto,
+
+    /// Where the packet arrives, which decides the programs that see it
+    #[arg(long, value_enum)]
+    pub from: Origin,
+}
+
+impl PacketArgs {
+    pub fn probe(&self) -> Probe {
+        Probe {
+            proto: self.proto,
+            src: self.src,
+            sport: self.sport,
+            dst: self.dst,
+            dport: self.dport,
+            origin: self.from,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
 
 /// Where the maps come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
     Offline(Offline),
-    Online { pin_dir: Option<PathBuf> },
+    Online(PinDirArg),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -64,12 +166,7 @@ pub struct Offline {
     pub local_addresses: Vec<Ipv4Addr>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Output {
-    Text,
-    Json,
-}
-
+/// What to run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Args {
     pub source: Source,
@@ -78,242 +175,111 @@ pub struct Args {
     pub output: Output,
 }
 
-#[derive(Debug, PartialEq, Eq)]
-pub enum Parsed {
-    Help,
-    Run(Box<Args>),
-}
-
-/// A command-line mistake: `--flag: what is wrong`, or a message alone.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{}{message}", flag.as_ref().map(|f| format!("{f}: ")).unwrap_or_default())]
-pub struct ArgError {
-    pub flag: Option<String>,
-    pub message: String,
-}
-
-fn bad(flag: &str, message: impl Into<String>) -> ArgError {
-    ArgError {
-        flag: Some(flag.to_owned()),
-        message: message.into(),
-    }
-}
-
-pub const DEFAULT_SPORT: u16 = 40_000;
-/// Distinct source ports: at most every port once.
-pub const MAX_FLOWS: u32 = 65_535;
-
-const FLAGS_WITH_VALUE: &[&str] = &[
-    "--manifests",
-    "--config",
-    "--ebpf-config",
-    "--hostname-override",
-    "--local-address",
-    "--pin-dir",
-    "--src",
-    "--dst",
-    "--dport",
-    "--sport",
-    "--proto",
-    "--from",
-    "--flows",
-    "--output",
-];
-const OFFLINE_ONLY: &[&str] = &[
-    "--manifests",
-    "--config",
-    "--ebpf-config",
-    "--hostname-override",
-    "--local-address",
-];
-
-/// Parses the arguments after `explain`.
-pub fn parse(args: &[OsString]) -> Result<Parsed, ArgError> {
-    let mut values: Vec<(&'static str, String)> = Vec::new();
-    let mut online = false;
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let arg = arg.to_str().ok_or_else(|| ArgError {
-            flag: None,
-            message: format!("{arg:?} is not valid UTF-8"),
-        })?;
-        match arg {
-            "-h" | "--help" | "help" => return Ok(Parsed::Help),
-            "--online" => {
-                if online {
-                    return Err(bad("--online", "given twice"));
-                }
-                online = true;
-                continue;
-            }
-            _ => {}
-        }
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_owned())),
-            _ => (arg, None),
-        };
-        let Some(flag) = FLAGS_WITH_VALUE.iter().copied().find(|f| *f == name) else {
-            return Err(if name.starts_with('-') {
-                bad(name, "unknown flag (see `proxy-agent explain --help`)")
-            } else {
-                ArgError {
-                    flag: None,
-                    message: format!(
-                        "unexpected argument {arg:?} (see `proxy-agent explain --help`)"
-                    ),
-                }
-            });
-        };
-        let value = match inline {
-            Some(v) => v,
-            None => it
-                .next()
-                .and_then(|v| v.to_str())
-                .map(str::to_owned)
-                .ok_or_else(|| bad(flag, "needs a value"))?,
-        };
-        if flag != "--local-address" && values.iter().any(|(f, _)| *f == flag) {
-            return Err(bad(flag, "given twice"));
-        }
-        values.push((flag, value));
-    }
-
-    let get = |flag: &str| {
-        values
-            .iter()
-            .find(|(f, _)| *f == flag)
-            .map(|(_, v)| v.as_str())
-    };
-    let required = |flag: &'static str| get(flag).ok_or_else(|| bad(flag, "required"));
-
-    let source = if online {
-        if let Some(flag) = OFFLINE_ONLY.iter().find(|f| get(f).is_some()) {
-            return Err(bad(
-                flag,
-                "not used with --online (the agent's maps say it all)",
-            ));
-        }
-        Source::Online {
-            pin_dir: get("--pin-dir").map(PathBuf::from),
-        }
-    } else {
-        if get("--pin-dir").is_some() {
-            return Err(bad("--pin-dir", "only used with --online"));
-        }
-        let manifests = get("--manifests").ok_or_else(|| {
-            bad(
-                "--manifests",
-                "required (or --online to ask the running agent)",
-            )
-        })?;
-        let hostname = get("--hostname-override").map(str::to_owned);
-        if hostname.as_deref().is_some_and(|h| h.trim().is_empty()) {
-            return Err(bad("--hostname-override", "must not be empty"));
-        }
-        let local_addresses = values
-            .iter()
-            .filter(|(f, _)| *f == "--local-address")
-            .map(|(f, v)| ipv4(f, v))
-            .collect::<Result<Vec<_>, _>>()?;
-        Source::Offline(Offline {
-            manifests: nonempty_path("--manifests", manifests)?,
-            config: get("--config")
-                .map(|p| nonempty_path("--config", p))
-                .transpose()?,
-            ebpf_config: get("--ebpf-config")
-                .map(|p| nonempty_path("--ebpf-config", p))
-                .transpose()?,
+impl ExplainArgs {
+    /// The form and the packet. clap's `source` group has made sure of
+    /// exactly one of `--manifests` and `--online`.
+    pub fn resolve(self) -> Args {
+        let OfflineArgs {
+            manifests,
+            config,
+            ebpf_config,
             hostname,
             local_addresses,
-        })
-    };
+        } = self.offline;
+        let source = match manifests {
+            Some(manifests) => Source::Offline(Offline {
+                manifests,
+                config,
+                ebpf_config,
+                hostname,
+                local_addresses,
+            }),
+            None => Source::Online(self.pins),
+        };
+        Args {
+            source,
+            probe: self.packet.probe(),
+            flows: self.flows,
+            output: self.output,
+        }
+    }
+}
 
-    let probe = Probe {
-        proto: match required("--proto")? {
-            "tcp" | "TCP" => Proto::Tcp,
-            "udp" | "UDP" => Proto::Udp,
-            other => return Err(bad("--proto", format!("{other:?} must be tcp or udp"))),
-        },
-        src: ipv4("--src", required("--src")?)?,
-        dst: ipv4("--dst", required("--dst")?)?,
-        sport: get("--sport")
-            .map(|v| port("--sport", v))
-            .transpose()?
-            .unwrap_or(DEFAULT_SPORT),
-        dport: port("--dport", required("--dport")?)?,
-        origin: match required("--from")? {
-            "pod" => Origin::Pod,
-            "outside" => Origin::Outside,
-            other => return Err(bad("--from", format!("{other:?} must be pod or outside"))),
-        },
-    };
-    let flows = get("--flows")
-        .map(|v| match v.parse::<u32>() {
-            Ok(n) if (1..=MAX_FLOWS).contains(&n) => Ok(n),
-            _ => Err(bad(
-                "--flows",
-                format!("{v:?} must be a number of flows from 1 to {MAX_FLOWS}"),
+/// explain's wording of the mistakes about its two forms; the rest read as
+/// in every subcommand.
+pub fn word(mistake: &Mistake) -> Option<String> {
+    match mistake {
+        Mistake::Conflict { flag, with } => match (flag.as_str(), with.as_str()) {
+            ("--pin-dir", _) | (_, "--pin-dir") => {
+                Some("--pin-dir: only used with --online".into())
+            }
+            ("--online", offline) | (offline, "--online") => Some(format!(
+                "{offline}: not used with --online (the agent's maps say it all)"
             )),
-        })
-        .transpose()?;
-    let output = match get("--output").unwrap_or("text") {
-        "text" => Output::Text,
-        "json" => Output::Json,
-        other => return Err(bad("--output", format!("{other:?} must be text or json"))),
-    };
-    Ok(Parsed::Run(Box::new(Args {
-        source,
-        probe,
-        flows,
-        output,
-    })))
-}
-
-fn ipv4(flag: &str, value: &str) -> Result<Ipv4Addr, ArgError> {
-    value
-        .trim()
-        .parse()
-        .map_err(|_| bad(flag, format!("{value:?} is not an IPv4 address")))
-}
-
-fn port(flag: &str, value: &str) -> Result<u16, ArgError> {
-    match value.trim().parse::<u16>() {
-        Ok(p) if p != 0 => Ok(p),
-        _ => Err(bad(flag, format!("{value:?} is not a port (1-65535)"))),
+            _ => None,
+        },
+        Mistake::Missing(missing) if missing.iter().flatten().any(|f| f == "--online") => {
+            Some("--manifests: required (or --online to ask the running agent)".into())
+        }
+        _ => None,
     }
 }
 
-fn nonempty_path(flag: &str, value: &str) -> Result<PathBuf, ArgError> {
-    if value.is_empty() {
-        return Err(bad(flag, "must not be empty"));
+fn flows(value: &str) -> Result<u32, String> {
+    match value.parse::<u32>() {
+        Ok(n) if (1..=MAX_FLOWS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{value:?} must be a number of flows from 1 to {MAX_FLOWS}"
+        )),
     }
-    Ok(PathBuf::from(value))
+}
+
+fn hostname(value: &str) -> Result<String, String> {
+    if value.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(value.to_owned())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::ffi::OsString;
 
-    fn args(s: &str) -> Vec<OsString> {
-        s.split_whitespace().map(OsString::from).collect()
+    use super::*;
+    use crate::cli::{Command, Parsed, parse as parse_cli};
+
+    fn parse(s: &str) -> Parsed {
+        let args: Vec<OsString> = ["proxy-agent", "explain"]
+            .into_iter()
+            .chain(s.split_whitespace())
+            .map(OsString::from)
+            .collect();
+        parse_cli(&args)
+    }
+
+    fn run(s: &str) -> Args {
+        match parse(s) {
+            Parsed::Run(Command::Explain(a)) => a.resolve(),
+            other => panic!("{s}: {other:?}"),
+        }
     }
 
     fn err(s: &str) -> String {
-        parse(&args(s)).unwrap_err().to_string()
+        match parse(s) {
+            Parsed::Error(line) => line,
+            other => panic!("{s}: {other:?}"),
+        }
     }
 
     const PACKET: &str = "--src 10.0.0.1 --dst 10.96.0.1 --dport 80 --proto tcp --from pod";
 
     #[test]
     fn offline_with_every_flag() {
-        let Parsed::Run(a) = parse(&args(&format!(
+        let a = run(&format!(
             "--manifests m --config c.yaml --ebpf-config e.yaml --hostname-override n1 \
              --local-address 192.0.2.1 --local-address=192.0.2.2 {PACKET} --sport 1234 \
              --flows 300 --output json"
-        )))
-        .unwrap() else {
-            panic!("help?")
-        };
+        ));
         assert_eq!(
             a.source,
             Source::Offline(Offline {
@@ -333,13 +299,22 @@ mod tests {
 
     #[test]
     fn online_defaults() {
-        let Parsed::Run(a) = parse(&args(&format!("--online {PACKET}"))).unwrap() else {
-            panic!()
-        };
-        assert_eq!(a.source, Source::Online { pin_dir: None });
+        let a = run(&format!("--online {PACKET}"));
+        assert_eq!(a.source, Source::Online(PinDirArg { pin_dir: None }));
         assert_eq!(a.probe.sport, DEFAULT_SPORT);
         assert_eq!(a.output, Output::Text);
         assert_eq!(a.flows, None);
+        let a = run(&format!(
+            "--online --pin-dir /x {}",
+            PACKET.replace("tcp", "UDP")
+        ));
+        assert_eq!(
+            a.source,
+            Source::Online(PinDirArg {
+                pin_dir: Some("/x".into())
+            })
+        );
+        assert_eq!(a.probe.proto, Proto::Udp);
     }
 
     #[test]
@@ -377,6 +352,10 @@ mod tests {
             "--flows: \"0\" must be a number of flows from 1 to 65535"
         );
         assert_eq!(
+            err(&format!("--manifests m {PACKET} --flows 65536")),
+            "--flows: \"65536\" must be a number of flows from 1 to 65535"
+        );
+        assert_eq!(
             err(&format!("--manifests m {PACKET} --output yaml")),
             "--output: \"yaml\" must be text or json"
         );
@@ -385,12 +364,36 @@ mod tests {
             "--manifests: not used with --online (the agent's maps say it all)"
         );
         assert_eq!(
+            err(&format!("--manifests m --online {PACKET}")),
+            "--manifests: not used with --online (the agent's maps say it all)"
+        );
+        assert_eq!(
+            err(&format!("--online --local-address 192.0.2.1 {PACKET}")),
+            "--local-address: not used with --online (the agent's maps say it all)"
+        );
+        assert_eq!(
             err(&format!("--manifests m --pin-dir /x {PACKET}")),
             "--pin-dir: only used with --online"
         );
         assert_eq!(
+            err(&format!("--pin-dir /x --config c {PACKET}")),
+            "--pin-dir: only used with --online"
+        );
+        assert_eq!(
+            err(&format!("--online --online {PACKET}")),
+            "--online: given twice"
+        );
+        assert_eq!(
             err(&format!("--manifests m {PACKET} --bogus 1")),
             "--bogus: unknown flag (see `proxy-agent explain --help`)"
+        );
+        assert_eq!(
+            err(&format!("--manifests m {PACKET} --bogus=1")),
+            "--bogus: unknown flag (see `proxy-agent explain --help`)"
+        );
+        assert_eq!(
+            err(&format!("--manifests m {PACKET} stray")),
+            "unexpected argument \"stray\" (see `proxy-agent explain --help`)"
         );
         assert_eq!(
             err(&format!("--manifests m {PACKET} --sport")),
@@ -400,10 +403,28 @@ mod tests {
             err(&format!("--manifests m --local-address 1.2.3 {PACKET}")),
             "--local-address: \"1.2.3\" is not an IPv4 address"
         );
+        assert_eq!(
+            err(&format!("--manifests= {PACKET}")),
+            "--manifests: must not be empty"
+        );
+        assert_eq!(
+            err(&format!("--manifests m --hostname-override= {PACKET}")),
+            "--hostname-override: must not be empty"
+        );
     }
 
     #[test]
     fn help_wins() {
-        assert_eq!(parse(&args("--src x --help")).unwrap(), Parsed::Help);
+        assert!(matches!(parse("--src x --help"), Parsed::Help(_)));
+        assert!(matches!(parse("-h"), Parsed::Help(_)));
+        assert!(matches!(parse("help"), Parsed::Help(_)));
+        let Parsed::Help(help) = parse("--help") else {
+            panic!()
+        };
+        let text = help.render().to_string();
+        assert!(text.contains("proxy-agent explain --online"), "{text}");
+        for flag in ["--manifests", "--pin-dir", "--local-address", "--flows"] {
+            assert!(text.contains(flag), "{flag}: {text}");
+        }
     }
 }

@@ -21,41 +21,22 @@ pub mod sandbox;
 pub mod trace;
 pub mod verdict;
 
-use std::{ffi::OsString, process::ExitCode};
+use std::process::ExitCode;
 
-use args::{Args, Output, Parsed, Source};
+use args::{Args, ExplainArgs, Output, Source};
 
-use crate::modes::ebpf::pin;
+use crate::cli::fail;
 
-/// Runs `proxy-agent explain` with the arguments after `explain`; prints
-/// the answer on stdout, or one line of error on stderr and exits 1.
-pub fn main(args: &[OsString]) -> ExitCode {
-    let args = match args::parse(args) {
-        Ok(Parsed::Help) => {
-            print!("{}", args::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Ok(Parsed::Run(args)) => args,
-        Err(e) => return fail(e),
-    };
-    match run(&args) {
+/// Runs `proxy-agent explain`: prints the answer on stdout, or one line of
+/// error on stderr and exits 1.
+pub fn main(args: ExplainArgs) -> ExitCode {
+    match run(&args.resolve()) {
         Ok(out) => {
             print!("{out}");
             ExitCode::SUCCESS
         }
         Err(e) => fail(format!("{e:#}")),
     }
-}
-
-fn fail(e: impl std::fmt::Display) -> ExitCode {
-    let text = e.to_string();
-    let line: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    eprintln!("error: {}", line.join("; "));
-    ExitCode::FAILURE
 }
 
 /// The rendered answer.
@@ -65,9 +46,8 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
             let (datapath, names) = offline::prepare(offline)?;
             (datapath, names, "offline")
         }
-        Source::Online { pin_dir } => {
-            let dir = pin_dir.clone().unwrap_or_else(pin::pin_dir);
-            let datapath = online::prepare(&dir, &args.probe)?;
+        Source::Online(pins) => {
+            let datapath = online::prepare(&pins.dir(), &args.probe)?;
             (datapath, frontend::Names::new(), "online")
         }
     };

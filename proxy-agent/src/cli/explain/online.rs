@@ -1,51 +1,33 @@
-//! The online form: the running agent's pinned maps copied into a private
-//! load of the same programs, so test runs see exactly what the agent
+//! The online form: the running agent's pinned maps ([`PinnedMaps`])
+//! copied into a private load of the same programs, so test runs see exactly what the agent
 //! programmed (conntrack included) while the live maps are only read.
 //! Packets run in the current network namespace, the agent's, so FIB
 //! lookups and interface indexes are the node's own.
 
 use std::{ffi::CStr, path::Path, process::Command};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use aya::{
     Pod,
-    maps::{Array, HashMap, LpmTrie, Map, MapData, MapError},
+    maps::{HashMap, LpmTrie, MapData},
 };
-use proxy_common::{
-    Backend, BackendId, CtKey, CtValue, DatapathConfig, IfaceInfo, Ipv4Prefix, ServiceKey,
-    ServiceValue, SourceRange, config::iface, maps as names,
-};
+use proxy_common::{IfaceInfo, config::iface, maps as names};
 
 use super::{
     probe::{Origin, Probe},
     trace::Datapath,
 };
-use crate::modes::ebpf::{self, KernelMaps, MapSizes};
-
-/// The agent's maps, opened from their pins.
-struct Pinned {
-    services: HashMap<MapData, ServiceKey, ServiceValue>,
-    backends: HashMap<MapData, BackendId, Backend>,
-    conntrack: HashMap<MapData, CtKey, CtValue>,
-    config: Array<MapData, DatapathConfig>,
-    ifaces: HashMap<MapData, u32, IfaceInfo>,
-    local_pod_cidrs: LpmTrie<MapData, Ipv4Prefix, u8>,
-    source_ranges: LpmTrie<MapData, SourceRange, u8>,
-    sizes: MapSizes,
-}
+use crate::{
+    cli::pins::PinnedMaps,
+    modes::ebpf::{self, KernelMaps},
+};
 
 pub fn prepare(pin_dir: &Path, probe: &Probe) -> anyhow::Result<Datapath> {
-    if !pin_dir.is_dir() {
-        bail!(
-            "--pin-dir: {} holds no pinned maps (is the agent running? it pins its maps at start-up when a BPF filesystem is mounted there)",
-            pin_dir.display()
-        );
-    }
-    let pinned = open_all(pin_dir)?;
+    let pinned = PinnedMaps::open(pin_dir)?;
     let mut ebpf = ebpf::load_with(pinned.sizes)?;
     let (mut maps, stats) = KernelMaps::take(&mut ebpf)?;
-    copy(&pinned, &mut maps)?;
-    let (ifindex, xdp) = arrival_interface(probe, &pinned.ifaces)?;
+    copy(&pinned.maps, &mut maps)?;
+    let (ifindex, xdp) = arrival_interface(probe, &pinned.maps.ifaces)?;
     Ok(Datapath {
         ebpf,
         maps,
@@ -56,50 +38,7 @@ pub fn prepare(pin_dir: &Path, probe: &Probe) -> anyhow::Result<Datapath> {
     })
 }
 
-fn open_all(dir: &Path) -> anyhow::Result<Pinned> {
-    let (services, services_max) = open(dir, names::SERVICES)?;
-    let (backends, backends_max) = open(dir, names::BACKENDS)?;
-    let (conntrack, conntrack_max) = open(dir, names::CONNTRACK)?;
-    Ok(Pinned {
-        services,
-        backends,
-        conntrack,
-        config: open(dir, names::CONFIG)?.0,
-        ifaces: open(dir, names::IFACES)?.0,
-        local_pod_cidrs: open(dir, names::LOCAL_POD_CIDRS)?.0,
-        source_ranges: open(dir, names::SOURCE_RANGES)?.0,
-        sizes: MapSizes {
-            services: services_max,
-            backends: backends_max,
-            conntrack: conntrack_max,
-        },
-    })
-}
-
-/// A pinned map, typed, with its capacity.
-fn open<M>(dir: &Path, name: &str) -> anyhow::Result<(M, u32)>
-where
-    M: TryFrom<Map, Error = MapError>,
-{
-    let path = dir.join(name);
-    let data = MapData::from_pin(&path)
-        .with_context(|| format!("--pin-dir: opening the pinned map {}", path.display()))?;
-    let max_entries = data
-        .info()
-        .with_context(|| format!("reading the map info of {}", path.display()))?
-        .max_entries();
-    let map = Map::from_map_data(data)
-        .and_then(M::try_from)
-        .with_context(|| {
-            format!(
-                "{}: unexpected map type or layout (pinned by an agent of another version?)",
-                path.display()
-            )
-        })?;
-    Ok((map, max_entries))
-}
-
-fn copy(from: &Pinned, to: &mut KernelMaps) -> anyhow::Result<()> {
+fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
     copy_hash(&from.backends, &mut to.backends, names::BACKENDS)?;
     copy_hash(&from.services, &mut to.services, names::SERVICES)?;
     copy_hash(&from.ifaces, &mut to.ifaces, names::IFACES)?;

@@ -4,9 +4,13 @@ use std::{fmt, net::Ipv4Addr};
 
 use crate::cli::packet::Frame;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Proto {
+    /// A TCP SYN.
+    #[value(alias = "TCP")]
     Tcp,
+    /// A UDP datagram.
+    #[value(alias = "UDP")]
     Udp,
 }
 
@@ -27,11 +31,12 @@ impl Proto {
 }
 
 /// Where the packet arrives on the node, which decides the programs that see it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Origin {
     /// From a pod of this node: `tc_from_pod`.
     Pod,
-    /// On an external interface: `xdp_from_netdev`, then `tc_from_netdev`.
+    /// On an external interface: `xdp_from_netdev`, then `tc_from_netdev`
+    /// when XDP passes it on.
     Outside,
 }
 
