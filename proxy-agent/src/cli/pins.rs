@@ -17,7 +17,7 @@ use crate::{
 #[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
 pub struct PinDirArg {
     /// Where the agent pins its maps [default: $KUBE_EBPF_PROXY_PIN_DIR,
-    /// else /sys/fs/bpf/kube-ebpf-proxy/maps]
+    /// else /sys/fs/bpf/kube-ebpf-proxy/v<ABI>/maps]
     #[arg(long, value_name = "DIR", value_parser = nonempty_path)]
     pub pin_dir: Option<PathBuf>,
 }
