@@ -5,6 +5,7 @@ mod attach;
 pub mod cleanup;
 mod interfaces;
 pub mod maps;
+pub mod migrate;
 pub mod node;
 mod object;
 pub mod pin;
@@ -24,7 +25,7 @@ pub use node::{EbpfNodeSettings, NodeFacts, NodeProgrammer, node_facts};
 pub use object::{OBJECT, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP};
 pub use programmer::{AdoptStats, Programmer, ServiceSnapshot, SyncStats};
 pub use proxier::EbpfProxier;
-pub use run::EbpfMode;
+pub use run::{EbpfMode, Opened, Takeover, open as open_pinned};
 
 /// Capacities of the maps, chosen at load time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -134,6 +134,13 @@ pub enum Found {
     Nothing,
     /// A datapath of this ABI: adopt it. The pinned capacity of each map by name.
     Current { capacities: BTreeMap<String, u32> },
+    /// A datapath of an older ABI this agent can migrate: its maps are copied
+    /// (converted where the layout changed) into new ones, then taken over.
+    Older {
+        version: u32,
+        dir: PathBuf,
+        capacities: BTreeMap<String, u32>,
+    },
 }
 
 impl PinLayout {
@@ -188,48 +195,44 @@ impl PinLayout {
     /// the object by name: (map type, key size, value size).
     pub fn inspect(&self, expected: &BTreeMap<String, MapShape>) -> Result<Found, PinError> {
         check_bpffs(&self.root)?;
-        if let Some(found) = self.versions()?.into_iter().find(|v| *v != ABI_VERSION) {
-            return Err(PinError::OtherAbi {
+        let versions = self.versions()?;
+        let newest = versions.iter().copied().max();
+        match newest {
+            None => Ok(Found::Nothing),
+            Some(v) if v == ABI_VERSION => {
+                let dir = self.maps_dir();
+                if !dir.is_dir() {
+                    return Ok(Found::Nothing);
+                }
+                Ok(Found::Current {
+                    capacities: check_layout(&dir, expected)?,
+                })
+            }
+            Some(v) if v < ABI_VERSION && super::migrate::can_migrate(v) => {
+                let dir = self.version_dir(v).join("maps");
+                Ok(Found::Older {
+                    version: v,
+                    capacities: capacities(&dir)?,
+                    dir,
+                })
+            }
+            Some(found) => Err(PinError::OtherAbi {
                 root: self.root.clone(),
                 found,
                 ours: ABI_VERSION,
-            });
+            }),
         }
-        let dir = self.maps_dir();
-        if !dir.is_dir() {
-            return Ok(Found::Nothing);
-        }
-        let mut capacities = BTreeMap::new();
-        for (name, want) in expected {
-            let path = dir.join(name);
-            if !path.exists() {
-                // A map added without an ABI bump: created fresh at load.
-                continue;
+    }
+
+    /// Removes the maps of every other ABI version (after a migration).
+    pub fn remove_other_versions(&self) -> Result<usize, PinError> {
+        let mut removed = 0;
+        for v in self.versions()? {
+            if v != ABI_VERSION {
+                removed += remove_tree(&self.version_dir(v))?;
             }
-            let info = MapData::from_pin(&path)
-                .and_then(|m| m.info())
-                .map_err(|source| PinError::Map {
-                    path: path.clone(),
-                    source,
-                })?;
-            let map_type = info.map_type().map_or(u32::MAX, |t| t as u32);
-            for (what, pinned, expected) in [
-                ("map type", map_type, want.map_type),
-                ("key size", info.key_size(), want.key_size),
-                ("value size", info.value_size(), want.value_size),
-            ] {
-                if pinned != expected {
-                    return Err(PinError::Layout {
-                        path,
-                        what,
-                        pinned,
-                        expected,
-                    });
-                }
-            }
-            capacities.insert(name.clone(), info.max_entries());
         }
-        Ok(Found::Current { capacities })
+        Ok(removed)
     }
 
     /// Removes every pin of this root (maps of every version, links) and the
@@ -237,6 +240,61 @@ impl PinLayout {
     pub fn remove_all(&self) -> Result<usize, PinError> {
         remove_tree(&self.root)
     }
+}
+
+/// Checks every pinned map of `dir` against the object's definition;
+/// returns the pinned capacities.
+fn check_layout(
+    dir: &Path,
+    expected: &BTreeMap<String, MapShape>,
+) -> Result<BTreeMap<String, u32>, PinError> {
+    let mut capacities = BTreeMap::new();
+    for (name, want) in expected {
+        let path = dir.join(name);
+        if !path.exists() {
+            // A map added without an ABI bump: created fresh at load.
+            continue;
+        }
+        let info = map_info(&path)?;
+        let map_type = info.map_type().map_or(u32::MAX, |t| t as u32);
+        for (what, pinned, expected) in [
+            ("map type", map_type, want.map_type),
+            ("key size", info.key_size(), want.key_size),
+            ("value size", info.value_size(), want.value_size),
+        ] {
+            if pinned != expected {
+                return Err(PinError::Layout {
+                    path,
+                    what,
+                    pinned,
+                    expected,
+                });
+            }
+        }
+        capacities.insert(name.clone(), info.max_entries());
+    }
+    Ok(capacities)
+}
+
+/// The capacity of every map pinned in `dir`.
+fn capacities(dir: &Path) -> Result<BTreeMap<String, u32>, PinError> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+        let entry = entry.map_err(io_error(dir))?;
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        out.insert(name, map_info(&path)?.max_entries());
+    }
+    Ok(out)
+}
+
+fn map_info(path: &Path) -> Result<aya::maps::MapInfo, PinError> {
+    MapData::from_pin(path)
+        .and_then(|m| m.info())
+        .map_err(|source| PinError::Map {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 /// A map's definition in the object.

@@ -1,7 +1,7 @@
 //! The ebpf mode behind the [`Mode`] interface: load, pin, start the
 //! proxier, keep the programs attached as the host's interfaces change.
 
-use std::{sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use tokio::sync::watch;
@@ -9,6 +9,7 @@ use tracing::{info, warn};
 
 use super::{
     Attacher, EbpfNodeSettings, EbpfProxier, KernelMaps, MapSizes, cleanup, load_pinned, load_with,
+    migrate,
     node::warn_if_snat_ports_overlap,
     object_maps,
     pin::{Found, PinError, PinLayout},
@@ -53,9 +54,14 @@ impl Mode for EbpfMode {
             backends: opts.ebpf.maps.backends,
             conntrack: conntrack_params(&opts.config, &opts.ebpf, cpus).max_entries,
         };
-        let layout = PinLayout::new(&opts.ebpf.pinning.root);
-        let (mut ebpf, pins, adopting) = load(&layout, sizes)?;
-        let (maps, counters) = KernelMaps::take(&mut ebpf)?;
+        let Opened {
+            ebpf,
+            maps,
+            counters,
+            pins,
+            takeover,
+        } = open(&PinLayout::new(&opts.ebpf.pinning.root), sizes)?;
+        let adopting = takeover != Takeover::Fresh;
         warn_if_snat_ports_overlap();
 
         let settings = EbpfNodeSettings::from_options(opts);
@@ -108,13 +114,53 @@ impl Mode for EbpfMode {
     }
 }
 
+/// How a start relates to a datapath an earlier agent pinned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Takeover {
+    /// Nothing was pinned (or nothing can be).
+    Fresh,
+    /// Maps of this ABI: reused as they are.
+    Adopt,
+    /// Maps of an older ABI in `dir`: copied into new ones, then taken over.
+    Migrate { version: u32, dir: PathBuf },
+}
+
+/// The loaded datapath, its maps taken out of the object.
+pub struct Opened {
+    pub ebpf: aya::Ebpf,
+    pub maps: KernelMaps,
+    pub counters: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+    pub pins: Option<PinLayout>,
+    pub takeover: Takeover,
+}
+
+/// Loads the programs pinned under `layout` (see [`load`]), and migrates the
+/// maps an older ABI version pinned.
+pub fn open(layout: &PinLayout, sizes: MapSizes) -> anyhow::Result<Opened> {
+    let (mut ebpf, pins, takeover) = load(layout, sizes)?;
+    let (mut maps, mut counters) = KernelMaps::take(&mut ebpf)?;
+    if let Takeover::Migrate { version, dir } = &takeover {
+        migrate::migrate(*version, dir, &mut maps, &mut counters)
+            .with_context(|| format!("migrating the maps pinned by ABI version {version}"))?;
+        if let Err(e) = layout.remove_other_versions() {
+            warn!(error = %e, "removing the migrated maps' pins");
+        }
+    }
+    Ok(Opened {
+        ebpf,
+        maps,
+        counters,
+        pins,
+        takeover,
+    })
+}
+
 /// Loads the programs, pinned under `layout` when its root is on a BPF
-/// filesystem (adopting what is pinned there), else unpinned. Returns
-/// whether pinned maps are being adopted.
-fn load(
+/// filesystem (reusing what is pinned there), else unpinned.
+pub fn load(
     layout: &PinLayout,
     mut sizes: MapSizes,
-) -> anyhow::Result<(aya::Ebpf, Option<PinLayout>, bool)> {
+) -> anyhow::Result<(aya::Ebpf, Option<PinLayout>, Takeover)> {
     use proxy_common::maps as names;
     let found = match layout.inspect(&object_maps()?) {
         Ok(found) => found,
@@ -124,40 +170,43 @@ fn load(
                 "running without pinned maps: the datapath goes away with the agent, so a restart \
                  cuts established connections, and `proxy-agent explain --online` cannot read it"
             );
-            return Ok((load_with(sizes)?, None, false));
+            return Ok((load_with(sizes)?, None, Takeover::Fresh));
         }
         Err(e) => return Err(e.into()),
     };
-    let adopting = match &found {
-        Found::Nothing => false,
-        Found::Current { capacities } => {
-            for (name, size) in [
-                (names::SERVICES, &mut sizes.services),
-                (names::BACKENDS, &mut sizes.backends),
-                (names::CONNTRACK, &mut sizes.conntrack),
-            ] {
-                if let Some(pinned) = capacities.get(name)
-                    && pinned != size
-                {
-                    warn!(
-                        map = name,
-                        pinned,
-                        configured = *size,
-                        "a pinned map keeps its capacity; `--cleanup` and a restart apply the new one"
-                    );
-                    *size = *pinned;
-                }
-            }
-            true
-        }
+    let (takeover, capacities) = match found {
+        Found::Nothing => (Takeover::Fresh, Default::default()),
+        Found::Current { capacities } => (Takeover::Adopt, capacities),
+        Found::Older {
+            version,
+            dir,
+            capacities,
+        } => (Takeover::Migrate { version, dir }, capacities),
     };
+    for (name, size) in [
+        (names::SERVICES, &mut sizes.services),
+        (names::BACKENDS, &mut sizes.backends),
+        (names::CONNTRACK, &mut sizes.conntrack),
+    ] {
+        if let Some(pinned) = capacities.get(name)
+            && pinned != size
+        {
+            warn!(
+                map = name,
+                pinned,
+                configured = *size,
+                "a pinned map keeps its capacity; `--cleanup` and a restart apply the new one"
+            );
+            *size = *pinned;
+        }
+    }
     let ebpf = load_pinned(sizes, &layout.maps_dir())?;
     info!(
         pin_root = %layout.root().display(),
-        adopted = adopting,
+        takeover = ?takeover,
         "maps pinned"
     );
-    Ok((ebpf, Some(layout.clone()), adopting))
+    Ok((ebpf, Some(layout.clone()), takeover))
 }
 
 /// Attaches the programs to the pod-facing and external interfaces of every

@@ -1,0 +1,156 @@
+//! Upgrades across map-layout changes. A new agent that finds maps pinned by
+//! an older ABI version copies their entries into its own (new) maps,
+//! converting the ones whose layout changed, before its programs take the
+//! links over: established flows keep their conntrack entries, services and
+//! backends keep their ids. Entries the old programs create between the copy
+//! and the link update (new flows of those few milliseconds) are not copied.
+//!
+//! Every layout change adds its version here, with the old types kept below.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use aya::{
+    Pod,
+    maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuValues},
+};
+use proxy_common::{DatapathConfig, maps as names};
+use tracing::info;
+
+use super::KernelMaps;
+
+/// The versions this agent migrates from.
+const FROM: &[u32] = &[3];
+
+pub fn can_migrate(version: u32) -> bool {
+    FROM.contains(&version)
+}
+
+/// What was copied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Migrated {
+    pub entries: usize,
+    pub conntrack: usize,
+}
+
+/// Copies the maps of ABI `version` pinned in `old_dir` into `maps` and `stats`.
+pub fn migrate(
+    version: u32,
+    old_dir: &Path,
+    maps: &mut KernelMaps,
+    stats: &mut PerCpuArray<MapData, u64>,
+) -> anyhow::Result<Migrated> {
+    anyhow::ensure!(can_migrate(version), "no migration from map ABI {version}");
+    // Version 3 -> 4: DatapathConfig gained the SYN_SENT, TIME_WAIT and CLOSE
+    // timeouts; every other map kept its layout.
+    let mut done = Migrated::default();
+    done.entries += copy_hash(old_dir, names::SERVICES, &mut maps.services)?;
+    done.entries += copy_hash(old_dir, names::BACKENDS, &mut maps.backends)?;
+    done.conntrack = copy_hash(old_dir, names::CONNTRACK, &mut maps.conntrack)?;
+    done.entries += copy_hash(old_dir, names::IFACES, &mut maps.ifaces)?;
+    done.entries += copy_lpm(old_dir, names::LOCAL_POD_CIDRS, &mut maps.local_pod_cidrs)?;
+    done.entries += copy_lpm(old_dir, names::SOURCE_RANGES, &mut maps.source_ranges)?;
+    let old_config: Array<MapData, v3::DatapathConfig> = open(old_dir, names::CONFIG)?;
+    let config = old_config.get(&0, 0).context("reading the v3 CONFIG")?;
+    maps.config
+        .set(0, config.upgrade(), 0)
+        .context("writing CONFIG")?;
+    done.entries += 1;
+    let old_stats: PerCpuArray<MapData, u64> = open(old_dir, names::STATS)?;
+    for index in 0..old_stats.len() {
+        let values = old_stats.get(&index, 0)?;
+        let values = PerCpuValues::try_from(values.iter().copied().collect::<Vec<u64>>())?;
+        stats.set(index, values, 0)?;
+    }
+    done.entries += done.conntrack;
+    info!(
+        from = version,
+        entries = done.entries,
+        conntrack = done.conntrack,
+        "migrated the pinned maps to this agent's layout"
+    );
+    Ok(done)
+}
+
+fn open<M>(dir: &Path, name: &str) -> anyhow::Result<M>
+where
+    M: TryFrom<Map, Error = aya::maps::MapError>,
+{
+    let path = dir.join(name);
+    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+    let map = Map::from_map_data(data).with_context(|| format!("opening {}", path.display()))?;
+    M::try_from(map).with_context(|| format!("{} has an unexpected layout", path.display()))
+}
+
+fn copy_hash<K: Pod, V: Pod>(
+    dir: &Path,
+    name: &str,
+    into: &mut HashMap<MapData, K, V>,
+) -> anyhow::Result<usize> {
+    let from: HashMap<MapData, K, V> = open(dir, name)?;
+    let mut copied = 0;
+    for entry in from.iter() {
+        // An entry deleted while iterating is simply gone.
+        let Ok((key, value)) = entry else { continue };
+        into.insert(key, value, 0)
+            .with_context(|| format!("copying {name}"))?;
+        copied += 1;
+    }
+    Ok(copied)
+}
+
+fn copy_lpm<K: Pod>(
+    dir: &Path,
+    name: &str,
+    into: &mut LpmTrie<MapData, K, u8>,
+) -> anyhow::Result<usize> {
+    let from: LpmTrie<MapData, K, u8> = open(dir, name)?;
+    let mut copied = 0;
+    for entry in from.iter() {
+        let Ok((key, value)) = entry else { continue };
+        into.insert(&key, value, 0)
+            .with_context(|| format!("copying {name}"))?;
+        copied += 1;
+    }
+    Ok(copied)
+}
+
+/// The layouts of ABI version 3 that changed in version 4.
+pub mod v3 {
+    #[repr(C)]
+    #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+    pub struct DatapathConfig {
+        pub tcp_established_ns: u64,
+        pub tcp_closing_ns: u64,
+        pub udp_ns: u64,
+        pub udp_stream_ns: u64,
+        pub masquerade_addr_be: u32,
+        pub flags: u32,
+        pub snat_port_min: u16,
+        pub snat_port_max: u16,
+        pub _pad: u32,
+    }
+
+    const _: () = assert!(core::mem::size_of::<DatapathConfig>() == 48);
+
+    // SAFETY: plain old data with explicit padding, as the v3 programs wrote it.
+    unsafe impl aya::Pod for DatapathConfig {}
+
+    impl DatapathConfig {
+        /// The new timeouts start at 0: the datapath's built-in (the kernel's)
+        /// defaults, until the agent's first sync writes its settings.
+        pub fn upgrade(&self) -> super::DatapathConfig {
+            super::DatapathConfig {
+                tcp_established_ns: self.tcp_established_ns,
+                tcp_closing_ns: self.tcp_closing_ns,
+                udp_ns: self.udp_ns,
+                udp_stream_ns: self.udp_stream_ns,
+                masquerade_addr_be: self.masquerade_addr_be,
+                flags: self.flags,
+                snat_port_min: self.snat_port_min,
+                snat_port_max: self.snat_port_max,
+                ..super::DatapathConfig::default()
+            }
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Starting over a pinned datapath, in the real kernel: maps of this ABI are
+//! taken over as they are; maps of the previous ABI (version 3, whose CONFIG
+//! was 24 bytes shorter) are migrated so an established flow keeps its
+//! backend; an unknown version or a layout that does not match is refused,
+//! naming what it found, and the pins are left as they were. Needs root.
+
+use std::{
+    ffi::CString,
+    net::{IpAddr, Ipv4Addr},
+    os::unix::ffi::OsStrExt as _,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use aya::maps::{Array, HashMap, Map, MapData};
+use proxy_agent::{
+    cli::packet::{self, Frame, tcp_flags},
+    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
+    modes::ebpf::{
+        MapSizes, Opened, Programmer, Takeover, maps::NodeMaps, migrate::v3, open_pinned,
+        pin::PinLayout, test_run,
+    },
+};
+use proxy_common::{ABI_VERSION, Counter, CtKey, CtValue, DatapathConfig};
+
+const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
+const BACKENDS: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(198, 18, 2, 2),
+    Ipv4Addr::new(198, 18, 2, 3),
+    Ipv4Addr::new(198, 18, 2, 4),
+];
+
+/// A BPF filesystem on a temporary directory; unmounted on drop.
+struct Bpffs(tempfile::TempDir);
+
+impl Bpffs {
+    fn mount() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t bpf");
+        Bpffs(dir)
+    }
+
+    fn root(&self) -> PathBuf {
+        self.0.path().join("kube-ebpf-proxy")
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+fn sizes() -> MapSizes {
+    MapSizes {
+        conntrack: 4096,
+        ..MapSizes::default()
+    }
+}
+
+fn program(opened: &mut Opened) {
+    let name = ServicePortName {
+        namespace: "default".into(),
+        name: "web".into(),
+        port_name: String::new(),
+        protocol: Protocol::Tcp,
+    };
+    let eps = BACKENDS
+        .iter()
+        .map(|ip| Endpoint::new(IpAddr::V4(*ip), 8080))
+        .collect();
+    let state = DesiredState {
+        services: [(
+            name.clone(),
+            DesiredService::cluster_ip(name, vec![IpAddr::V4(VIP)], 80, eps),
+        )]
+        .into_iter()
+        .collect(),
+        ..DesiredState::default()
+    };
+    Programmer::new().sync(&state, &mut opened.maps).unwrap();
+}
+
+/// A TCP segment with `flags` through `tc_from_pod` of `opened`.
+fn send(opened: &Opened, frame: Frame, flags: u8) -> Frame {
+    let mut pkt = frame.build(b"");
+    pkt[packet::ETH_HLEN + packet::IPV4_HLEN + 13] = flags;
+    packet::fix_checksums(&mut pkt);
+    let out = test_run::from_pod(&opened.ebpf, &pkt).unwrap();
+    Frame::parse(&out.packet).unwrap()
+}
+
+fn counter(opened: &Opened, c: Counter) -> u64 {
+    opened.counters.get(&(c as u32), 0).unwrap().iter().sum()
+}
+
+fn conntrack_entries(opened: &Opened) -> usize {
+    let ct: &HashMap<MapData, CtKey, CtValue> = &opened.maps.conntrack;
+    ct.keys().filter_map(Result::ok).count()
+}
+
+/// Creates and pins an empty map with raw bpf(2) calls: a layout no object
+/// of this version defines.
+fn create_pinned_map(path: &Path, map_type: u32, key_size: u32, value_size: u32, max: u32) {
+    let mut create = [0u32; 30];
+    create[..4].copy_from_slice(&[map_type, key_size, value_size, max]);
+    // SAFETY: BPF_MAP_CREATE reads a zero-padded bpf_attr prefix.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            0,
+            create.as_ptr(),
+            std::mem::size_of_val(&create),
+        )
+    };
+    assert!(
+        fd >= 0,
+        "BPF_MAP_CREATE: {}",
+        std::io::Error::last_os_error()
+    );
+    let path = CString::new(path.as_os_str().as_bytes()).unwrap();
+    #[repr(C)]
+    struct ObjPin {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+        _pad: [u64; 6],
+    }
+    let pin = ObjPin {
+        pathname: path.as_ptr() as u64,
+        bpf_fd: fd as u32,
+        file_flags: 0,
+        _pad: [0; 6],
+    };
+    // SAFETY: BPF_OBJ_PIN reads the attr; `path` outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            6,
+            &pin as *const ObjPin,
+            std::mem::size_of::<ObjPin>(),
+        )
+    };
+    assert_eq!(rc, 0, "BPF_OBJ_PIN: {}", std::io::Error::last_os_error());
+    // SAFETY: fd was returned above and is ours.
+    unsafe { libc::close(fd as i32) };
+}
+
+fn error_of(result: anyhow::Result<Opened>) -> String {
+    match result {
+        Ok(_) => panic!("expected a refusal"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn maps_of_the_previous_abi_are_migrated_and_established_flows_keep_their_backend() {
+    let fs = Bpffs::mount();
+    let layout = PinLayout::new(fs.root());
+
+    // An agent of this version pins a datapath; a client opens a connection.
+    let mut first = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(first.takeover, Takeover::Fresh);
+    program(&mut first);
+    let syn = send(&first, Frame::tcp(CLIENT, 40000, VIP, 80), tcp_flags::SYN);
+    let backend = syn.dst;
+    send(&first, syn.reply(), tcp_flags::SYN | tcp_flags::ACK);
+    let flows = conntrack_entries(&first);
+    assert_eq!(flows, 2, "forward and reply entries");
+    drop(first);
+
+    // Dress the pins up as version 3: the same maps under v3/, with the
+    // 48-byte CONFIG of that version.
+    let v3_dir = fs.root().join("v3/maps");
+    std::fs::rename(
+        fs.root().join(format!("v{ABI_VERSION}")),
+        fs.root().join("v3"),
+    )
+    .unwrap();
+    std::fs::remove_file(v3_dir.join("CONFIG")).unwrap();
+    create_pinned_map(&v3_dir.join("CONFIG"), 2, 4, 48, 1);
+    let old = v3::DatapathConfig {
+        tcp_established_ns: 7_200_000_000_000,
+        tcp_closing_ns: 60_000_000_000,
+        udp_ns: 30_000_000_000,
+        udp_stream_ns: 120_000_000_000,
+        masquerade_addr_be: u32::from(Ipv4Addr::new(198, 18, 0, 1)).to_be(),
+        flags: 1,
+        snat_port_min: 61_000,
+        snat_port_max: 65_535,
+        _pad: 0,
+    };
+    let mut config: Array<MapData, v3::DatapathConfig> =
+        Map::from_map_data(MapData::from_pin(v3_dir.join("CONFIG")).unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap();
+    config.set(0, old, 0).unwrap();
+    drop(config);
+
+    // The new agent migrates them.
+    let mut second = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(
+        second.takeover,
+        Takeover::Migrate {
+            version: 3,
+            dir: v3_dir.clone()
+        }
+    );
+    assert!(!fs.root().join("v3").exists(), "the old pins are removed");
+    assert!(layout.maps_dir().join("CONFIG").exists());
+    let migrated = second.maps.config.get(&0, 0).unwrap();
+    assert_eq!(
+        migrated,
+        DatapathConfig {
+            tcp_established_ns: old.tcp_established_ns,
+            tcp_closing_ns: old.tcp_closing_ns,
+            udp_ns: old.udp_ns,
+            udp_stream_ns: old.udp_stream_ns,
+            masquerade_addr_be: old.masquerade_addr_be,
+            flags: old.flags,
+            snat_port_min: old.snat_port_min,
+            snat_port_max: old.snat_port_max,
+            ..DatapathConfig::default()
+        }
+    );
+    assert_eq!(conntrack_entries(&second), flows);
+    let next = send(&second, Frame::tcp(CLIENT, 40000, VIP, 80), tcp_flags::ACK);
+    assert_eq!(next.dst, backend, "the established flow keeps its backend");
+    assert_eq!(counter(&second, Counter::Established), 1);
+    assert_eq!(
+        counter(&second, Counter::NewFlow),
+        1,
+        "counters were copied"
+    );
+    second.maps.put_config(&migrated).unwrap();
+    drop(second);
+
+    // The next start finds this version's maps and takes them over as they are.
+    let third = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(third.takeover, Takeover::Adopt);
+    assert_eq!(conntrack_entries(&third), flows);
+}
+
+#[test]
+fn an_unknown_abi_version_or_a_mismatched_layout_is_refused_and_left_alone() {
+    let fs = Bpffs::mount();
+    let layout = PinLayout::new(fs.root());
+    std::fs::create_dir_all(fs.root().join("v9/maps")).unwrap();
+    let err = error_of(open_pinned(&layout, sizes()));
+    assert!(
+        err.contains("ABI version 9") && err.contains(&format!("version {ABI_VERSION}")),
+        "{err}"
+    );
+    assert!(err.contains("keeps serving"), "{err}");
+    assert!(fs.root().join("v9/maps").exists(), "nothing was touched");
+
+    let fs = Bpffs::mount();
+    let layout = PinLayout::new(fs.root());
+    let dir = layout.maps_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    create_pinned_map(&dir.join("CONFIG"), 2, 4, 48, 1);
+    let err = error_of(open_pinned(&layout, sizes()));
+    assert!(
+        err.contains("CONFIG") && err.contains("value size") && err.contains("pinned 48"),
+        "{err}"
+    );
+}
