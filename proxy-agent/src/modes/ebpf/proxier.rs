@@ -1,4 +1,8 @@
-use tracing::{debug, info};
+use std::time::{Duration, Instant};
+
+use aya::maps::IterableMap as _;
+
+use tracing::{debug, info, warn};
 
 use super::{
     EbpfNodeSettings, KernelMaps, MapError, NodeFacts, NodeProgrammer, Programmer, node_facts,
@@ -19,6 +23,50 @@ pub struct EbpfProxier {
     applied: Option<NodeFacts>,
     /// The maps were pinned by an earlier agent: the first sync takes them over.
     adopting: bool,
+    conntrack_fill: ConntrackFill,
+}
+
+/// How often the conntrack table's fill is measured (a walk of its keys).
+const FILL_INTERVAL: Duration = Duration::from_secs(60);
+/// Above this share of its capacity the table is reported as nearly full.
+const FILL_WARNING: f64 = 0.9;
+
+/// Watches the conntrack table fill up: the LRU map never refuses a new
+/// flow, it evicts the least recently used one, so a full table quietly
+/// forgets idle connections (whose next packet is then balanced anew).
+#[derive(Debug, Default)]
+struct ConntrackFill {
+    last: Option<Instant>,
+}
+
+impl ConntrackFill {
+    fn check(&mut self, maps: &KernelMaps) {
+        if self.last.is_some_and(|t| t.elapsed() < FILL_INTERVAL) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let Ok(capacity) = maps.conntrack.map().info().map(|i| i.max_entries()) else {
+            return;
+        };
+        let entries = maps.conntrack.keys().filter(Result::is_ok).count();
+        let (fill, nearly_full) = fill_level(entries, capacity);
+        if nearly_full {
+            warn!(
+                entries,
+                capacity,
+                fill = format!("{:.0}%", fill * 100.0),
+                "the conntrack table is nearly full: idle flows are evicted to make room \
+                 (raise conntrack.maxPerCore / min or the extension's maps.conntrack)"
+            );
+        } else {
+            info!(
+                entries,
+                capacity,
+                fill = format!("{:.0}%", fill * 100.0),
+                "conntrack table"
+            );
+        }
+    }
 }
 
 impl EbpfProxier {
@@ -41,6 +89,7 @@ impl EbpfProxier {
             settings,
             applied: Some(facts),
             adopting: false,
+            conntrack_fill: ConntrackFill::default(),
         })
     }
 
@@ -55,6 +104,7 @@ impl EbpfProxier {
             settings,
             applied: None,
             adopting: true,
+            conntrack_fill: ConntrackFill::default(),
         }
     }
 
@@ -94,6 +144,12 @@ impl EbpfProxier {
     }
 }
 
+/// The share of the table in use, and whether that is nearly full.
+fn fill_level(entries: usize, capacity: u32) -> (f64, bool) {
+    let fill = entries as f64 / f64::from(capacity.max(1));
+    (fill, fill >= FILL_WARNING)
+}
+
 impl Proxier for EbpfProxier {
     type Error = MapError;
 
@@ -108,6 +164,7 @@ impl Proxier for EbpfProxier {
             self.programmer
                 .sync_changed(desired, &changes.changed, &mut self.maps)?
         };
+        self.conntrack_fill.check(&self.maps);
         if !changes.full && changes.changed.is_empty() {
             debug!("datapath synced: no service changed");
             return Ok(());
@@ -123,5 +180,23 @@ impl Proxier for EbpfProxier {
             "datapath synced"
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill_level;
+
+    #[test]
+    fn the_conntrack_table_is_reported_nearly_full_from_ninety_percent() {
+        assert_eq!(fill_level(0, 1024), (0.0, false));
+        assert!(!fill_level(921, 1024).1);
+        assert!(fill_level(922, 1024).1);
+        assert!(fill_level(1024, 1024).1);
+        assert_eq!(
+            fill_level(5, 0).0,
+            5.0,
+            "a capacity of 0 cannot divide by zero"
+        );
     }
 }
