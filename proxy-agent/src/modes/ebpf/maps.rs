@@ -1,6 +1,6 @@
 //! The maps as the programmers see them: real aya maps, or fakes in tests.
 
-use super::programmer::ServiceSnapshot;
+use super::programmer::{Capacity, ServiceSnapshot};
 use anyhow::Context as _;
 use aya::{
     Ebpf,
@@ -28,8 +28,18 @@ pub enum MapError {
     },
     #[error("too many backends ({count}): a frontend addresses at most 65535 slots")]
     TooManyBackends { count: usize },
-    #[error("more than 65535 service ports: no service id left")]
+    #[error("no service id left for another service port")]
     TooManyServices,
+    #[error(
+        "{map} would need {needed} entries but holds {capacity}: raise {setting}; \
+         nothing was written, the last good state stays programmed"
+    )]
+    Capacity {
+        map: &'static str,
+        setting: &'static str,
+        needed: usize,
+        capacity: u32,
+    },
 }
 
 /// What the service programmer writes: services, backends, source ranges, conntrack flushes.
@@ -110,6 +120,16 @@ impl KernelMaps {
 }
 
 impl KernelMaps {
+    /// The capacities of the service maps, as created (or pinned).
+    pub fn capacity(&self) -> Capacity {
+        use aya::maps::IterableMap as _;
+        let max = |m: &MapData| m.info().map_or(u32::MAX, |i| i.max_entries());
+        Capacity {
+            services: max(self.services.map()),
+            backends: max(self.backends.map()),
+        }
+    }
+
     /// What the service maps hold (for adopting pinned maps).
     pub fn service_snapshot(&self) -> Result<ServiceSnapshot, MapError> {
         let read = |map: &'static str| move |source| MapError::Read { map, source };

@@ -23,7 +23,7 @@ pub use attach::{Attacher, XdpChoice};
 pub use maps::{KernelMaps, MapError, NodeSnapshot, ServiceMaps};
 pub use node::{EbpfNodeSettings, NodeFacts, NodeProgrammer, node_facts};
 pub use object::{OBJECT, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP};
-pub use programmer::{AdoptStats, Programmer, ServiceSnapshot, SyncStats};
+pub use programmer::{AdoptStats, Capacity, Programmer, ServiceSnapshot, SyncStats};
 pub use proxier::EbpfProxier;
 pub use run::{EbpfMode, Opened, Takeover, open as open_pinned};
 

@@ -83,6 +83,15 @@ pub struct Programmer {
     /// Source ranges written, by service id.
     source_ranges: HashMap<u32, BTreeSet<Ipv4Net>>,
     markers: ClusterIpMarkers,
+    /// What `SERVICES` and `BACKENDS` hold; a sync that would not fit is refused.
+    capacity: Option<Capacity>,
+}
+
+/// The sizes of the maps a sync must fit in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    pub services: u32,
+    pub backends: u32,
 }
 
 impl Default for Programmer {
@@ -108,7 +117,13 @@ impl Programmer {
             service_id_pool: Ids::new(u32::MAX - 1),
             source_ranges: HashMap::new(),
             markers: ClusterIpMarkers::default(),
+            capacity: None,
         }
+    }
+
+    /// Refuse syncs that would not fit in maps of these sizes.
+    pub fn set_capacity(&mut self, capacity: Capacity) {
+        self.capacity = Some(capacity);
     }
 
     pub fn node_addresses(&self) -> &NodeAddresses {
@@ -174,6 +189,7 @@ impl Programmer {
         ports: &BTreeSet<ServicePortName>,
         maps: &mut impl ServiceMaps,
     ) -> Result<SyncStats, MapError> {
+        self.check_capacity(state, ports)?;
         let mut run = SyncRun::default();
         let mut wanted_keys: HashMap<&ServicePortName, BTreeSet<ServiceKey>> = HashMap::new();
 
@@ -202,6 +218,69 @@ impl Programmer {
         self.markers.delete_unused(maps, &mut run.stats)?;
         self.delete_unreferenced_backends(maps, &mut run)?;
         Ok(self.totals(run.stats))
+    }
+
+    /// Fails, before anything is written, when the maps could not hold the
+    /// state while syncing `ports`: new entries are written before stale ones
+    /// go, so what counts is the old entries plus what the sync adds.
+    fn check_capacity(
+        &self,
+        state: &DesiredState,
+        ports: &BTreeSet<ServicePortName>,
+    ) -> Result<(), MapError> {
+        let Some(capacity) = self.capacity else {
+            return Ok(());
+        };
+        let mut entries: usize = self
+            .frontends
+            .values()
+            .map(|f| 1 + f.slots.len())
+            .sum::<usize>()
+            + self.markers.len();
+        let mut new_backends = HashSet::new();
+        for svc in ports.iter().filter_map(|p| state.services.get(p)) {
+            for f in wanted_frontends(svc, &self.node) {
+                let backends = f.endpoints.backends(svc);
+                let have = self
+                    .frontends
+                    .get(&f.key)
+                    .map_or(0, |fe| 1 + fe.slots.len());
+                entries += (1 + backends.len()).saturating_sub(have);
+                if f.kind() == FrontendKind::ClusterIp && !self.markers.has(f.key.addr_be) {
+                    entries += 1;
+                }
+                new_backends.extend(
+                    backends
+                        .into_iter()
+                        .filter(|b| !self.backends.contains_key(b)),
+                );
+            }
+        }
+        let backends = self.backends.len() + new_backends.len();
+        for (map, setting, needed, capacity) in [
+            (
+                "SERVICES",
+                "maps.services (--ebpf-map-size-services)",
+                entries,
+                capacity.services,
+            ),
+            (
+                "BACKENDS",
+                "maps.backends (--ebpf-map-size-backends)",
+                backends,
+                capacity.backends,
+            ),
+        ] {
+            if needed > capacity as usize {
+                return Err(MapError::Capacity {
+                    map,
+                    setting,
+                    needed,
+                    capacity,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Programs every frontend of one service port; returns their keys.

@@ -79,6 +79,7 @@ impl EbpfProxier {
     ) -> Result<Self, MapError> {
         let mut node_programmer = NodeProgrammer::new();
         let mut programmer = Programmer::new();
+        programmer.set_capacity(maps.capacity());
         let facts = node_facts(&settings, node);
         node_programmer.apply(&facts, &mut maps)?;
         programmer.set_node_addresses(&facts.addresses, &DesiredState::default(), &mut maps)?;
@@ -97,9 +98,11 @@ impl EbpfProxier {
     /// sync (which runs once Services and EndpointSlices were listed), which
     /// then takes over what they hold and writes only what differs.
     pub fn adopting(maps: KernelMaps, settings: EbpfNodeSettings) -> Self {
+        let mut programmer = Programmer::new();
+        programmer.set_capacity(maps.capacity());
         Self {
             maps,
-            programmer: Programmer::new(),
+            programmer,
             node_programmer: NodeProgrammer::new(),
             settings,
             applied: None,

@@ -17,6 +17,15 @@ pub(super) struct ClusterIpMarkers {
 }
 
 impl ClusterIpMarkers {
+    /// Markers written.
+    pub(super) fn len(&self) -> usize {
+        self.written.len()
+    }
+
+    pub(super) fn has(&self, vip: u32) -> bool {
+        self.written.contains(&vip)
+    }
+
     /// A marker found in adopted maps.
     pub(super) fn adopt_written(&mut self, vip: u32) {
         self.written.insert(vip);

@@ -1365,3 +1365,70 @@ fn adoption_takes_over_slots_a_crashed_sync_left_beyond_count() {
     assert!(!maps.services.contains_key(&key(VIP, 80, TCP).with_slot(2)));
     assert_eq!(maps.frontend(key(VIP, 80, TCP)).count, 1);
 }
+
+#[test]
+fn a_sync_that_would_not_fit_is_refused_before_anything_is_written() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    // One frontend with 2 slots + its marker = 4 entries; 2 backends.
+    p.set_capacity(Capacity {
+        services: 6,
+        backends: 2,
+    });
+    let two = vec![ep([198, 18, 1, 2], 80), ep([198, 18, 1, 3], 80)];
+    let good = state(vec![service("web", VIP, 80, Protocol::Tcp, two.clone())]);
+    p.sync(&good, &mut maps).unwrap();
+    let programmed = (maps.services.clone(), maps.backends.clone());
+
+    let three = vec![
+        ep([198, 18, 1, 2], 80),
+        ep([198, 18, 1, 3], 80),
+        ep([198, 18, 1, 4], 80),
+    ];
+    let err = p
+        .sync(
+            &state(vec![service("web", VIP, 80, Protocol::Tcp, three)]),
+            &mut maps,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            MapError::Capacity {
+                map: "BACKENDS",
+                needed: 3,
+                capacity: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("--ebpf-map-size-backends"),
+        "{err}"
+    );
+    assert_eq!((maps.services.clone(), maps.backends.clone()), programmed);
+
+    let more = state(vec![
+        service("web", VIP, 80, Protocol::Tcp, two.clone()),
+        service("api", [198, 19, 0, 11], 80, Protocol::Tcp, two.clone()),
+    ]);
+    let err = p.sync(&more, &mut maps).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            MapError::Capacity {
+                map: "SERVICES",
+                needed: 8,
+                capacity: 6,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("maps.services"), "{err}");
+    assert_eq!((maps.services.clone(), maps.backends.clone()), programmed);
+
+    // Within the sizes again, the sync goes through.
+    p.sync(&good, &mut maps).unwrap();
+}
