@@ -30,11 +30,12 @@ enum Res {
     Nodes,
 }
 
-/// One scripted answer: what the request must look like, and the body.
+/// One scripted answer: what the request must look like, and the response.
 struct Step {
     watch: bool,
     /// Expected `resourceVersion` query parameter of a watch.
     rv: Option<&'static str>,
+    status: u16,
     body: String,
 }
 
@@ -43,6 +44,7 @@ fn list(kind: &str, api_version: &str, rv: &str, items: Vec<Value>) -> Step {
     Step {
         watch: false,
         rv: None,
+        status: 200,
         body: body.to_string(),
     }
 }
@@ -52,7 +54,21 @@ fn watch_lines(rv: &'static str, events: Vec<Value>) -> Step {
     Step {
         watch: true,
         rv: Some(rv),
+        status: 200,
         body,
+    }
+}
+
+/// A watch from `rv` answered as an apiserver that is going away does (or a
+/// load balancer in front of a dead one).
+fn unavailable(rv: &'static str) -> Step {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "the server is currently unable to handle the request", "reason": "ServiceUnavailable", "code": 503});
+    Step {
+        watch: true,
+        rv: Some(rv),
+        status: 503,
+        body: body.to_string(),
     }
 }
 
@@ -128,9 +144,19 @@ fn query(req: &Request<Body>) -> BTreeMap<String, String> {
 /// Serves scripted steps per resource, in order; requests past the end of a
 /// script are held open forever, like an idle watch. Mismatches are recorded.
 fn fake_apiserver(scripts: Vec<(Res, Vec<Step>)>) -> (Client, Arc<Mutex<Vec<String>>>) {
+    let (client, errors, _) = timed_fake_apiserver(scripts);
+    (client, errors)
+}
+
+/// [`fake_apiserver`], also recording when each resource was asked for.
+fn timed_fake_apiserver(
+    scripts: Vec<(Res, Vec<Step>)>,
+) -> (Client, Arc<Mutex<Vec<String>>>, Requests) {
     let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
     let errors = Arc::new(Mutex::new(Vec::new()));
     let errs = errors.clone();
+    let requests = Requests::default();
+    let seen = requests.clone();
     let mut scripts: BTreeMap<Res, VecDeque<Step>> =
         scripts.into_iter().map(|(r, s)| (r, s.into())).collect();
     tokio::spawn(async move {
@@ -164,6 +190,10 @@ fn fake_apiserver(scripts: Vec<(Res, Vec<Step>)>) -> (Client, Arc<Mutex<Vec<Stri
                     .unwrap()
                     .push(format!("{res:?}: bad selector in {}", req.uri()));
             }
+            seen.0
+                .lock()
+                .unwrap()
+                .push((res, tokio::time::Instant::now()));
             let Some(step) = scripts.get_mut(&res).and_then(VecDeque::pop_front) else {
                 held.push(send);
                 continue;
@@ -181,13 +211,29 @@ fn fake_apiserver(scripts: Vec<(Res, Vec<Step>)>) -> (Client, Arc<Mutex<Vec<Stri
             }
             send.send_response(
                 Response::builder()
-                    .status(200)
+                    .status(step.status)
                     .body(Body::from(step.body.into_bytes()))
                     .unwrap(),
             );
         }
     });
-    (Client::new(svc, "default"), errors)
+    (Client::new(svc, "default"), errors, requests)
+}
+
+/// When each resource was requested (paused tokio time).
+#[derive(Clone, Default)]
+struct Requests(Arc<Mutex<Vec<(Res, tokio::time::Instant)>>>);
+
+impl Requests {
+    fn of(&self, res: Res) -> Vec<tokio::time::Instant> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(r, _)| *r == res)
+            .map(|(_, t)| *t)
+            .collect()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -440,4 +486,164 @@ fn node_name_is_the_override_or_hostname_lower_cased() {
         host,
         "an empty override falls back to the hostname"
     );
+}
+
+/// What the proxier was asked to program: service name -> endpoint IPs.
+type Programmed = BTreeMap<String, Vec<String>>;
+
+#[derive(Clone, Default)]
+struct StateRecorder(Arc<Mutex<Vec<Programmed>>>);
+
+impl Proxier for StateRecorder {
+    type Error = Never;
+    fn sync(
+        &mut self,
+        desired: &proxy_agent::model::DesiredState,
+        _: &SyncChanges,
+    ) -> Result<(), Never> {
+        let programmed = desired
+            .services
+            .iter()
+            .map(|(spn, svc)| {
+                let ips = svc
+                    .cluster_endpoints
+                    .iter()
+                    .map(|e| e.ip.to_string())
+                    .collect();
+                (spn.name.clone(), ips)
+            })
+            .collect();
+        self.0.lock().unwrap().push(programmed);
+        Ok(())
+    }
+}
+
+/// A `tracing` writer into a shared buffer, to read what the agent logged.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_api_server_outage_leaves_the_datapath_as_it_was_and_it_converges_after() {
+    const OUTAGE: usize = 8;
+    let mut services = vec![
+        list("ServiceList", "v1", "1", vec![service("a", "1", 80)]),
+        watch_lines("1", vec![]),
+    ];
+    services.extend((0..OUTAGE).map(|_| unavailable("1")));
+    services.extend([
+        watch_lines("1", vec![gone("1")]),
+        list(
+            "ServiceList",
+            "v1",
+            "9",
+            vec![service("a", "1", 80), service("b", "8", 80)],
+        ),
+    ]);
+    let mut slices = vec![
+        list(
+            "EndpointSliceList",
+            "discovery.k8s.io/v1",
+            "1",
+            vec![endpoint_slice("a-1", "a", "1", "10.0.0.1")],
+        ),
+        watch_lines("1", vec![]),
+    ];
+    slices.extend((0..OUTAGE).map(|_| unavailable("1")));
+    slices.extend([
+        watch_lines("1", vec![gone("1")]),
+        list(
+            "EndpointSliceList",
+            "discovery.k8s.io/v1",
+            "9",
+            vec![
+                endpoint_slice("a-1", "a", "7", "10.0.0.5"),
+                endpoint_slice("b-1", "b", "8", "10.0.0.2"),
+            ],
+        ),
+    ]);
+    let scripts = vec![
+        (Res::Services, services),
+        (Res::Slices, slices),
+        (
+            Res::Nodes,
+            vec![list("NodeList", "v1", "1", vec![node("1", "z1")])],
+        ),
+    ];
+    let logs = LogBuffer::default();
+    let writer = logs.clone();
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    let (client, errors, requests) = timed_fake_apiserver(scripts);
+    let rec = StateRecorder::default();
+    let timing = proxy_agent::sync::SyncTiming {
+        min_sync_period: Duration::from_secs(1),
+        sync_period: Duration::from_secs(30),
+        ..Default::default()
+    };
+    proxy_agent::sync::run(
+        watch::events(client, NODE),
+        SourceState::new(NODE),
+        rec.clone(),
+        timing,
+        tokio::time::sleep(Duration::from_secs(600)),
+    )
+    .await
+    .unwrap();
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:#?}",
+        errors.lock().unwrap()
+    );
+
+    let synced = rec.0.lock().unwrap().clone();
+    let before: Programmed = [("a".to_string(), vec!["10.0.0.1".to_string()])].into();
+    let after: Programmed = [
+        ("a".to_string(), vec!["10.0.0.5".to_string()]),
+        ("b".to_string(), vec!["10.0.0.2".to_string()]),
+    ]
+    .into();
+    assert_eq!(synced.first(), Some(&before));
+    assert_eq!(synced.last(), Some(&after), "converged after the outage");
+    // Every sync in between (periodic resyncs during the outage, the relist
+    // arriving piece by piece) kept "a" with an endpoint: nothing was blanked.
+    for state in &synced {
+        assert!(
+            state.get("a").is_some_and(|ips| !ips.is_empty()),
+            "a sync blanked service a: {synced:#?}"
+        );
+    }
+    assert!(
+        synced.len() > 3,
+        "periodic syncs ran during the outage: {synced:?}"
+    );
+
+    // The watches were retried with a growing backoff, for minutes, and the log says so.
+    for res in [Res::Services, Res::Slices] {
+        let times = requests.of(res);
+        let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+        let outage: Duration = gaps.iter().sum();
+        assert!(outage > Duration::from_secs(60), "{res:?}: {gaps:?}");
+        let retries = &gaps[2..2 + OUTAGE - 1];
+        assert!(
+            retries.last() > retries.first(),
+            "{res:?}: the backoff grows: {gaps:?}"
+        );
+    }
+    let log = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let warned = log.matches("watch failed; retrying with backoff").count();
+    assert!(warned >= 2 * OUTAGE, "{warned} warnings:\n{log}");
 }
