@@ -1,7 +1,8 @@
-//! The datapath outlives the agent: long-lived TCP connections and a UDP
-//! stream through a ClusterIP keep working, on their original backends, while
-//! the agent is killed (`kill -9`) or stopped (SIGTERM), while no agent runs,
-//! and after a new agent takes the pinned datapath over. Needs root.
+//! The datapath outlives the agent: long-lived TCP connections through a
+//! ClusterIP (from a pod) and through a NodePort (from outside, masqueraded),
+//! and a UDP stream, keep working on their original backends while the agent
+//! is killed (`kill -9`) or stopped (SIGTERM), while no agent runs, and after
+//! a new agent takes the pinned datapath over. Needs root.
 
 mod support;
 
@@ -9,11 +10,12 @@ use std::{fs, path::Path, process::Command, time::Duration};
 
 use support::{Agent, sock, wait_for};
 use testbed::{
-    Cni, Testbed,
+    Cni, NODE_EXTERNAL_IP, Testbed,
     echo::{Connections, EchoServer, UdpStream},
 };
 
 const VIP: &str = "198.19.0.10:80";
+const NODE_PORT: u16 = 30080;
 const BACKENDS: [&str; 2] = ["echo-0", "echo-1"];
 const CONNECTIONS: usize = 1000;
 
@@ -48,10 +50,11 @@ apiVersion: v1
 kind: Service
 metadata: {name: echo, namespace: demo}
 spec:
+  type: NodePort
   clusterIP: 198.19.0.10
   clusterIPs: [198.19.0.10]
   ports:
-    - {name: tcp, protocol: TCP, port: 80, targetPort: 7000}
+    - {name: tcp, protocol: TCP, port: 80, targetPort: 7000, nodePort: 30080}
     - {name: udp, protocol: UDP, port: 80, targetPort: 7000}
 "#,
     )
@@ -65,6 +68,13 @@ spec:
         ));
     }
     fs::write(dir.join("slice.yaml"), slice).unwrap();
+    fs::write(
+        dir.join("node.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: node-a}}\nstatus:\n  addresses:\n    - {{type: InternalIP, address: {NODE_EXTERNAL_IP}}}\n"
+        ),
+    )
+    .unwrap();
 }
 
 fn start(ns: &str, dir: &Path, pins: &Bpffs, run: u32) -> Agent {
@@ -103,13 +113,22 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
         agent.log_text()
     );
 
-    let mut conns = Connections::open(&client, sock(VIP), CONNECTIONS).unwrap();
-    let before: Vec<String> = conns.identities().map(str::to_owned).collect();
-    for b in BACKENDS {
-        let n = before.iter().filter(|id| *id == b).count();
-        assert!(n > CONNECTIONS / 4, "{b} got {n} of {CONNECTIONS}");
+    let node_port = std::net::SocketAddr::from((NODE_EXTERNAL_IP, NODE_PORT));
+    wait_for(Duration::from_secs(20), "the NodePort to answer", || {
+        Connections::open(&tb.external_ns, node_port, 1).ok()
+    });
+    let mut cluster_ip = Connections::open(&client, sock(VIP), CONNECTIONS).unwrap();
+    let mut from_outside = Connections::open(&tb.external_ns, node_port, CONNECTIONS).unwrap();
+    let identities = |c: &Connections| c.identities().map(str::to_owned).collect::<Vec<_>>();
+    let before = (identities(&cluster_ip), identities(&from_outside));
+    for ids in [&before.0, &before.1] {
+        for b in BACKENDS {
+            let n = ids.iter().filter(|id| *id == b).count();
+            assert!(n > CONNECTIONS / 4, "{b} got {n} of {CONNECTIONS}");
+        }
     }
-    assert_eq!(conns.check(0).broken, 0);
+    assert_eq!(cluster_ip.check(0).broken, 0);
+    assert_eq!(from_outside.check(0).broken, 0);
     let udp = UdpStream::start(&client, sock(VIP), Duration::from_millis(10)).unwrap();
     std::thread::sleep(Duration::from_millis(300));
 
@@ -127,8 +146,16 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
         }
         // No agent runs: the pinned datapath keeps serving.
         std::thread::sleep(Duration::from_millis(300));
-        let check = conns.check(round * 10);
-        assert_eq!(check.broken, 0, "after {how}, with no agent: {check:?}");
+        for (what, conns) in [
+            ("ClusterIP", &mut cluster_ip),
+            ("NodePort", &mut from_outside),
+        ] {
+            let check = conns.check(round * 10);
+            assert_eq!(
+                check.broken, 0,
+                "{what} after {how}, with no agent: {check:?}"
+            );
+        }
 
         agent = start(&tb.node_ns, dir.path(), &pins, round);
         wait_for(
@@ -141,9 +168,17 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
                     .then_some(())
             },
         );
-        let check = conns.check(round * 10 + 1);
-        assert_eq!(check.broken, 0, "after {how} and a restart: {check:?}");
-        let after: Vec<String> = conns.identities().map(str::to_owned).collect();
+        for (what, conns) in [
+            ("ClusterIP", &mut cluster_ip),
+            ("NodePort", &mut from_outside),
+        ] {
+            let check = conns.check(round * 10 + 1);
+            assert_eq!(
+                check.broken, 0,
+                "{what} after {how} and a restart: {check:?}"
+            );
+        }
+        let after = (identities(&cluster_ip), identities(&from_outside));
         assert_eq!(after, before, "every connection stays on its backend");
 
         // New connections are still balanced over both backends.
@@ -165,7 +200,7 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
     );
     let lost = tally.sent - tally.answered;
     println!(
-        "restart: {CONNECTIONS} TCP connections, 0 broken; UDP {} sent, {} answered, {lost} lost",
+        "restart: {CONNECTIONS} TCP connections through the ClusterIP and {CONNECTIONS} through the NodePort, 0 broken; UDP {} sent, {} answered, {lost} lost",
         tally.sent, tally.answered
     );
     assert!(
