@@ -157,6 +157,7 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
             );
         }
 
+        let started = std::time::Instant::now();
         agent = start(&tb.node_ns, dir.path(), &pins, round);
         wait_for(
             Duration::from_secs(20),
@@ -167,6 +168,10 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
                     .contains("took over the pinned service maps")
                     .then_some(())
             },
+        );
+        println!(
+            "restart after {how}: the maps were taken over {:?} after the start",
+            started.elapsed()
         );
         for (what, conns) in [
             ("ClusterIP", &mut cluster_ip),
