@@ -272,3 +272,32 @@ fn an_unknown_abi_version_or_a_mismatched_layout_is_refused_and_left_alone() {
         "{err}"
     );
 }
+
+#[test]
+fn a_fresh_bpffs_mount_root_works_as_the_pin_root() {
+    let fs = Bpffs::mount();
+    let root = fs.0.path().to_owned();
+    assert!(root.join("progs.debug").exists(), "the kernel's own pins");
+    let layout = PinLayout::new(&root);
+    let first = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(first.takeover, Takeover::Fresh);
+    drop(first);
+    let second = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(second.takeover, Takeover::Adopt);
+    drop(second);
+
+    // Removing our pins (detach on exit, or --cleanup) leaves the kernel's alone.
+    assert!(layout.remove_all().unwrap() > 0);
+    assert!(!layout.maps_dir().exists());
+    assert!(root.join("progs.debug").exists() && root.join("maps.debug").exists());
+    let mut report = proxy_agent::cleanup::Report::default();
+    let again = open_pinned(&layout, sizes()).unwrap();
+    drop(again);
+    proxy_agent::modes::ebpf::cleanup::remove_pins(&root, &mut report);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(!report.removed.is_empty());
+    assert!(
+        root.join("progs.debug").exists(),
+        "--cleanup leaves the kernel's pins"
+    );
+}

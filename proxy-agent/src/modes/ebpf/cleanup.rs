@@ -40,6 +40,9 @@ pub fn remove_pins(root: &Path, report: &mut Report) {
     fn walk(dir: &Path, files: &mut Vec<PathBuf>, dirs: &mut Vec<PathBuf>) -> std::io::Result<()> {
         for e in std::fs::read_dir(dir)? {
             let e = e?;
+            if super::pin::is_kernel_preload(&e.file_name()) {
+                continue;
+            }
             let p = e.path();
             if e.file_type()?.is_dir() {
                 walk(&p, files, dirs)?;
@@ -65,7 +68,10 @@ pub fn remove_pins(root: &Path, report: &mut Report) {
                 .push(format!("removing pin {}: {e}", f.display())),
         }
     }
-    dirs.push(root.to_path_buf());
+    // A pin root that is a BPF filesystem's mount root stays (it cannot go).
+    if !super::pin::is_mount_root(root) {
+        dirs.push(root.to_path_buf());
+    }
     for d in dirs {
         if let Err(e) = std::fs::remove_dir(&d) {
             report.errors.push(format!("removing {}: {e}", d.display()));

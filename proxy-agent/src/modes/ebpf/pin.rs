@@ -305,6 +305,24 @@ pub struct MapShape {
     pub value_size: u32,
 }
 
+/// The iterators the kernel itself pins in every new BPF filesystem
+/// (`bpf_preload`): never ours, never removed, even when the pin root is a mount root.
+pub fn is_kernel_preload(name: &std::ffi::OsStr) -> bool {
+    name == "maps.debug" || name == "progs.debug"
+}
+
+/// Whether `dir` is the root of a mount (its device differs from its parent's).
+pub fn is_mount_root(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let (Ok(here), Some(Ok(parent))) = (
+        std::fs::metadata(dir),
+        dir.parent().map(std::fs::metadata),
+    ) else {
+        return false;
+    };
+    here.dev() != parent.dev()
+}
+
 fn remove_tree(dir: &Path) -> Result<usize, PinError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
@@ -314,6 +332,9 @@ fn remove_tree(dir: &Path) -> Result<usize, PinError> {
     let mut removed = 0;
     for entry in entries {
         let entry = entry.map_err(io_error(dir))?;
+        if is_kernel_preload(&entry.file_name()) {
+            continue;
+        }
         let path = entry.path();
         if entry.file_type().map_err(io_error(&path))?.is_dir() {
             removed += remove_tree(&path)?;
