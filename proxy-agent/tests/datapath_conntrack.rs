@@ -241,3 +241,42 @@ fn a_full_conntrack_table_still_balances_new_flows() {
     let last = f.send(request(20_999), tcp_flags::ACK);
     assert!(f.reply_translated(last.dst, 20_999));
 }
+
+impl Fixture {
+    /// Deletes the flow's entries of `direction`, as an LRU eviction would.
+    fn evict(&mut self, direction: proxy_common::CtDirection) -> usize {
+        let ct: &mut HashMap<MapData, CtKey, CtValue> = &mut self.maps.conntrack;
+        let doomed: Vec<CtKey> = ct
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.direction == direction as u8)
+            .collect();
+        for k in &doomed {
+            ct.remove(k).unwrap();
+        }
+        doomed.len()
+    }
+}
+
+#[test]
+fn an_evicted_half_of_a_live_flow_is_rebuilt_from_the_other() {
+    use proxy_common::CtDirection;
+    let mut f = Fixture::new(timeouts(60_000, 60_000, 60_000, 60_000), 1024);
+    let backend = f.connect(40000);
+
+    // The reply entry is gone; the next refresh of the forward entry (at
+    // most once a second) rebuilds it, and replies are translated again.
+    assert_eq!(f.evict(CtDirection::Reply), 1);
+    sleep_ms(1_100);
+    assert_eq!(f.send(request(40000), tcp_flags::ACK).dst, backend);
+    assert!(f.reply_translated(backend, 40000));
+
+    // The forward entry is gone: a reply rebuilds it, so the client's next
+    // segment stays on its backend instead of being balanced anew.
+    assert_eq!(f.evict(CtDirection::Forward), 1);
+    sleep_ms(1_100);
+    assert!(f.reply_translated(backend, 40000));
+    let new_flows = f.counter(Counter::NewFlow);
+    assert_eq!(f.send(request(40000), tcp_flags::ACK).dst, backend);
+    assert_eq!(f.counter(Counter::NewFlow), new_flows);
+}

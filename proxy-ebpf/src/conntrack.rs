@@ -54,6 +54,8 @@ pub struct Hit {
     pub value: CtValue,
     /// Flags this packet set that the entry did not have.
     pub new_flags: u16,
+    /// The idle timer was refreshed (at most once a second per entry).
+    pub refreshed: bool,
 }
 
 /// The live entry for `key`, refreshing its idle timer and recording
@@ -67,7 +69,8 @@ pub fn lookup(config: &DatapathConfig, key: &CtKey, now: u64, set_flags: u16) ->
     if idle > idle_timeout(config, key.proto, entry.flags) {
         return None;
     }
-    if idle > REFRESH_INTERVAL_NS {
+    let refreshed = idle > REFRESH_INTERVAL_NS;
+    if refreshed {
         entry.last_seen_ns = now;
     }
     let value = *entry;
@@ -75,7 +78,11 @@ pub fn lookup(config: &DatapathConfig, key: &CtKey, now: u64, set_flags: u16) ->
     if new_flags != 0 {
         entry.flags |= new_flags;
     }
-    Some(Hit { value, new_flags })
+    Some(Hit {
+        value,
+        new_flags,
+        refreshed,
+    })
 }
 
 #[inline(always)]

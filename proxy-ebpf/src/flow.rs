@@ -112,9 +112,11 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64) -> Verdict {
                         out.saddr_be = flow.snat_addr_be;
                         out.sport_be = flow.snat_port_be;
                     }
-                    if hit.new_flags != 0 {
-                        // The reply entry closes with the flow.
-                        let reply = CtKey::new(
+                    if hit.new_flags != 0 || hit.refreshed {
+                        // The reply entry closes with the flow, and stays as
+                        // recently used as it (so the LRU map evicts flows, not
+                        // halves of them); one evicted anyway is rebuilt.
+                        let key = CtKey::new(
                             out.daddr_be,
                             out.saddr_be,
                             out.dport_be,
@@ -122,7 +124,19 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64) -> Verdict {
                             pkt.proto,
                             CtDirection::Reply,
                         );
-                        let _ = conntrack::lookup(&config, &reply, now, hit.new_flags);
+                        if conntrack::lookup(&config, &key, now, hit.new_flags).is_none() {
+                            let snat = flow.flags & ct::SNAT != 0;
+                            let reply = CtValue {
+                                nat_addr_be: pkt.daddr_be,
+                                nat_port_be: pkt.dport_be,
+                                snat_addr_be: if snat { pkt.saddr_be } else { 0 },
+                                snat_port_be: if snat { pkt.sport_be } else { 0 },
+                                last_seen_ns: now,
+                                flags: flow.flags | hit.new_flags,
+                                ..flow
+                            };
+                            let _ = conntrack::insert(&key, &reply);
+                        }
                     }
                     return Verdict::Forward(out, Counter::Established);
                 }
@@ -158,10 +172,11 @@ fn reply_rewrite(config: &DatapathConfig, pkt: &Packet, hit: &conntrack::Hit, no
         out.daddr_be = reply.snat_addr_be;
         out.dport_be = reply.snat_port_be;
     }
-    if hit.new_flags != 0 {
+    if hit.new_flags != 0 || hit.refreshed {
         // The forward entry learns the flow is two-way (UDP streams live
-        // longer, TCP is established) or closing, as the reply entry did.
-        let forward = CtKey::new(
+        // longer, TCP is established) or closing, as the reply entry did, and
+        // stays as recently used; one evicted anyway is rebuilt.
+        let key = CtKey::new(
             out.daddr_be,
             out.saddr_be,
             out.dport_be,
@@ -169,7 +184,19 @@ fn reply_rewrite(config: &DatapathConfig, pkt: &Packet, hit: &conntrack::Hit, no
             pkt.proto,
             CtDirection::Forward,
         );
-        let _ = conntrack::lookup(config, &forward, now, hit.new_flags);
+        if conntrack::lookup(config, &key, now, hit.new_flags).is_none() {
+            let snat = reply.flags & ct::SNAT != 0;
+            let forward = CtValue {
+                nat_addr_be: pkt.saddr_be,
+                nat_port_be: pkt.sport_be,
+                snat_addr_be: if snat { pkt.daddr_be } else { 0 },
+                snat_port_be: if snat { pkt.dport_be } else { 0 },
+                last_seen_ns: now,
+                flags: reply.flags | hit.new_flags,
+                ..*reply
+            };
+            let _ = conntrack::insert(&key, &forward);
+        }
     }
     out
 }

@@ -45,10 +45,6 @@ impl Packet {
         }
     }
 
-    #[inline(always)]
-    pub fn closes(&self) -> bool {
-        self.tcp_flags & (tcp_flags::FIN | tcp_flags::RST) != 0
-    }
 }
 
 #[repr(C)]
