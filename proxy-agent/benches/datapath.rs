@@ -59,7 +59,11 @@ use proxy_agent::{
         node::{NodeAddresses, SNAT_PORT_MAX, SNAT_PORT_MIN},
     },
 };
-use proxy_common::{Counter, DatapathConfig, IfaceInfo, ServiceValue, config};
+use proxy_common::{
+    Counter, DatapathConfig, IfaceInfo, ServiceValue,
+    action::{TC_ACT_OK, TC_ACT_REDIRECT, XDP_PASS, XDP_TX},
+    config,
+};
 
 const TIERS: [usize; 3] = [1, 1_000, 100_000];
 const BACKENDS_PER_SERVICE: usize = 3;
@@ -74,11 +78,6 @@ const LOOP_CALLS_PER_ROUND: usize = 100;
 const PASS_LOOP_REPEAT: u32 = 100_000;
 /// The same in every tier; the run uses about 80,000 entries of it.
 const CONNTRACK_ENTRIES: u32 = 262_144;
-
-const TC_ACT_OK: u32 = 0;
-const TC_ACT_REDIRECT: u32 = 7;
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
 
 /// Service ports the agent can number: ids are u32 and 0 is never used.
 const MAX_SERVICE_PORTS: usize = u32::MAX as usize - 1;
@@ -462,7 +461,7 @@ impl Tier {
     }
 
     /// The kernel's mean time per run in ns, after checking the verdict.
-    fn timed(&self, hook: Hook, packet: &[u8], repeat: u32, verdict: u32) -> anyhow::Result<u64> {
+    fn timed(&self, hook: Hook, packet: &[u8], repeat: u32, verdict: i32) -> anyhow::Result<u64> {
         let (got, ns) = self.run(hook, packet, repeat, None)?;
         ensure!(got == verdict, "verdict {got}, expected {verdict}");
         Ok(ns)
@@ -476,7 +475,7 @@ impl Tier {
         packet: &[u8],
         repeat: u32,
         out: Option<&mut [u8]>,
-    ) -> anyhow::Result<(u32, u64)> {
+    ) -> anyhow::Result<(i32, u64)> {
         let ctx = match hook {
             Hook::Tc => skb_ctx(self.ifaces.pod),
             Hook::Xdp => xdp_ctx(self.ifaces.uplink, packet.len()),
@@ -507,7 +506,10 @@ impl Tier {
             }
         }
         .context("BPF_PROG_TEST_RUN")?;
-        Ok((result.return_value, result.duration.as_nanos() as u64))
+        Ok((
+            result.return_value as i32,
+            result.duration.as_nanos() as u64,
+        ))
     }
 
     fn counters(&self) -> anyhow::Result<Vec<u64>> {
@@ -589,7 +591,7 @@ const METRICS: usize = 10;
 impl Metric {
     /// The program, the verdict and the counters (each moved once per run,
     /// every other one left alone) of the path this metric times.
-    fn path(self) -> (Hook, u32, &'static [Counter]) {
+    fn path(self) -> (Hook, i32, &'static [Counter]) {
         use Metric::*;
         match self {
             PassOne | PassLoop => (Hook::Tc, TC_ACT_OK, &[Counter::Packets]),

@@ -27,14 +27,11 @@ use proxy_agent::{
         test_run::{self, Hook},
     },
 };
-use proxy_common::{Counter, DatapathConfig, config::flags};
-
-const TC_ACT_OK: i32 = 0;
-const TC_ACT_SHOT: i32 = 2;
-const TC_ACT_REDIRECT: i32 = 7;
-const XDP_DROP: i32 = 1;
-const XDP_PASS: i32 = 2;
-const XDP_TX: i32 = 3;
+use proxy_common::{
+    Counter, DatapathConfig,
+    action::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, XDP_DROP, XDP_PASS, XDP_TX},
+    config::flags,
+};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const PEER_NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);

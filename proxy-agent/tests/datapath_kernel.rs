@@ -14,11 +14,10 @@ use proxy_agent::{
     model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
     modes::ebpf::{self, KernelMaps, Programmer, test_run},
 };
-use proxy_common::Counter;
-
-const TC_ACT_OK: i32 = 0;
-const TC_ACT_SHOT: i32 = 2;
-const TC_ACT_REDIRECT: i32 = 7;
+use proxy_common::{
+    Counter,
+    action::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
+};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);

@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use proxy_common::action::XDP_TX;
 use testbed::{
     clients::{ConnectOutcome, UdpOutcome, tcp_connect_outcome, udp_outcome},
     cluster::{Cluster, NodeId},
@@ -370,7 +371,7 @@ fn xdp_tx_on_a_node_eth0_leaves_at_once() {
     let cluster = Cluster::new().unwrap();
     let a = cluster.node(NodeId::A);
     let b = cluster.node(NodeId::B).clone();
-    let _bounce = xdp_pass::attach_returning(&a.ns, &a.eth0, xdp_pass::XDP_TX).unwrap();
+    let _bounce = xdp_pass::attach_returning(&a.ns, &a.eth0, XDP_TX).unwrap();
     let iface = b.eth0.clone();
     let listener = netns::run_in(&b.ns, move || packet_socket(&iface, PROBE_ETHERTYPE))
         .unwrap()
