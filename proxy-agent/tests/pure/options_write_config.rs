@@ -1,8 +1,7 @@
 //! `--write-config-to`: the written file is exactly the golden one, and loading it back gives
 //! the identical configuration (config_rules.md §3 step 7).
 
-mod options_common;
-use options_common::*;
+use crate::options_common::*;
 use proxy_agent::options::{ProxyMode, write};
 
 const GOLDEN: &str = include_str!("options_fixtures/write-config-ipvs.golden.yaml");
@@ -25,7 +24,7 @@ fn golden_output_for_ipvs_flags() {
         std::fs::write(
             concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/tests/options_fixtures/write-config-ipvs.golden.yaml"
+                "/tests/pure/options_fixtures/write-config-ipvs.golden.yaml"
             ),
             &text,
         )
@@ -142,7 +141,7 @@ fn written_file_reloads_identically_in_every_mode() {
 fn seed_004_written_back_reloads_identically() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/options_fixtures/seed004-kube-proxy-config.yaml"
+        "/tests/pure/options_fixtures/seed004-kube-proxy-config.yaml"
     );
     let first = opts(&["--config", path]);
     let dir = TempDir::new("seed");
@@ -169,7 +168,7 @@ fn ebpf_extension_golden_and_reload() {
         std::fs::write(
             concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/tests/options_fixtures/write-ebpf-config.golden.yaml"
+                "/tests/pure/options_fixtures/write-ebpf-config.golden.yaml"
             ),
             &text,
         )

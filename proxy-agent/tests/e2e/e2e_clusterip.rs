@@ -3,11 +3,9 @@
 //! a client pod to a ClusterIP are balanced across three backend pods.
 //! Runs for both pod wirings (routed veths and a bridge). Needs root.
 
-mod support;
-
 use std::{collections::BTreeMap, fs, time::Duration};
 
-use support::{Agent, sock, wait_for};
+use crate::support::{Agent, sock, wait_for};
 use testbed::{Cni, Testbed, netns, servers};
 
 const VIP: &str = "198.19.0.10:80";

@@ -1,8 +1,7 @@
 //! Conntrack sysctls (config_rules.md §3.2), per-mode sysctls (--init-only) and the OOM score,
 //! checked as exact writes against a fake; nothing on the host is touched.
 
-mod options_common;
-use options_common::*;
+use crate::options_common::*;
 use proxy_agent::hostsetup::conntrack::{self, parse_cpu_list, wanted_max};
 use proxy_agent::hostsetup::params::{FakeParams, HASHSIZE_KEY};
 use proxy_agent::hostsetup::{modes, oom};

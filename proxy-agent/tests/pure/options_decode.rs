@@ -1,15 +1,14 @@
 //! Reading --config / --ebpf-config files: YAML and JSON, strict fields, kind checks,
 //! the real-world example of seed 004.
 
-mod options_common;
-use options_common::*;
+use crate::options_common::*;
 use proxy_agent::options::{OptionsError, ProxyMode};
 
 #[test]
 fn seed_004_example_loads() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/options_fixtures/seed004-kube-proxy-config.yaml"
+        "/tests/pure/options_fixtures/seed004-kube-proxy-config.yaml"
     );
     let o = opts_with(&["--config", path], &[ProxyMode::Ipvs, ProxyMode::Iptables]);
     assert_eq!(o.mode, ProxyMode::Ipvs);

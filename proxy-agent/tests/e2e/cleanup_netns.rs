@@ -1,8 +1,7 @@
 //! `--cleanup` against real iptables / ip6tables / iptables-legacy / nft state inside a network
 //! namespace this test creates, and against real pins in a private bpffs.
 
-mod cleanup_common;
-use cleanup_common::*;
+use crate::cleanup_common::*;
 use proxy_agent::cleanup::{FakeGenl, ProcessRunner, Removed, cleanup_all, ipvs::reply};
 
 /// A kernel without IPVS, as these test machines are (and never the root namespace's IPVS).

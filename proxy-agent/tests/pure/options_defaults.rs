@@ -1,8 +1,7 @@
 //! Every field's default (config_rules.md §1 and the first rows of §4), for both sources:
 //! no flags at all, and a --config file holding only apiVersion/kind.
 
-mod options_common;
-use options_common::*;
+use crate::options_common::*;
 use proxy_agent::options::ProxyMode;
 use serde_yaml::Value;
 

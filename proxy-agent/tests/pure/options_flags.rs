@@ -1,8 +1,7 @@
 //! The command line itself: every upstream flag exists, values parse like pflag, bad input
 //! is a one-line error naming the flag.
 
-mod options_common;
-use options_common::*;
+use crate::options_common::*;
 use proxy_agent::options::{OptionsError, Parsed};
 
 /// Every flag of the kube-proxy v1.33 reference (seed 000).

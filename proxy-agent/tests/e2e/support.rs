@@ -1,4 +1,4 @@
-#![allow(dead_code)] // each test binary uses its own subset
+#![allow(dead_code)] // the e2e modules use different parts
 //! Shared by the end-to-end tests: running the real agent binary inside a
 //! testbed's node namespace.
 

@@ -1,4 +1,4 @@
-//! Helpers shared by the options_* integration tests.
+//! Helpers shared by the options_* tests (the pure tier, and options_binary in the e2e tier).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -8,6 +8,23 @@ use proxy_agent::options::mode::FixedSupport;
 use proxy_agent::options::{Environment, OptionsError, Parsed, ProxyMode, ProxyOptions, parse};
 
 pub const HOSTNAME: &str = "Test-Node";
+
+/// The agent binary this package builds.
+pub const BIN: &str = env!("CARGO_BIN_EXE_proxy-agent");
+
+/// Runs the agent binary with `args` (and no RUST_LOG): exit code, stdout, stderr.
+pub fn run(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
 
 /// A directory removed on drop.
 pub struct TempDir(pub PathBuf);

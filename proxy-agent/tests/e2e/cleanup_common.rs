@@ -1,4 +1,4 @@
-//! Network namespace and bpffs fixtures for the cleanup_* tests. Everything is created by the
+//! Network namespace and bpffs fixtures for the e2e tests. Everything is created by the
 //! test and removed on every exit path (Drop runs on panic too).
 #![allow(dead_code)]
 

@@ -1,8 +1,7 @@
 //! Every validation rule of config_rules.md §1/§1.1/§4, as a table: a config file body, the
 //! field path that must be reported, and the exact detail text.
 
-mod options_common;
-use options_common::*;
+use crate::options_common::*;
 use proxy_agent::options::{OptionsError, Parsed};
 
 fn errors_of(body: &str) -> Vec<String> {

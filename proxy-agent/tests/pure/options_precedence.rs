@@ -1,7 +1,6 @@
 //! Flag vs file precedence (config_rules.md §3 step 4, §3.1, §4).
 
-mod options_common;
-use options_common::*;
+use crate::options_common::*;
 use proxy_agent::options::{OptionsError, ProxyMode};
 
 #[test]

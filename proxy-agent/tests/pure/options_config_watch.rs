@@ -1,8 +1,7 @@
 //! A changed configuration file makes the agent exit with upstream's error (config_rules.md §3),
 //! including ConfigMap-style atomic updates (a `..data` symlink renamed over the old one).
 
-mod options_common;
-use options_common::*;
+use crate::options_common::*;
 
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};

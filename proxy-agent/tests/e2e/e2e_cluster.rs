@@ -4,15 +4,13 @@
 //! IP, external IP, ClusterIP), traffic policies, masquerade, source ranges,
 //! reject, hairpin and the XDP fast path. Needs root.
 
-mod support;
-
 use std::{
     fs,
     net::{Ipv4Addr, SocketAddrV4},
     time::Duration,
 };
 
-use support::Agent;
+use crate::support::Agent;
 use testbed::{
     clients::{ConnectOutcome, UdpOutcome, tcp_connect_outcome, udp_outcome},
     cluster::{Cluster, NodeId},

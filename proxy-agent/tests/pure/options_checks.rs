@@ -1,8 +1,7 @@
 //! The post-validation checks of config_rules.md §3.3 (upstream's `checkBadConfig`,
 //! `checkBadIPConfig` and the primary-family support check), with upstream's texts.
 
-mod options_common;
-use options_common::*;
+use crate::options_common::*;
 
 use std::net::IpAddr;
 

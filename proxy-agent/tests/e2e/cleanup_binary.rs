@@ -1,8 +1,7 @@
 //! `proxy-agent --cleanup` end to end, run inside a test network namespace (where `ip netns
 //! exec` also gives it a fresh /sys, so no real BPF pin of the host is reachable).
 
-mod cleanup_common;
-use cleanup_common::NetNs;
+use crate::cleanup_common::NetNs;
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_proxy-agent");

@@ -1,0 +1,20 @@
+//! The end-to-end tier: network namespaces, real traffic and the agent binary
+//! on a node. Two-node testbeds with the agent on both nodes, `explain
+//! --online` against a running agent, `--cleanup` and `--init-only` inside
+//! test namespaces. Everything is built in namespaces the tests create, with
+//! addresses from 198.18.0.0/15, and removed on every exit path. Needs root.
+
+#[path = "../shared/explain_common.rs"]
+mod explain_common;
+#[path = "../shared/options_common.rs"]
+mod options_common;
+
+mod cleanup_common;
+mod support;
+
+mod cleanup_binary;
+mod cleanup_netns;
+mod e2e_cluster;
+mod e2e_clusterip;
+mod explain;
+mod options_binary;
