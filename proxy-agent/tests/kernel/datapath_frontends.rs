@@ -5,6 +5,10 @@
 //! and output bytes are checked. Each test runs in a network namespace of
 //! its own thread (unshare), holding just the routes the FIB lookups need,
 //! so nothing is sent anywhere and nothing outlives the test. Needs root.
+//!
+//! Each test is a [`Scenario`]: the node's datapath configuration and
+//! services, then a table of packets (hook, packet in, verdict, checks on the
+//! packet out) and counters, played by [`Datapath::play`].
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -12,26 +16,20 @@ use std::{
     time::Duration,
 };
 
-use aya::{
-    Ebpf,
-    maps::{MapData, PerCpuArray},
-};
 use ipnet::Ipv4Net;
 use proxy_agent::{
-    cli::packet::{self, Frame, checksums_valid, tcp_flags},
+    cli::packet::Frame,
     model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
-    modes::ebpf::{
-        self, KernelMaps, Programmer,
-        maps::NodeMaps,
-        node::NodeAddresses,
-        test_run::{self, Hook},
-    },
+    modes::ebpf::{self, maps::NodeMaps, node::NodeAddresses, test_run::Hook},
 };
 use proxy_common::{
-    Counter, DatapathConfig,
+    Counter, DatapathConfig, IfaceInfo,
     action::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, XDP_DROP, XDP_PASS, XDP_TX},
-    config::flags,
+    config::{flags, iface},
 };
+
+use crate::tester::{Datapath, In, Out::*, Step, counters, pkt, rst, send, syn, with_ttl};
+use Hook::{FromNetdev, FromPod, Xdp};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const PEER_NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -45,6 +43,8 @@ const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x22];
 const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x64];
 const TARGET: u16 = 8080;
+/// Pod runs arrive on this interface (the namespace's loopback).
+const POD_IFINDEX: u32 = 1;
 
 fn ip(args: &str) {
     let status = Command::new("ip")
@@ -98,12 +98,57 @@ fn mac_str(m: [u8; 6]) -> String {
         .join(":")
 }
 
-struct Node {
-    ebpf: Ebpf,
-    maps: KernelMaps,
-    stats: PerCpuArray<MapData, u64>,
-    programmer: Programmer,
-    ext: u32,
+/// A node, its services, and the packets that go through it.
+struct Scenario {
+    config: DatapathConfig,
+    services: Vec<DesiredService>,
+    steps: Vec<Step>,
+}
+
+impl Scenario {
+    fn run(self) {
+        let mut node = node(self.config);
+        node.program(self.services);
+        node.play(self.steps);
+    }
+}
+
+/// The datapath of a node in a namespace of this test's thread, loaded with
+/// `config`, with its pod CIDR and address.
+fn node(config: DatapathConfig) -> Datapath {
+    let ext = private_node_namespace();
+    // Small maps: these tests run in parallel and need a few entries each.
+    let sizes = ebpf::MapSizes {
+        services: 4096,
+        backends: 4096,
+        conntrack: 4096,
+    };
+    let ebpf = ebpf::load_with(sizes).expect("load the eBPF object (are we root?)");
+    let mut dp = Datapath::new(ebpf, POD_IFINDEX, ext);
+    dp.maps.put_config(&config).unwrap();
+    dp.maps
+        .put_local_pod_cidr(POD_CIDR.parse::<Ipv4Net>().unwrap())
+        .unwrap();
+    dp.programmer
+        .set_node_addresses(
+            &NodeAddresses {
+                primary: Some(NODE),
+                node_ports: vec![NODE],
+            },
+            &DesiredState::default(),
+            &mut dp.maps,
+        )
+        .unwrap();
+    dp
+}
+
+/// Masquerade to the node, pods detected by the pod CIDR.
+fn standard() -> DatapathConfig {
+    DatapathConfig {
+        masquerade_addr_be: u32::from(NODE).to_be(),
+        flags: flags::DETECT_LOCAL_BY_CIDR,
+        ..DatapathConfig::default()
+    }
 }
 
 fn spn(name: &str, protocol: Protocol) -> ServicePortName {
@@ -138,455 +183,415 @@ fn external(
     }
 }
 
-impl Node {
-    fn new(config: DatapathConfig) -> Self {
-        let ext = private_node_namespace();
-        // Small maps: these tests run in parallel and need a few entries each.
-        let sizes = ebpf::MapSizes {
-            services: 4096,
-            backends: 4096,
-            conntrack: 4096,
-        };
-        let mut ebpf = ebpf::load_with(sizes).expect("load the eBPF object (are we root?)");
-        let (mut maps, stats) = KernelMaps::take(&mut ebpf).unwrap();
-        maps.put_config(&config).unwrap();
-        maps.put_local_pod_cidr(POD_CIDR.parse::<Ipv4Net>().unwrap())
-            .unwrap();
-        let mut programmer = Programmer::new();
-        programmer
-            .set_node_addresses(
-                &NodeAddresses {
-                    primary: Some(NODE),
-                    node_ports: vec![NODE],
-                },
-                &DesiredState::default(),
-                &mut maps,
-            )
-            .unwrap();
-        Self {
-            ebpf,
-            maps,
-            stats,
-            programmer,
-            ext,
-        }
-    }
-
-    fn standard() -> Self {
-        Self::new(DatapathConfig {
-            masquerade_addr_be: u32::from(NODE).to_be(),
-            flags: flags::DETECT_LOCAL_BY_CIDR,
-            ..DatapathConfig::default()
-        })
-    }
-
-    fn program(&mut self, services: Vec<DesiredService>) {
-        let state = DesiredState {
-            services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
-        };
-        self.programmer.sync(&state, &mut self.maps).unwrap();
-    }
-
-    fn run(&self, hook: Hook, pkt: &[u8]) -> test_run::Outcome {
-        let ifindex = if hook == Hook::FromPod { 1 } else { self.ext };
-        test_run::run(&self.ebpf, hook, pkt, ifindex, 1).expect("BPF_PROG_TEST_RUN")
-    }
-
-    fn counter(&self, c: Counter) -> u64 {
-        self.stats.get(&(c as u32), 0).unwrap().iter().sum()
-    }
+/// A ClusterIP service port `vip:port` of `protocol`.
+fn cluster_ip(
+    name: &str,
+    protocol: Protocol,
+    vip: Ipv4Addr,
+    port: u16,
+    endpoints: Vec<Endpoint>,
+) -> DesiredService {
+    DesiredService::cluster_ip(spn(name, protocol), vec![IpAddr::V4(vip)], port, endpoints)
 }
 
-fn parsed(out: &test_run::Outcome) -> Frame {
-    assert!(checksums_valid(&out.packet), "checksums must verify");
-    Frame::parse(&out.packet).unwrap()
-}
-
-fn ttl(pkt: &[u8]) -> u8 {
-    pkt[packet::ETH_HLEN + 8]
-}
-
-fn snat_port_in_range(port: u16) {
-    assert!((61000..=65535).contains(&port), "masquerade port {port}");
+/// NodePort 30080 (and 198.19.0.10:80) to the remote backend.
+fn remote(protocol: Protocol) -> DesiredService {
+    external(
+        "remote",
+        protocol,
+        Ipv4Addr::new(198, 19, 0, 10),
+        30080,
+        vec![endpoint(REMOTE_BACKEND, false)],
+    )
 }
 
 #[test]
 fn nodeport_from_outside_through_xdp_is_balanced_masqueraded_and_sent_back_out() {
-    let mut node = Node::standard();
-    node.program(vec![external(
-        "remote",
-        Protocol::Tcp,
-        Ipv4Addr::new(198, 19, 0, 10),
-        30080,
-        vec![endpoint(REMOTE_BACKEND, false)],
-    )]);
-    let syn = Frame::tcp(CLIENT, 40000, NODE, 30080).build(b"");
-    let out = node.run(Hook::Xdp, &syn);
-    assert_eq!(out.verdict, XDP_TX, "one-armed node: back out of ext0");
-    let f = parsed(&out);
-    assert_eq!((f.dst, f.dport), (REMOTE_BACKEND, TARGET));
-    assert_eq!(f.src, NODE, "eTP Cluster masquerades to the node");
-    snat_port_in_range(f.sport);
-    assert_eq!(&out.packet[0..6], &PEER_MAC, "next hop is the peer node");
-    assert_eq!(&out.packet[6..12], &NODE_MAC);
-    assert_eq!(ttl(&out.packet), 63);
-
-    let reply = Frame::tcp(REMOTE_BACKEND, TARGET, NODE, f.sport).build(b"");
-    let back = node.run(Hook::Xdp, &reply);
-    assert_eq!(back.verdict, XDP_TX);
-    let b = parsed(&back);
-    assert_eq!(
-        b,
-        Frame::tcp(NODE, 30080, CLIENT, 40000),
-        "reverse SNAT and DNAT"
-    );
-    assert_eq!(&back.packet[0..6], &CLIENT_MAC);
-    assert_eq!(node.counter(Counter::XdpTx), 2);
-    assert_eq!(node.counter(Counter::Masqueraded), 1);
+    Scenario {
+        config: standard(),
+        services: vec![remote(Protocol::Tcp)],
+        steps: vec![
+            // eTP Cluster masquerades to the node; one-armed node: back out of
+            // ext0, to the peer node as next hop.
+            send(
+                Xdp,
+                syn(CLIENT, 40000, NODE, 30080),
+                XDP_TX,
+                [
+                    To(REMOTE_BACKEND, TARGET),
+                    Src(NODE),
+                    MasqueradePort,
+                    EthDst(PEER_MAC),
+                    EthSrc(NODE_MAC),
+                    Ttl(63),
+                ],
+            ),
+            // The backend's reply: reverse SNAT and DNAT.
+            send(
+                Xdp,
+                In::Reply(b""),
+                XDP_TX,
+                [
+                    Is(Frame::tcp(NODE, 30080, CLIENT, 40000)),
+                    EthDst(CLIENT_MAC),
+                ],
+            ),
+            counters([(Counter::XdpTx, 2), (Counter::Masqueraded, 1)]),
+        ],
+    }
+    .run();
 }
 
 #[test]
 fn nodeport_from_outside_through_tc_is_redirected_by_the_fib() {
-    let mut node = Node::standard();
-    node.program(vec![external(
-        "remote",
-        Protocol::Udp,
-        Ipv4Addr::new(198, 19, 0, 10),
-        30080,
-        vec![endpoint(REMOTE_BACKEND, false)],
-    )]);
-    let req = Frame::udp(CLIENT, 40000, NODE, 30080).build(b"hello");
-    let out = node.run(Hook::FromNetdev, &req);
-    assert_eq!(out.verdict, TC_ACT_REDIRECT);
-    let f = parsed(&out);
-    assert_eq!((f.src, f.dst, f.dport), (NODE, REMOTE_BACKEND, TARGET));
-    assert_eq!(&out.packet[0..6], &PEER_MAC);
-    assert_eq!(ttl(&out.packet), 63);
-    let reply = Frame::udp(REMOTE_BACKEND, TARGET, NODE, f.sport).build(b"hi");
-    let back = node.run(Hook::FromNetdev, &reply);
-    assert_eq!(back.verdict, TC_ACT_REDIRECT);
-    assert_eq!(parsed(&back), Frame::udp(NODE, 30080, CLIENT, 40000));
-    assert_eq!(node.counter(Counter::FibRedirect), 2);
+    Scenario {
+        config: standard(),
+        services: vec![remote(Protocol::Udp)],
+        steps: vec![
+            send(
+                FromNetdev,
+                pkt(Frame::udp(CLIENT, 40000, NODE, 30080), b"hello"),
+                TC_ACT_REDIRECT,
+                [
+                    Src(NODE),
+                    To(REMOTE_BACKEND, TARGET),
+                    EthDst(PEER_MAC),
+                    Ttl(63),
+                ],
+            ),
+            send(
+                FromNetdev,
+                In::Reply(b"hi"),
+                TC_ACT_REDIRECT,
+                [Is(Frame::udp(NODE, 30080, CLIENT, 40000))],
+            ),
+            counters([(Counter::FibRedirect, 2)]),
+        ],
+    }
+    .run();
 }
 
 #[test]
 fn external_traffic_policy_local_drops_without_a_local_endpoint_but_pods_short_circuit() {
-    let mut node = Node::standard();
-    let mut svc = external(
-        "local",
-        Protocol::Tcp,
-        Ipv4Addr::new(198, 19, 0, 11),
-        30081,
-        vec![endpoint(REMOTE_BACKEND, false)],
-    );
-    svc.external_policy_local = true;
-    node.program(vec![svc]);
-    let syn = Frame::tcp(CLIENT, 40000, NODE, 30081).build(b"");
-    assert_eq!(node.run(Hook::Xdp, &syn).verdict, XDP_DROP);
-    assert_eq!(node.run(Hook::FromNetdev, &syn).verdict, TC_ACT_SHOT);
-    assert_eq!(node.counter(Counter::DropNoLocalEndpoints), 2);
-
-    let from_pod = Frame::tcp(LOCAL_POD, 40001, NODE, 30081).build(b"");
-    let out = node.run(Hook::FromPod, &from_pod);
-    assert_eq!(
-        parsed(&out),
-        Frame::tcp(LOCAL_POD, 40001, REMOTE_BACKEND, TARGET),
-        "no masquerade for short-circuited pod traffic"
-    );
+    Scenario {
+        config: standard(),
+        services: vec![DesiredService {
+            external_policy_local: true,
+            ..external(
+                "local",
+                Protocol::Tcp,
+                Ipv4Addr::new(198, 19, 0, 11),
+                30081,
+                vec![endpoint(REMOTE_BACKEND, false)],
+            )
+        }],
+        steps: vec![
+            send(Xdp, syn(CLIENT, 40000, NODE, 30081), XDP_DROP, []),
+            send(FromNetdev, syn(CLIENT, 40000, NODE, 30081), TC_ACT_SHOT, []),
+            counters([(Counter::DropNoLocalEndpoints, 2)]),
+            // No masquerade for short-circuited pod traffic.
+            send(
+                FromPod,
+                syn(LOCAL_POD, 40001, NODE, 30081),
+                TC_ACT_REDIRECT,
+                [Is(Frame::tcp(LOCAL_POD, 40001, REMOTE_BACKEND, TARGET))],
+            ),
+        ],
+    }
+    .run();
 }
 
 #[test]
 fn external_traffic_policy_local_keeps_the_client_address() {
-    let mut node = Node::standard();
-    let mut svc = external(
-        "local",
-        Protocol::Tcp,
-        Ipv4Addr::new(198, 19, 0, 11),
-        30081,
-        vec![
-            endpoint(LOCAL_BACKEND, true),
-            endpoint(REMOTE_BACKEND, false),
-        ],
-    );
-    svc.external_policy_local = true;
-    svc.load_balancer_ips = vec![IpAddr::V4(Ipv4Addr::new(198, 18, 3, 21))];
-    svc.external_ips = vec![IpAddr::V4(Ipv4Addr::new(198, 18, 3, 31))];
-    node.program(vec![svc]);
-    for (dst, port) in [
-        (NODE, 30081),
-        (Ipv4Addr::new(198, 18, 3, 21), 80),
-        (Ipv4Addr::new(198, 18, 3, 31), 80),
-    ] {
-        let syn = Frame::tcp(CLIENT, 40000, dst, port).build(b"");
-        // XDP only finishes frames that leave where they came in; this one is
-        // left untouched for TC, which finds the flow XDP created.
-        let passed = node.run(Hook::Xdp, &syn);
-        assert_eq!((passed.verdict, &passed.packet), (XDP_PASS, &syn));
-        let out = node.run(Hook::FromNetdev, &syn);
-        assert_eq!(
-            parsed(&out),
-            Frame::tcp(CLIENT, 40000, LOCAL_BACKEND, TARGET),
-            "to {dst}:{port}"
-        );
+    let lb = Ipv4Addr::new(198, 18, 3, 21);
+    let eip = Ipv4Addr::new(198, 18, 3, 31);
+    let frontends = [(NODE, 30081), (lb, 80), (eip, 80)];
+    Scenario {
+        config: standard(),
+        services: vec![DesiredService {
+            external_policy_local: true,
+            load_balancer_ips: vec![IpAddr::V4(lb)],
+            external_ips: vec![IpAddr::V4(eip)],
+            ..external(
+                "local",
+                Protocol::Tcp,
+                Ipv4Addr::new(198, 19, 0, 11),
+                30081,
+                vec![
+                    endpoint(LOCAL_BACKEND, true),
+                    endpoint(REMOTE_BACKEND, false),
+                ],
+            )
+        }],
+        steps: frontends
+            .into_iter()
+            .flat_map(|(dst, port)| {
+                [
+                    // XDP only finishes frames that leave where they came in;
+                    // this one is left untouched for TC, which finds the flow
+                    // XDP created.
+                    send(Xdp, syn(CLIENT, 40000, dst, port), XDP_PASS, [Unchanged]),
+                    send(
+                        FromNetdev,
+                        syn(CLIENT, 40000, dst, port),
+                        TC_ACT_OK,
+                        [Is(Frame::tcp(CLIENT, 40000, LOCAL_BACKEND, TARGET))],
+                    ),
+                ]
+            })
+            .chain([counters([(Counter::NewFlow, 3), (Counter::Established, 3)])])
+            .collect(),
     }
-    assert_eq!(
-        (
-            node.counter(Counter::NewFlow),
-            node.counter(Counter::Established)
-        ),
-        (3, 3)
-    );
+    .run();
 }
 
 #[test]
 fn load_balancer_source_ranges_apply_to_lb_ips_only() {
-    let mut node = Node::standard();
-    let mut svc = external(
-        "ranged",
-        Protocol::Tcp,
-        Ipv4Addr::new(198, 19, 0, 13),
-        30083,
-        vec![endpoint(REMOTE_BACKEND, false)],
-    );
     let lb = Ipv4Addr::new(198, 18, 3, 23);
-    svc.load_balancer_ips = vec![IpAddr::V4(lb)];
-    svc.load_balancer_source_ranges = vec!["198.18.0.100/32".parse().unwrap()];
-    node.program(vec![svc]);
-    let allowed = node.run(
-        Hook::FromNetdev,
-        &Frame::tcp(CLIENT, 40000, lb, 80).build(b""),
-    );
-    assert_eq!(parsed(&allowed).dst, REMOTE_BACKEND);
-    let denied = node.run(
-        Hook::FromNetdev,
-        &Frame::tcp(OTHER_CLIENT, 40000, lb, 80).build(b""),
-    );
-    assert_eq!(denied.verdict, TC_ACT_SHOT);
-    assert_eq!(node.counter(Counter::DropSourceRange), 1);
-    let node_port = node.run(
-        Hook::FromNetdev,
-        &Frame::tcp(OTHER_CLIENT, 40001, NODE, 30083).build(b""),
-    );
-    assert_eq!(
-        parsed(&node_port).dst,
-        REMOTE_BACKEND,
-        "node ports ignore source ranges"
-    );
-}
-
-/// The RST the datapath must answer `syn` with, byte for byte.
-fn expected_rst(syn: &[u8], req: &Frame) -> Vec<u8> {
-    let mut want = Frame::tcp(req.dst, req.dport, req.src, req.sport).build(b"");
-    want[0..6].copy_from_slice(&syn[6..12]);
-    want[6..12].copy_from_slice(&syn[0..6]);
-    let ip = packet::ETH_HLEN;
-    want[ip + 1] = 0;
-    want[ip + 4..ip + 6].fill(0); // id
-    let tcp = ip + packet::IPV4_HLEN;
-    want[tcp + 4..tcp + 8].fill(0); // seq
-    want[tcp + 8..tcp + 12].copy_from_slice(&2u32.to_be_bytes()); // SYN seq 1 + 1
-    want[tcp + 13] = tcp_flags::RST | tcp_flags::ACK;
-    want[tcp + 14..tcp + 16].fill(0); // window
-    packet::fix_checksums(&mut want);
-    want
+    Scenario {
+        config: standard(),
+        services: vec![DesiredService {
+            load_balancer_ips: vec![IpAddr::V4(lb)],
+            load_balancer_source_ranges: vec!["198.18.0.100/32".parse().unwrap()],
+            ..external(
+                "ranged",
+                Protocol::Tcp,
+                Ipv4Addr::new(198, 19, 0, 13),
+                30083,
+                vec![endpoint(REMOTE_BACKEND, false)],
+            )
+        }],
+        steps: vec![
+            send(
+                FromNetdev,
+                syn(CLIENT, 40000, lb, 80),
+                TC_ACT_REDIRECT,
+                [Dst(REMOTE_BACKEND)],
+            ),
+            send(
+                FromNetdev,
+                syn(OTHER_CLIENT, 40000, lb, 80),
+                TC_ACT_SHOT,
+                [],
+            ),
+            counters([(Counter::DropSourceRange, 1)]),
+            // Node ports ignore source ranges.
+            send(
+                FromNetdev,
+                syn(OTHER_CLIENT, 40001, NODE, 30083),
+                TC_ACT_REDIRECT,
+                [Dst(REMOTE_BACKEND)],
+            ),
+        ],
+    }
+    .run();
 }
 
 #[test]
 fn no_endpoints_are_rejected_with_rst_and_icmp_for_every_frontend_kind() {
-    let mut node = Node::standard();
     let vip = Ipv4Addr::new(198, 19, 0, 12);
     let lb = Ipv4Addr::new(198, 18, 3, 22);
     let eip = Ipv4Addr::new(198, 18, 3, 32);
-    let mut services = Vec::new();
-    for protocol in [Protocol::Tcp, Protocol::Udp] {
-        let mut svc = external("empty", protocol, vip, 30082, vec![]);
-        svc.load_balancer_ips = vec![IpAddr::V4(lb)];
-        svc.external_ips = vec![IpAddr::V4(eip)];
-        services.push(svc);
-    }
-    node.program(services);
-    let cases = [
-        (Hook::FromPod, LOCAL_POD, vip, 80),
-        (Hook::FromNetdev, CLIENT, NODE, 30082),
-        (Hook::FromNetdev, CLIENT, lb, 80),
-        (Hook::FromNetdev, CLIENT, eip, 80),
+    let empty = |protocol| DesiredService {
+        load_balancer_ips: vec![IpAddr::V4(lb)],
+        external_ips: vec![IpAddr::V4(eip)],
+        ..external("empty", protocol, vip, 30082, vec![])
+    };
+    let frontends = [
+        (FromPod, LOCAL_POD, vip, 80),
+        (FromNetdev, CLIENT, NODE, 30082),
+        (FromNetdev, CLIENT, lb, 80),
+        (FromNetdev, CLIENT, eip, 80),
     ];
-    for (hook, src, dst, port) in cases {
-        let req = Frame::tcp(src, 40000, dst, port);
-        let syn = req.build(b"");
-        let out = node.run(hook, &syn);
-        assert_eq!(out.verdict, TC_ACT_REDIRECT, "{dst}:{port}: sent back out");
-        assert_eq!(out.packet, expected_rst(&syn, &req), "RST to {dst}:{port}");
-
-        let udp = Frame::udp(src, 40000, dst, port).build(b"ping");
-        let out = node.run(hook, &udp);
-        assert_eq!(out.verdict, TC_ACT_REDIRECT);
-        let icmp = &out.packet;
-        assert_eq!(icmp.len(), 14 + 20 + 8 + 20 + 8);
-        assert_eq!(&icmp[0..6], &udp[6..12]);
-        assert_eq!(&icmp[6..12], &udp[0..6]);
-        let ip = &icmp[14..34];
-        assert_eq!(ip[9], 1, "ICMP");
-        assert_eq!(&ip[12..16], &dst.octets());
-        assert_eq!(&ip[16..20], &src.octets());
-        assert_eq!(packet::checksum(&[ip]), 0, "IP checksum");
-        assert_eq!(&icmp[34..36], &[3, 3], "port unreachable");
-        assert_eq!(packet::checksum(&[&icmp[34..]]), 0, "ICMP checksum");
-        assert_eq!(
-            &icmp[42..70],
-            &udp[14..42],
-            "quotes the original header and 8 bytes"
-        );
+    Scenario {
+        config: standard(),
+        services: vec![empty(Protocol::Tcp), empty(Protocol::Udp)],
+        steps: frontends
+            .into_iter()
+            .flat_map(|(hook, src, dst, port)| {
+                [
+                    // Both sent back out where they came from.
+                    send(hook, syn(src, 40000, dst, port), TC_ACT_REDIRECT, [Rst]),
+                    send(
+                        hook,
+                        pkt(Frame::udp(src, 40000, dst, port), b"ping"),
+                        TC_ACT_REDIRECT,
+                        [PortUnreachable],
+                    ),
+                ]
+            })
+            .chain([
+                // The XDP program leaves rejects to TC.
+                send(Xdp, syn(CLIENT, 40000, NODE, 30082), XDP_PASS, []),
+                counters([(Counter::RejectNoEndpoints, 8)]),
+            ])
+            .collect(),
     }
-    // The XDP program leaves rejects to TC.
-    let syn = Frame::tcp(CLIENT, 40000, NODE, 30082).build(b"");
-    assert_eq!(node.run(Hook::Xdp, &syn).verdict, XDP_PASS);
-    assert_eq!(node.counter(Counter::RejectNoEndpoints), 8);
+    .run();
 }
 
 #[test]
 fn unused_port_of_a_cluster_ip_is_rejected_and_a_reset_is_never_answered() {
-    let mut node = Node::standard();
     let vip = Ipv4Addr::new(198, 19, 0, 14);
-    node.program(vec![DesiredService::cluster_ip(
-        spn("web", Protocol::Tcp),
-        vec![IpAddr::V4(vip)],
-        80,
-        vec![endpoint(REMOTE_BACKEND, false)],
-    )]);
-    let req = Frame::tcp(LOCAL_POD, 40000, vip, 81);
-    let syn = req.build(b"");
-    let out = node.run(Hook::FromPod, &syn);
-    assert_eq!(out.verdict, TC_ACT_REDIRECT);
-    assert_eq!(out.packet, expected_rst(&syn, &req));
-    assert_eq!(node.counter(Counter::RejectUnknownPort), 1);
-
-    let mut rst = syn.clone();
-    rst[14 + 20 + 13] = tcp_flags::RST;
-    packet::fix_checksums(&mut rst);
-    assert_eq!(node.run(Hook::FromPod, &rst).verdict, TC_ACT_SHOT);
+    Scenario {
+        config: standard(),
+        services: vec![cluster_ip(
+            "web",
+            Protocol::Tcp,
+            vip,
+            80,
+            vec![endpoint(REMOTE_BACKEND, false)],
+        )],
+        steps: vec![
+            send(
+                FromPod,
+                syn(LOCAL_POD, 40000, vip, 81),
+                TC_ACT_REDIRECT,
+                [Rst],
+            ),
+            counters([(Counter::RejectUnknownPort, 1)]),
+            send(
+                FromPod,
+                rst(Frame::tcp(LOCAL_POD, 40000, vip, 81)),
+                TC_ACT_SHOT,
+                [],
+            ),
+        ],
+    }
+    .run();
 }
 
 #[test]
 fn hairpin_and_cluster_ip_masquerade_follow_the_local_detector() {
-    let mut node = Node::standard();
     let vip = Ipv4Addr::new(198, 19, 0, 14);
-    node.program(vec![DesiredService::cluster_ip(
-        spn("self", Protocol::Tcp),
-        vec![IpAddr::V4(vip)],
-        80,
-        vec![endpoint(LOCAL_BACKEND, true)],
-    )]);
-    // The endpoint reaching itself is masqueraded so its reply comes back through the node.
-    let out = node.run(
-        Hook::FromPod,
-        &Frame::tcp(LOCAL_BACKEND, 40000, vip, 80).build(b""),
-    );
-    let f = parsed(&out);
-    assert_eq!((f.src, f.dst, f.dport), (NODE, LOCAL_BACKEND, TARGET));
-    snat_port_in_range(f.sport);
-    let reply = node.run(
-        Hook::FromPod,
-        &Frame::tcp(LOCAL_BACKEND, TARGET, NODE, f.sport).build(b""),
-    );
-    assert_eq!(parsed(&reply), Frame::tcp(vip, 80, LOCAL_BACKEND, 40000));
-    // Another local pod keeps its address; a source outside the pod CIDR is masqueraded.
-    let out = node.run(
-        Hook::FromPod,
-        &Frame::tcp(LOCAL_POD, 40000, vip, 80).build(b""),
-    );
-    assert_eq!(parsed(&out).src, LOCAL_POD);
-    let out = node.run(
-        Hook::FromNetdev,
-        &Frame::tcp(CLIENT, 40000, vip, 80).build(b""),
-    );
-    assert_eq!(parsed(&out).src, NODE);
+    Scenario {
+        config: standard(),
+        services: vec![cluster_ip(
+            "self",
+            Protocol::Tcp,
+            vip,
+            80,
+            vec![endpoint(LOCAL_BACKEND, true)],
+        )],
+        steps: vec![
+            // The endpoint reaching itself is masqueraded so its reply comes
+            // back through the node.
+            send(
+                FromPod,
+                syn(LOCAL_BACKEND, 40000, vip, 80),
+                TC_ACT_OK,
+                [Src(NODE), To(LOCAL_BACKEND, TARGET), MasqueradePort],
+            ),
+            send(
+                FromPod,
+                In::Reply(b""),
+                TC_ACT_OK,
+                [Is(Frame::tcp(vip, 80, LOCAL_BACKEND, 40000))],
+            ),
+            // Another local pod keeps its address; a source outside the pod
+            // CIDR is masqueraded.
+            send(
+                FromPod,
+                syn(LOCAL_POD, 40000, vip, 80),
+                TC_ACT_OK,
+                [Src(LOCAL_POD)],
+            ),
+            send(
+                FromNetdev,
+                syn(CLIENT, 40000, vip, 80),
+                TC_ACT_OK,
+                [Src(NODE)],
+            ),
+        ],
+    }
+    .run();
 }
 
 #[test]
 fn masquerade_all_masquerades_pod_traffic_to_cluster_ips() {
-    let mut node = Node::new(DatapathConfig {
-        masquerade_addr_be: u32::from(NODE).to_be(),
-        flags: flags::DETECT_LOCAL_BY_CIDR | flags::MASQUERADE_ALL,
-        ..DatapathConfig::default()
-    });
     let vip = Ipv4Addr::new(198, 19, 0, 14);
-    node.program(vec![DesiredService::cluster_ip(
-        spn("web", Protocol::Tcp),
-        vec![IpAddr::V4(vip)],
-        80,
-        vec![endpoint(REMOTE_BACKEND, false)],
-    )]);
-    let out = node.run(
-        Hook::FromPod,
-        &Frame::tcp(LOCAL_POD, 40000, vip, 80).build(b""),
-    );
-    assert_eq!(parsed(&out).src, NODE);
+    Scenario {
+        config: DatapathConfig {
+            masquerade_addr_be: u32::from(NODE).to_be(),
+            flags: flags::DETECT_LOCAL_BY_CIDR | flags::MASQUERADE_ALL,
+            ..DatapathConfig::default()
+        },
+        services: vec![cluster_ip(
+            "web",
+            Protocol::Tcp,
+            vip,
+            80,
+            vec![endpoint(REMOTE_BACKEND, false)],
+        )],
+        steps: vec![send(
+            FromPod,
+            syn(LOCAL_POD, 40000, vip, 80),
+            TC_ACT_REDIRECT,
+            [Src(NODE)],
+        )],
+    }
+    .run();
 }
 
 #[test]
 fn conntrack_timeouts_from_the_config_expire_flows() {
-    let mut node = Node::new(DatapathConfig {
-        udp_ns: 50_000_000,
-        udp_stream_ns: 50_000_000,
-        ..DatapathConfig::default()
-    });
     let vip = Ipv4Addr::new(198, 19, 0, 14);
-    node.program(vec![DesiredService::cluster_ip(
-        spn("dns", Protocol::Udp),
-        vec![IpAddr::V4(vip)],
-        53,
-        vec![endpoint(REMOTE_BACKEND, false)],
-    )]);
-    let req = Frame::udp(LOCAL_POD, 40000, vip, 53).build(b"q");
-    node.run(Hook::FromPod, &req);
-    node.run(Hook::FromPod, &req);
-    assert_eq!(
-        (
-            node.counter(Counter::NewFlow),
-            node.counter(Counter::Established)
-        ),
-        (1, 1)
-    );
-    std::thread::sleep(Duration::from_millis(120));
-    node.run(Hook::FromPod, &req);
-    assert_eq!(
-        node.counter(Counter::NewFlow),
-        2,
-        "the idle flow expired after udpTimeout"
-    );
+    let req = || pkt(Frame::udp(LOCAL_POD, 40000, vip, 53), b"q");
+    Scenario {
+        config: DatapathConfig {
+            udp_ns: 50_000_000,
+            udp_stream_ns: 50_000_000,
+            ..DatapathConfig::default()
+        },
+        services: vec![cluster_ip(
+            "dns",
+            Protocol::Udp,
+            vip,
+            53,
+            vec![endpoint(REMOTE_BACKEND, false)],
+        )],
+        steps: vec![
+            send(FromPod, req(), TC_ACT_REDIRECT, []),
+            send(FromPod, req(), TC_ACT_REDIRECT, []),
+            counters([(Counter::NewFlow, 1), (Counter::Established, 1)]),
+            Step::Wait(Duration::from_millis(120)),
+            // The idle flow expired after udpTimeout.
+            send(FromPod, req(), TC_ACT_REDIRECT, []),
+            counters([(Counter::NewFlow, 2)]),
+        ],
+    }
+    .run();
 }
 
 #[test]
 fn forwarded_packets_at_ttl_one_are_left_to_the_kernel() {
-    let mut node = Node::standard();
-    node.program(vec![external(
-        "remote",
-        Protocol::Tcp,
-        Ipv4Addr::new(198, 19, 0, 10),
-        30080,
-        vec![endpoint(REMOTE_BACKEND, false)],
-    )]);
-    let mut syn = Frame::tcp(CLIENT, 40000, NODE, 30080).build(b"");
-    syn[14 + 8] = 1;
-    packet::fix_checksums(&mut syn);
-    let out = node.run(Hook::FromNetdev, &syn);
-    assert_eq!(out.verdict, TC_ACT_OK, "the stack sends time-exceeded");
-    assert_eq!(ttl(&out.packet), 1);
-    let _ = TC_ACT_SHOT;
+    Scenario {
+        config: standard(),
+        services: vec![remote(Protocol::Tcp)],
+        steps: vec![
+            // The stack sends time-exceeded.
+            send(
+                FromNetdev,
+                with_ttl(Frame::tcp(CLIENT, 40000, NODE, 30080), 1),
+                TC_ACT_OK,
+                [Ttl(1)],
+            ),
+        ],
+    }
+    .run();
 }
 
 #[test]
 fn internal_traffic_policy_local_uses_only_this_nodes_endpoints() {
-    let mut node = Node::standard();
     let vip = Ipv4Addr::new(198, 19, 0, 15);
     let other_vip = Ipv4Addr::new(198, 19, 0, 16);
     let local = DesiredService {
         internal_policy_local: true,
         local_endpoints: vec![endpoint(LOCAL_BACKEND, true)],
-        ..DesiredService::cluster_ip(
-            spn("itp", Protocol::Tcp),
-            vec![IpAddr::V4(vip)],
+        ..cluster_ip(
+            "itp",
+            Protocol::Tcp,
+            vip,
             80,
             vec![
                 endpoint(LOCAL_BACKEND, true),
@@ -596,97 +601,119 @@ fn internal_traffic_policy_local_uses_only_this_nodes_endpoints() {
     };
     let remote_only = DesiredService {
         internal_policy_local: true,
-        ..DesiredService::cluster_ip(
-            spn("itp-remote", Protocol::Tcp),
-            vec![IpAddr::V4(other_vip)],
+        ..cluster_ip(
+            "itp-remote",
+            Protocol::Tcp,
+            other_vip,
             80,
             vec![endpoint(REMOTE_BACKEND, false)],
         )
     };
-    node.program(vec![local, remote_only]);
-    for sport in 40000..40020 {
-        let out = node.run(
-            Hook::FromPod,
-            &Frame::tcp(LOCAL_POD, sport, vip, 80).build(b""),
-        );
-        assert_eq!(parsed(&out).dst, LOCAL_BACKEND, "only the local endpoint");
+    Scenario {
+        config: standard(),
+        services: vec![local, remote_only],
+        steps: (40000..40020)
+            // Only the local endpoint.
+            .map(|sport| {
+                send(
+                    FromPod,
+                    syn(LOCAL_POD, sport, vip, 80),
+                    TC_ACT_OK,
+                    [Dst(LOCAL_BACKEND)],
+                )
+            })
+            .chain([
+                // Endpoints only elsewhere: dropped, not rejected.
+                send(
+                    FromPod,
+                    syn(LOCAL_POD, 40000, other_vip, 80),
+                    TC_ACT_SHOT,
+                    [],
+                ),
+                counters([(Counter::DropNoLocalEndpoints, 1)]),
+            ])
+            .collect(),
     }
-    let out = node.run(
-        Hook::FromPod,
-        &Frame::tcp(LOCAL_POD, 40000, other_vip, 80).build(b""),
-    );
-    assert_eq!(
-        out.verdict, TC_ACT_SHOT,
-        "endpoints only elsewhere: dropped, not rejected"
-    );
-    assert_eq!(node.counter(Counter::DropNoLocalEndpoints), 1);
+    .run();
 }
 
 #[test]
 fn interface_based_local_detection_decides_cluster_ip_masquerade() {
-    let mut node = Node::new(DatapathConfig {
-        masquerade_addr_be: u32::from(NODE).to_be(),
-        flags: flags::DETECT_LOCAL_BY_INTERFACE,
-        ..DatapathConfig::default()
-    });
     let vip = Ipv4Addr::new(198, 19, 0, 14);
-    node.program(vec![DesiredService::cluster_ip(
-        spn("web", Protocol::Tcp),
-        vec![IpAddr::V4(vip)],
-        80,
-        vec![endpoint(REMOTE_BACKEND, false)],
-    )]);
-    // Pod runs arrive on ifindex 1; it is not yet marked as a pod interface.
-    let syn = |sport| Frame::tcp(LOCAL_POD, sport, vip, 80).build(b"");
-    assert_eq!(parsed(&node.run(Hook::FromPod, &syn(40000))).src, NODE);
-    node.maps
-        .put_iface(
-            1,
-            &proxy_common::IfaceInfo {
-                flags: proxy_common::config::iface::LOCAL_POD,
-            },
-        )
-        .unwrap();
-    assert_eq!(parsed(&node.run(Hook::FromPod, &syn(40001))).src, LOCAL_POD);
+    Scenario {
+        config: DatapathConfig {
+            masquerade_addr_be: u32::from(NODE).to_be(),
+            flags: flags::DETECT_LOCAL_BY_INTERFACE,
+            ..DatapathConfig::default()
+        },
+        services: vec![cluster_ip(
+            "web",
+            Protocol::Tcp,
+            vip,
+            80,
+            vec![endpoint(REMOTE_BACKEND, false)],
+        )],
+        steps: vec![
+            // The interface pod runs arrive on is not yet a pod interface.
+            send(
+                FromPod,
+                syn(LOCAL_POD, 40000, vip, 80),
+                TC_ACT_REDIRECT,
+                [Src(NODE)],
+            ),
+            Step::Setup(|dp| {
+                let pod = IfaceInfo {
+                    flags: iface::LOCAL_POD,
+                };
+                dp.maps.put_iface(POD_IFINDEX, &pod).unwrap();
+            }),
+            send(
+                FromPod,
+                syn(LOCAL_POD, 40001, vip, 80),
+                TC_ACT_REDIRECT,
+                [Src(LOCAL_POD)],
+            ),
+        ],
+    }
+    .run();
 }
 
 #[test]
 fn a_masquerade_port_is_never_taken_from_a_live_flow() {
-    let mut node = Node::new(DatapathConfig {
-        masquerade_addr_be: u32::from(NODE).to_be(),
-        flags: flags::DETECT_LOCAL_BY_CIDR,
-        snat_port_min: 62000,
-        snat_port_max: 62000,
-        tcp_established_ns: 100_000_000,
-        ..DatapathConfig::default()
-    });
-    node.program(vec![external(
-        "remote",
-        Protocol::Tcp,
-        Ipv4Addr::new(198, 19, 0, 10),
-        30080,
-        vec![endpoint(REMOTE_BACKEND, false)],
-    )]);
-    let first = node.run(
-        Hook::FromNetdev,
-        &Frame::tcp(CLIENT, 40000, NODE, 30080).build(b""),
-    );
-    assert_eq!(parsed(&first).sport, 62000);
-    let second = node.run(
-        Hook::FromNetdev,
-        &Frame::tcp(OTHER_CLIENT, 40000, NODE, 30080).build(b""),
-    );
-    assert_eq!(second.verdict, TC_ACT_SHOT, "the only port is in use");
-    assert_eq!(node.counter(Counter::DropSnatExhausted), 1);
-
-    // Once the first flow has idled out, its port is free again.
-    std::thread::sleep(Duration::from_millis(200));
-    let third = node.run(
-        Hook::FromNetdev,
-        &Frame::tcp(OTHER_CLIENT, 40001, NODE, 30080).build(b""),
-    );
-    assert_eq!(
-        parsed(&third),
-        Frame::tcp(NODE, 62000, REMOTE_BACKEND, TARGET)
-    );
+    Scenario {
+        config: DatapathConfig {
+            masquerade_addr_be: u32::from(NODE).to_be(),
+            flags: flags::DETECT_LOCAL_BY_CIDR,
+            snat_port_min: 62000,
+            snat_port_max: 62000,
+            tcp_established_ns: 100_000_000,
+            ..DatapathConfig::default()
+        },
+        services: vec![remote(Protocol::Tcp)],
+        steps: vec![
+            send(
+                FromNetdev,
+                syn(CLIENT, 40000, NODE, 30080),
+                TC_ACT_REDIRECT,
+                [SrcPort(62000)],
+            ),
+            // The only port is in use.
+            send(
+                FromNetdev,
+                syn(OTHER_CLIENT, 40000, NODE, 30080),
+                TC_ACT_SHOT,
+                [],
+            ),
+            counters([(Counter::DropSnatExhausted, 1)]),
+            // Once the first flow has idled out, its port is free again.
+            Step::Wait(Duration::from_millis(200)),
+            send(
+                FromNetdev,
+                syn(OTHER_CLIENT, 40001, NODE, 30080),
+                TC_ACT_REDIRECT,
+                [Is(Frame::tcp(NODE, 62000, REMOTE_BACKEND, TARGET))],
+            ),
+        ],
+    }
+    .run();
 }

@@ -7,6 +7,7 @@
 
 #[path = "../shared/explain_common.rs"]
 mod explain_common;
+mod tester;
 
 mod datapath_frontends;
 mod datapath_kernel;
