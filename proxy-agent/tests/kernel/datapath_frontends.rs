@@ -38,6 +38,8 @@ const OTHER_CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
 const LOCAL_POD: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 11);
 const LOCAL_BACKEND: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 10);
 const REMOTE_BACKEND: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 10);
+/// The cluster IP of most ClusterIP scenarios.
+const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 14);
 const POD_CIDR: &str = "198.18.1.0/24";
 const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x22];
@@ -142,13 +144,18 @@ fn node(config: DatapathConfig) -> Datapath {
     dp
 }
 
-/// Masquerade to the node, pods detected by the pod CIDR.
-fn standard() -> DatapathConfig {
+/// Masquerade to the node, with `flags`.
+fn masquerading(flags: u32) -> DatapathConfig {
     DatapathConfig {
         masquerade_addr_be: u32::from(NODE).to_be(),
-        flags: flags::DETECT_LOCAL_BY_CIDR,
+        flags,
         ..DatapathConfig::default()
     }
+}
+
+/// Masquerade to the node, pods detected by the pod CIDR.
+fn standard() -> DatapathConfig {
+    masquerading(flags::DETECT_LOCAL_BY_CIDR)
 }
 
 fn spn(name: &str, protocol: Protocol) -> ServicePortName {
@@ -192,6 +199,17 @@ fn cluster_ip(
     endpoints: Vec<Endpoint>,
 ) -> DesiredService {
     DesiredService::cluster_ip(spn(name, protocol), vec![IpAddr::V4(vip)], port, endpoints)
+}
+
+/// CLUSTER_IP:80/TCP to the remote backend.
+fn web() -> DesiredService {
+    cluster_ip(
+        "web",
+        Protocol::Tcp,
+        CLUSTER_IP,
+        80,
+        vec![endpoint(REMOTE_BACKEND, false)],
+    )
 }
 
 /// NodePort 30080 (and 198.19.0.10:80) to the remote backend.
@@ -432,27 +450,20 @@ fn no_endpoints_are_rejected_with_rst_and_icmp_for_every_frontend_kind() {
 
 #[test]
 fn unused_port_of_a_cluster_ip_is_rejected_and_a_reset_is_never_answered() {
-    let vip = Ipv4Addr::new(198, 19, 0, 14);
     Scenario {
         config: standard(),
-        services: vec![cluster_ip(
-            "web",
-            Protocol::Tcp,
-            vip,
-            80,
-            vec![endpoint(REMOTE_BACKEND, false)],
-        )],
+        services: vec![web()],
         steps: vec![
             send(
                 FromPod,
-                syn(LOCAL_POD, 40000, vip, 81),
+                syn(LOCAL_POD, 40000, CLUSTER_IP, 81),
                 TC_ACT_REDIRECT,
                 [Rst],
             ),
             counters([(Counter::RejectUnknownPort, 1)]),
             send(
                 FromPod,
-                rst(Frame::tcp(LOCAL_POD, 40000, vip, 81)),
+                rst(Frame::tcp(LOCAL_POD, 40000, CLUSTER_IP, 81)),
                 TC_ACT_SHOT,
                 [],
             ),
@@ -463,13 +474,12 @@ fn unused_port_of_a_cluster_ip_is_rejected_and_a_reset_is_never_answered() {
 
 #[test]
 fn hairpin_and_cluster_ip_masquerade_follow_the_local_detector() {
-    let vip = Ipv4Addr::new(198, 19, 0, 14);
     Scenario {
         config: standard(),
         services: vec![cluster_ip(
             "self",
             Protocol::Tcp,
-            vip,
+            CLUSTER_IP,
             80,
             vec![endpoint(LOCAL_BACKEND, true)],
         )],
@@ -478,7 +488,7 @@ fn hairpin_and_cluster_ip_masquerade_follow_the_local_detector() {
             // back through the node.
             send(
                 FromPod,
-                syn(LOCAL_BACKEND, 40000, vip, 80),
+                syn(LOCAL_BACKEND, 40000, CLUSTER_IP, 80),
                 TC_ACT_OK,
                 [Src(NODE), To(LOCAL_BACKEND, TARGET), MasqueradePort],
             ),
@@ -486,19 +496,19 @@ fn hairpin_and_cluster_ip_masquerade_follow_the_local_detector() {
                 FromPod,
                 In::Reply(b""),
                 TC_ACT_OK,
-                [Is(Frame::tcp(vip, 80, LOCAL_BACKEND, 40000))],
+                [Is(Frame::tcp(CLUSTER_IP, 80, LOCAL_BACKEND, 40000))],
             ),
             // Another local pod keeps its address; a source outside the pod
             // CIDR is masqueraded.
             send(
                 FromPod,
-                syn(LOCAL_POD, 40000, vip, 80),
+                syn(LOCAL_POD, 40000, CLUSTER_IP, 80),
                 TC_ACT_OK,
                 [Src(LOCAL_POD)],
             ),
             send(
                 FromNetdev,
-                syn(CLIENT, 40000, vip, 80),
+                syn(CLIENT, 40000, CLUSTER_IP, 80),
                 TC_ACT_OK,
                 [Src(NODE)],
             ),
@@ -509,23 +519,12 @@ fn hairpin_and_cluster_ip_masquerade_follow_the_local_detector() {
 
 #[test]
 fn masquerade_all_masquerades_pod_traffic_to_cluster_ips() {
-    let vip = Ipv4Addr::new(198, 19, 0, 14);
     Scenario {
-        config: DatapathConfig {
-            masquerade_addr_be: u32::from(NODE).to_be(),
-            flags: flags::DETECT_LOCAL_BY_CIDR | flags::MASQUERADE_ALL,
-            ..DatapathConfig::default()
-        },
-        services: vec![cluster_ip(
-            "web",
-            Protocol::Tcp,
-            vip,
-            80,
-            vec![endpoint(REMOTE_BACKEND, false)],
-        )],
+        config: masquerading(flags::DETECT_LOCAL_BY_CIDR | flags::MASQUERADE_ALL),
+        services: vec![web()],
         steps: vec![send(
             FromPod,
-            syn(LOCAL_POD, 40000, vip, 80),
+            syn(LOCAL_POD, 40000, CLUSTER_IP, 80),
             TC_ACT_REDIRECT,
             [Src(NODE)],
         )],
@@ -535,8 +534,7 @@ fn masquerade_all_masquerades_pod_traffic_to_cluster_ips() {
 
 #[test]
 fn conntrack_timeouts_from_the_config_expire_flows() {
-    let vip = Ipv4Addr::new(198, 19, 0, 14);
-    let req = || pkt(Frame::udp(LOCAL_POD, 40000, vip, 53), b"q");
+    let req = || pkt(Frame::udp(LOCAL_POD, 40000, CLUSTER_IP, 53), b"q");
     Scenario {
         config: DatapathConfig {
             udp_ns: 50_000_000,
@@ -546,7 +544,7 @@ fn conntrack_timeouts_from_the_config_expire_flows() {
         services: vec![cluster_ip(
             "dns",
             Protocol::Udp,
-            vip,
+            CLUSTER_IP,
             53,
             vec![endpoint(REMOTE_BACKEND, false)],
         )],
@@ -639,25 +637,14 @@ fn internal_traffic_policy_local_uses_only_this_nodes_endpoints() {
 
 #[test]
 fn interface_based_local_detection_decides_cluster_ip_masquerade() {
-    let vip = Ipv4Addr::new(198, 19, 0, 14);
     Scenario {
-        config: DatapathConfig {
-            masquerade_addr_be: u32::from(NODE).to_be(),
-            flags: flags::DETECT_LOCAL_BY_INTERFACE,
-            ..DatapathConfig::default()
-        },
-        services: vec![cluster_ip(
-            "web",
-            Protocol::Tcp,
-            vip,
-            80,
-            vec![endpoint(REMOTE_BACKEND, false)],
-        )],
+        config: masquerading(flags::DETECT_LOCAL_BY_INTERFACE),
+        services: vec![web()],
         steps: vec![
             // The interface pod runs arrive on is not yet a pod interface.
             send(
                 FromPod,
-                syn(LOCAL_POD, 40000, vip, 80),
+                syn(LOCAL_POD, 40000, CLUSTER_IP, 80),
                 TC_ACT_REDIRECT,
                 [Src(NODE)],
             ),
@@ -669,7 +656,7 @@ fn interface_based_local_detection_decides_cluster_ip_masquerade() {
             }),
             send(
                 FromPod,
-                syn(LOCAL_POD, 40001, vip, 80),
+                syn(LOCAL_POD, 40001, CLUSTER_IP, 80),
                 TC_ACT_REDIRECT,
                 [Src(LOCAL_POD)],
             ),
@@ -682,12 +669,10 @@ fn interface_based_local_detection_decides_cluster_ip_masquerade() {
 fn a_masquerade_port_is_never_taken_from_a_live_flow() {
     Scenario {
         config: DatapathConfig {
-            masquerade_addr_be: u32::from(NODE).to_be(),
-            flags: flags::DETECT_LOCAL_BY_CIDR,
             snat_port_min: 62000,
             snat_port_max: 62000,
             tcp_established_ns: 100_000_000,
-            ..DatapathConfig::default()
+            ..standard()
         },
         services: vec![remote(Protocol::Tcp)],
         steps: vec![

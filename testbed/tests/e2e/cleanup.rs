@@ -1,11 +1,7 @@
 //! A testbed leaves nothing behind: on drop, on panic, and on SIGINT/SIGTERM.
 //! Needs root (it creates network namespaces).
 
-use std::{
-    io::{BufRead as _, BufReader},
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::time::Duration;
 
 use testbed::{Cni, Testbed, netns};
 
@@ -67,28 +63,6 @@ fn pods_talk_to_each_other_through_the_node() {
 #[test]
 fn sigint_and_sigterm_remove_every_namespace() {
     for signal in [libc::SIGINT, libc::SIGTERM] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_testbed-hold"))
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let names: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
-        assert_eq!(names.len(), 4, "{line}");
-        assert!(names.iter().all(|n| netns::exists(n)));
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, signal) };
-        let status = child.wait().unwrap();
-        assert_eq!(status.code(), Some(128 + signal));
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !all_gone(&names) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(
-            all_gone(&names),
-            "left behind after signal {signal}: {names:?}"
-        );
+        crate::signal_removes_every_namespace(&[], 4, signal);
     }
 }

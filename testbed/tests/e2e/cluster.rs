@@ -2,11 +2,10 @@
 //! nothing is left behind. Needs root (it creates network namespaces).
 
 use std::{
-    io::{self, BufRead as _, BufReader},
-    mem,
+    io, mem,
     net::{Ipv4Addr, SocketAddrV4},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -211,27 +210,7 @@ fn a_panic_leaves_no_namespace_behind() {
 
 #[test]
 fn sigint_leaves_no_namespace_behind() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_testbed-hold"))
-        .arg("cluster")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let names: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
-    assert_eq!(names.len(), 6, "{line}");
-    assert!(names.iter().all(|n| netns::exists(n)));
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    assert_eq!(child.wait().unwrap().code(), Some(128 + libc::SIGINT));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while names.iter().any(|n| netns::exists(n)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let left: Vec<_> = names.iter().filter(|n| netns::exists(n)).collect();
-    assert!(left.is_empty(), "left behind: {left:?}");
+    crate::signal_removes_every_namespace(&["cluster"], 6, libc::SIGINT);
 }
 
 /// Every IPv4 packet `iface` of `ns` received while `traffic` ran, from the
