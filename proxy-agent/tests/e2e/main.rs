@@ -1,7 +1,8 @@
-//! The end-to-end tier: network namespaces, real traffic and the agent binary
-//! on a node. Two-node testbeds with the agent on both nodes, `explain
-//! --online` against a running agent, `--cleanup` and `--init-only` inside
-//! test namespaces. Everything is built in namespaces the tests create, with
+//! The end-to-end tier: network namespaces, real traffic and the agent on a
+//! node. Two-node testbeds with the agent on both nodes, `explain --online`
+//! against a running agent, `--cleanup` and `--init-only` inside test
+//! namespaces, and the start-up and restart checks that ask this host whether
+//! a mode works. Everything is built in namespaces the tests create, with
 //! addresses from 198.18.0.0/15, and removed on every exit path. Needs root.
 
 #[path = "../shared/explain_common.rs"]
@@ -18,3 +19,4 @@ mod e2e_cluster;
 mod e2e_clusterip;
 mod explain;
 mod options_binary;
+mod options_config_watch;

@@ -1,18 +1,13 @@
 //! A changed configuration file makes the agent exit with upstream's error (config_rules.md §3),
-//! including ConfigMap-style atomic updates (a `..data` symlink renamed over the old one).
+//! including ConfigMap-style atomic updates (a `..data` symlink renamed over the old one). The
+//! check a restart would make, which asks this host whether the mode works, is in the e2e tier.
 
 use crate::options_common::*;
 
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use proxy_agent::options::file_watch::{self, ConfigFileChanged, ConfigWatch};
-
-const HEADER: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
-
-/// How long nothing must happen for "ignored" to hold.
-const QUIET: Duration = Duration::from_millis(300);
+use proxy_agent::options::file_watch::{self, ConfigWatch};
 
 fn watch_one(path: &Path) -> ConfigWatch {
     watch_with(path, |_| Ok(()))
@@ -29,29 +24,6 @@ fn watch_with(
         accept(&std::fs::read_to_string(&p).unwrap_or_default())
     })
     .unwrap()
-}
-
-async fn assert_quiet(w: &mut ConfigWatch, what: &str) {
-    if let Ok(e) = tokio::time::timeout(QUIET, w.changed()).await {
-        panic!("{what}: expected no exit, got {e:#}");
-    }
-}
-
-async fn assert_fires(w: &mut ConfigWatch, what: &str) -> ConfigFileChanged {
-    let e = tokio::time::timeout(Duration::from_secs(5), w.changed())
-        .await
-        .unwrap_or_else(|_| panic!("{what}: the change was not noticed"));
-    assert_eq!(
-        e.to_string(),
-        "content of the proxy server's configuration file was updated",
-        "{what}: upstream's exact text"
-    );
-    e.downcast::<ConfigFileChanged>()
-        .unwrap_or_else(|e| panic!("{what}: not a ConfigFileChanged: {e:#}"))
-}
-
-fn write(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
 }
 
 #[tokio::test]
@@ -231,49 +203,6 @@ async fn a_change_before_the_first_poll_is_not_lost() {
     let mut w = watch_one(&path);
     write(&path, &format!("{HEADER}mode: nftables\n"));
     assert_fires(&mut w, "event queued before the first poll").await;
-}
-
-#[tokio::test]
-async fn for_options_watches_both_files_and_checks_like_a_restart() {
-    let dir = TempDir::new("cw-opts");
-    let path = config_file(&dir, "mode: iptables\n");
-    let ebpf = dir.file(
-        "ebpf.yaml",
-        "apiVersion: ebpf.kube-ebpf-proxy.io/v1alpha1\nkind: EbpfDatapathConfiguration\n",
-    );
-    let o = opts(&["--config", &path, "--ebpf-config", ebpf.to_str().unwrap()]);
-    assert_eq!(o.loaded_files.len(), 2);
-    assert_eq!(
-        o.args[1..3],
-        ["--config".into(), std::ffi::OsString::from(&path)]
-    );
-
-    let mut w = ConfigWatch::for_options(&o).unwrap();
-    assert_eq!(w.paths(), [Path::new(&path), ebpf.as_path()]);
-    assert_quiet(&mut w, "nothing happened").await;
-    // fails validation: a restart would not come up, so keep running
-    write(
-        Path::new(&path),
-        &format!("{HEADER}mode: iptables\noomScoreAdj: 5000\n"),
-    );
-    assert_quiet(&mut w, "invalid by validation").await;
-    write(
-        Path::new(&path),
-        &format!("{HEADER}mode: iptables\noomScoreAdj: 5\n"),
-    );
-    assert_eq!(
-        assert_fires(&mut w, "valid change").await.path,
-        Path::new(&path)
-    );
-
-    // our extension file counts too
-    let o = opts(&["--config", &path, "--ebpf-config", ebpf.to_str().unwrap()]);
-    let mut w = ConfigWatch::for_options(&o).unwrap();
-    write(
-        &ebpf,
-        "apiVersion: ebpf.kube-ebpf-proxy.io/v1alpha1\nkind: EbpfDatapathConfiguration\nxdpMode: generic\n",
-    );
-    assert_eq!(assert_fires(&mut w, "ebpf file").await.path, ebpf);
 }
 
 #[tokio::test]

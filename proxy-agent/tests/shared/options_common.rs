@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
+use proxy_agent::options::file_watch::{ConfigFileChanged, ConfigWatch};
 use proxy_agent::options::mode::FixedSupport;
 use proxy_agent::options::{Environment, OptionsError, Parsed, ProxyMode, ProxyOptions, parse};
 
@@ -157,4 +159,39 @@ pub fn leaf_paths(v: &serde_yaml::Value) -> Vec<String> {
     let mut out = Vec::new();
     walk("", v, &mut out);
     out
+}
+
+// ----- the config file watch -----
+
+/// The apiVersion and kind lines of a KubeProxyConfiguration.
+pub const HEADER: &str =
+    "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+
+/// How long nothing must happen for "ignored" to hold.
+pub const QUIET: Duration = Duration::from_millis(300);
+
+/// `w` stays quiet for [`QUIET`].
+pub async fn assert_quiet(w: &mut ConfigWatch, what: &str) {
+    if let Ok(e) = tokio::time::timeout(QUIET, w.changed()).await {
+        panic!("{what}: expected no exit, got {e:#}");
+    }
+}
+
+/// `w` reports a change within 5 s, with upstream's text.
+pub async fn assert_fires(w: &mut ConfigWatch, what: &str) -> ConfigFileChanged {
+    let e = tokio::time::timeout(Duration::from_secs(5), w.changed())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the change was not noticed"));
+    assert_eq!(
+        e.to_string(),
+        "content of the proxy server's configuration file was updated",
+        "{what}: upstream's exact text"
+    );
+    e.downcast::<ConfigFileChanged>()
+        .unwrap_or_else(|e| panic!("{what}: not a ConfigFileChanged: {e:#}"))
+}
+
+/// Writes `text` over `path`.
+pub fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
 }
