@@ -48,18 +48,21 @@ use anyhow::{Context as _, bail, ensure};
 use aya::{
     Ebpf,
     maps::{MapData, PerCpuArray},
-    programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use proxy_agent::{
     cli::packet::{ETH_HLEN, Frame, IPV4_HLEN, fix_checksums, tcp_flags},
     model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
     modes::ebpf::{
-        KernelMaps, MapSizes, NodeFacts, NodeProgrammer, PROG_FROM_POD, PROG_XDP, Programmer,
-        load_with,
+        KernelMaps, MapSizes, NodeFacts, NodeProgrammer, Programmer, load_with,
         node::{NodeAddresses, SNAT_PORT_MAX, SNAT_PORT_MIN},
+        test_run,
     },
 };
-use proxy_common::{Counter, DatapathConfig, IfaceInfo, ServiceValue, config};
+use proxy_common::{
+    Counter, DatapathConfig, IfaceInfo, ServiceValue,
+    action::{TC_ACT_OK, TC_ACT_REDIRECT, XDP_PASS, XDP_TX},
+    config,
+};
 
 const TIERS: [usize; 3] = [1, 1_000, 100_000];
 const BACKENDS_PER_SERVICE: usize = 3;
@@ -74,11 +77,6 @@ const LOOP_CALLS_PER_ROUND: usize = 100;
 const PASS_LOOP_REPEAT: u32 = 100_000;
 /// The same in every tier; the run uses about 80,000 entries of it.
 const CONNTRACK_ENTRIES: u32 = 262_144;
-
-const TC_ACT_OK: u32 = 0;
-const TC_ACT_REDIRECT: u32 = 7;
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
 
 /// Service ports the agent can number: ids are u32 and 0 is never used.
 const MAX_SERVICE_PORTS: usize = u32::MAX as usize - 1;
@@ -381,12 +379,12 @@ impl Tier {
         // The probe flow: its first packet picks a backend.
         let (vip, port) = tier.layout.frontend(0);
         let syn = tcp(PROBE_POD, (vip, port), tcp_flags::SYN);
-        let mut out = vec![0u8; syn.len() + 64];
         let before = tier.counters()?;
-        let verdict = tier.run(Hook::Tc, &syn, 1, Some(&mut out[..]))?.0;
+        let out = tier.run(Hook::Tc, &syn, 1)?;
         tier.expect("probe flow setup", before, 1, TC_NEW)?;
+        let verdict = out.verdict;
         ensure!(verdict == TC_ACT_REDIRECT, "probe flow: verdict {verdict}");
-        let backend = Frame::parse(&out).context("probe flow: output is no TCP frame")?;
+        let backend = Frame::parse(&out.packet).context("probe flow: output is no TCP frame")?;
 
         // The mirror service: the probe's backend address:port balanced back to the VIP.
         let mirror = port_name("mirror");
@@ -402,7 +400,7 @@ impl Tier {
         programmer.sync(&state, &mut tier.maps)?;
         let to_backend = tcp(PROBE_POD, (backend.dst, backend.dport), tcp_flags::SYN);
         let before = tier.counters()?;
-        tier.run(Hook::Tc, &to_backend, 1, None)?;
+        tier.run(Hook::Tc, &to_backend, 1)?;
         tier.expect("mirror flow setup", before, 1, TC_NEW)?;
         tier.probe = tcp(PROBE_POD, (vip, port), tcp_flags::ACK);
 
@@ -465,52 +463,21 @@ impl Tier {
     }
 
     /// The kernel's mean time per run in ns, after checking the verdict.
-    fn timed(&self, hook: Hook, packet: &[u8], repeat: u32, verdict: u32) -> anyhow::Result<u64> {
-        let (got, ns) = self.run(hook, packet, repeat, None)?;
+    fn timed(&self, hook: Hook, packet: &[u8], repeat: u32, verdict: i32) -> anyhow::Result<u64> {
+        let out = self.run(hook, packet, repeat)?;
+        let got = out.verdict;
         ensure!(got == verdict, "verdict {got}, expected {verdict}");
-        Ok(ns)
+        Ok(out.duration.as_nanos() as u64)
     }
 
     /// Runs `packet` `repeat` times on one buffer through the program of
-    /// `hook`; returns the verdict and the kernel's mean ns per run.
-    fn run(
-        &self,
-        hook: Hook,
-        packet: &[u8],
-        repeat: u32,
-        out: Option<&mut [u8]>,
-    ) -> anyhow::Result<(u32, u64)> {
-        let ctx = match hook {
-            Hook::Tc => skb_ctx(self.ifaces.pod),
-            Hook::Xdp => xdp_ctx(self.ifaces.uplink, packet.len()),
+    /// `hook`, as arriving on its interface.
+    fn run(&self, hook: Hook, packet: &[u8], repeat: u32) -> anyhow::Result<test_run::Outcome> {
+        let (hook, ifindex) = match hook {
+            Hook::Tc => (test_run::Hook::FromPod, self.ifaces.pod),
+            Hook::Xdp => (test_run::Hook::Xdp, self.ifaces.uplink),
         };
-        let options = TestRunOptions {
-            data_in: Some(packet),
-            data_out: out,
-            ctx_in: Some(&ctx),
-            repeat,
-            ..TestRunOptions::new()
-        };
-        let result = match hook {
-            Hook::Tc => {
-                let prog: &SchedClassifier = self
-                    .ebpf
-                    .program(PROG_FROM_POD)
-                    .context("tc_from_pod missing")?
-                    .try_into()?;
-                prog.test_run(options)
-            }
-            Hook::Xdp => {
-                let prog: &Xdp = self
-                    .ebpf
-                    .program(PROG_XDP)
-                    .context("xdp_from_netdev missing")?
-                    .try_into()?;
-                prog.test_run(options)
-            }
-        }
-        .context("BPF_PROG_TEST_RUN")?;
-        Ok((result.return_value, result.duration.as_nanos() as u64))
+        test_run::run(&self.ebpf, hook, packet, ifindex, repeat)
     }
 
     fn counters(&self) -> anyhow::Result<Vec<u64>> {
@@ -555,24 +522,6 @@ const TC_ESTABLISHED: &[Counter] = &[Counter::Packets, Counter::Established, Cou
 const XDP_NEW: &[Counter] = &[Counter::Packets, Counter::NewFlow, Counter::XdpTx];
 const XDP_ESTABLISHED: &[Counter] = &[Counter::Packets, Counter::Established, Counter::XdpTx];
 
-/// `struct __sk_buff` up to `ifindex` (the fields a test run may set), with
-/// `ingress_ifindex` and `ifindex` set.
-fn skb_ctx(ifindex: u32) -> Vec<u8> {
-    let mut ctx = vec![0u8; 11 * 4];
-    ctx[36..40].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx
-}
-
-/// `struct xdp_md`: data, data_end (the kernel wants the packet size),
-/// data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
-fn xdp_ctx(ifindex: u32, len: usize) -> Vec<u8> {
-    let mut ctx = vec![0u8; 6 * 4];
-    ctx[4..8].copy_from_slice(&(len as u32).to_ne_bytes());
-    ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Metric {
     EstablishedLoop,
@@ -592,7 +541,7 @@ const METRICS: usize = 10;
 impl Metric {
     /// The program, the verdict and the counters (each moved once per run,
     /// every other one left alone) of the path this metric times.
-    fn path(self) -> (Hook, u32, &'static [Counter]) {
+    fn path(self) -> (Hook, i32, &'static [Counter]) {
         use Metric::*;
         match self {
             PassOne | PassLoop => (Hook::Tc, TC_ACT_OK, &[Counter::Packets]),

@@ -5,6 +5,7 @@
 //! in network byte order (`*_be`), exactly as they appear in packets.
 #![no_std]
 
+pub mod action;
 pub mod backend;
 pub mod config;
 pub mod conntrack;

@@ -2,14 +2,14 @@
 //! stack's forwarding path (and its netfilter hooks).
 
 use aya_ebpf::{
-    bindings::{
-        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, bpf_fib_lookup,
-        xdp_action::{XDP_DROP, XDP_TX},
-    },
+    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup},
     helpers::{bpf_redirect, bpf_redirect_neigh},
     programs::{TcContext, XdpContext},
 };
-use proxy_common::Counter;
+use proxy_common::{
+    Counter,
+    action::{TC_ACT_OK, XDP_DROP, XDP_TX},
+};
 
 use crate::{
     flow::Rewrite,
@@ -110,7 +110,7 @@ pub fn xdp_next_hop(ctx: &XdpContext, pkt: &Packet, out: &Rewrite) -> Option<([u
 
 /// XDP: rewrites the Ethernet addresses and TTL and sends the frame back out.
 #[inline(always)]
-pub fn xdp_transmit(ctx: &XdpContext, (dmac, smac): ([u8; 6], [u8; 6])) -> u32 {
+pub fn xdp_transmit(ctx: &XdpContext, (dmac, smac): ([u8; 6], [u8; 6])) -> i32 {
     let Some(eth) = ctx.ptr_at::<[u8; 12]>(0) else {
         return XDP_DROP;
     };

@@ -18,14 +18,13 @@ mod stats;
 mod xdp_nat;
 
 use aya_ebpf::{
-    bindings::{
-        TC_ACT_OK, TC_ACT_SHOT,
-        xdp_action::{XDP_DROP, XDP_PASS},
-    },
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use proxy_common::Counter;
+use proxy_common::{
+    Counter,
+    action::{TC_ACT_OK, TC_ACT_SHOT, XDP_DROP, XDP_PASS},
+};
 
 use crate::{flow::Verdict, frame::Frame, stats::count};
 
@@ -47,7 +46,13 @@ pub fn tc_from_netdev(ctx: TcContext) -> i32 {
 /// not finish itself (rejects, packets routed elsewhere) goes on to TC.
 #[xdp]
 pub fn xdp_from_netdev(ctx: XdpContext) -> u32 {
-    let pkt = match packet::parse(&ctx) {
+    // XDP actions are small and non-negative.
+    xdp(&ctx) as u32
+}
+
+#[inline(always)]
+fn xdp(ctx: &XdpContext) -> i32 {
+    let pkt = match packet::parse(ctx) {
         Ok(Some(pkt)) => pkt,
         Ok(None) => return XDP_PASS,
         Err(reason) => {
@@ -64,16 +69,16 @@ pub fn xdp_from_netdev(ctx: XdpContext) -> u32 {
         Verdict::Forward(out, counter) => {
             count(Counter::Packets);
             count(counter);
-            let Some(next_hop) = forward::xdp_next_hop(&ctx, &pkt, &out) else {
+            let Some(next_hop) = forward::xdp_next_hop(ctx, &pkt, &out) else {
                 // TC finds the conntrack state this run created and finishes the job.
                 count(Counter::XdpPass);
                 return XDP_PASS;
             };
-            if let Err(reason) = xdp_nat::apply(&ctx, &pkt, &out) {
+            if let Err(reason) = xdp_nat::apply(ctx, &pkt, &out) {
                 count(reason);
                 return XDP_DROP;
             }
-            forward::xdp_transmit(&ctx, next_hop)
+            forward::xdp_transmit(ctx, next_hop)
         }
     }
 }

@@ -3,11 +3,11 @@
 //! REJECT rules do for services without endpoints.
 
 use aya_ebpf::{
-    bindings::{BPF_F_RECOMPUTE_CSUM, TC_ACT_SHOT},
+    bindings::BPF_F_RECOMPUTE_CSUM,
     helpers::{bpf_redirect, bpf_skb_change_tail},
     programs::TcContext,
 };
-use proxy_common::{Counter, proto};
+use proxy_common::{Counter, action::TC_ACT_SHOT, proto};
 
 use crate::{
     csum,

@@ -19,6 +19,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use proxy_common::action::XDP_PASS;
 
 use crate::netns;
 
@@ -27,9 +28,6 @@ const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
 const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
-/// XDP actions (`enum xdp_action`).
-pub const XDP_PASS: i32 = 2;
-pub const XDP_TX: i32 = 3;
 
 /// `struct bpf_insn`: opcode, dst_reg (low nibble) | src_reg (high nibble), off, imm.
 #[repr(C)]
@@ -139,7 +137,7 @@ pub fn attach(ns: &str, iface: &str) -> anyhow::Result<OwnedFd> {
 }
 
 /// Like [`attach`], for a program that always returns `action` (e.g.
-/// [`XDP_TX`], to test how XDP_TX frames travel).
+/// [`proxy_common::action::XDP_TX`], to test how XDP_TX frames travel).
 pub fn attach_returning(ns: &str, iface: &str, action: i32) -> anyhow::Result<OwnedFd> {
     let c_iface = CString::new(iface).context("interface name")?;
     // The ifindex, and the device BPF_LINK_CREATE looks it up in, are those

@@ -6,6 +6,7 @@ mod setup;
 use std::{
     path::PathBuf,
     process::{Command, ExitCode},
+    time::Instant,
 };
 
 use anyhow::{Context as _, bail};
@@ -36,9 +37,11 @@ enum Task {
         #[arg(long)]
         manifests: Option<PathBuf>,
     },
-    /// Run every test: unit, kernel (BPF_PROG_TEST_RUN) and end-to-end in namespaces. Needs root.
+    /// Run every test, tier by tier, stopping at the first that fails: pure and unit tests, then
+    /// kernel (BPF_PROG_TEST_RUN), then end to end in namespaces. Needs root.
     Test {
-        /// Extra arguments passed to `cargo test` (e.g. a test name filter).
+        /// Extra arguments passed to every `cargo test` (e.g. a test name filter). Arguments that
+        /// select packages or targets themselves make it one plain `cargo test ARGS`.
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
@@ -95,15 +98,7 @@ fn run(task: Task) -> anyhow::Result<()> {
         Task::Test { args } => {
             setup::ensure()?;
             require_root()?;
-            let status = cargo()
-                .args(["test"])
-                .args(&args)
-                .status()
-                .context("running cargo test")?;
-            if !status.success() {
-                bail!("tests failed ({status})");
-            }
-            Ok(())
+            test(&args)
         }
         Task::Bench => {
             setup::ensure()?;
@@ -128,6 +123,96 @@ fn run(task: Task) -> anyhow::Result<()> {
             demo::run(&agent_binary(), &workspace_root().join("examples/demo"))
         }
     }
+}
+
+/// The test tiers, in the order `cargo xtask test` runs them, each a name,
+/// what it holds and its `cargo test` target selection: fast and root-free
+/// first, to fail early. None names a package, so every tier builds the
+/// default members with the same features, as one plain `cargo test` would,
+/// and all share one build.
+const TIERS: &[(&str, &str, &[&str])] = &[
+    (
+        "pure",
+        "unit tests and proxy-agent's pure tier: no root, no kernel",
+        &["--lib", "--bins", "--test", "pure"],
+    ),
+    ("doc", "doc tests", &["--doc"]),
+    (
+        "kernel",
+        "the eBPF programs through BPF_PROG_TEST_RUN",
+        &["--test", "kernel"],
+    ),
+    (
+        "e2e",
+        "namespaces, traffic and the agent binary; the testbed's own tests",
+        &["--test", "e2e"],
+    ),
+];
+
+/// `cargo test` options that choose packages or targets: with one of them
+/// the caller picks the tests, and gets one plain `cargo test ARGS`.
+const SELECTORS: &[&str] = &[
+    "-p",
+    "--package",
+    "--workspace",
+    "--all",
+    "--exclude",
+    "--lib",
+    "--bin",
+    "--bins",
+    "--example",
+    "--examples",
+    "--test",
+    "--tests",
+    "--bench",
+    "--benches",
+    "--all-targets",
+    "--doc",
+];
+
+fn test(args: &[String]) -> anyhow::Result<()> {
+    let cargo_args = args.iter().take_while(|a| *a != "--");
+    let selects = cargo_args.clone().any(|a| {
+        SELECTORS
+            .iter()
+            .any(|s| a == s || a.starts_with(&format!("{s}=")))
+            || a.starts_with("-p")
+    });
+    if selects {
+        return cargo_test(&[], args);
+    }
+    let no_run = cargo_args.clone().any(|a| a == "--no-run");
+    let started = Instant::now();
+    for (name, what, selection) in TIERS {
+        if no_run && *name == "doc" {
+            continue; // cargo cannot build doc tests without running them
+        }
+        println!("xtask: tier {name} ({what})");
+        let tier_started = Instant::now();
+        cargo_test(selection, args).with_context(|| format!("tier {name}"))?;
+        println!(
+            "xtask: tier {name} ok in {:.1} s",
+            tier_started.elapsed().as_secs_f64()
+        );
+    }
+    println!(
+        "xtask: all tiers ok in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn cargo_test(selection: &[&str], args: &[String]) -> anyhow::Result<()> {
+    let status = cargo()
+        .arg("test")
+        .args(selection)
+        .args(args)
+        .status()
+        .context("running cargo test")?;
+    if !status.success() {
+        bail!("tests failed ({status})");
+    }
+    Ok(())
 }
 
 fn build() -> anyhow::Result<()> {

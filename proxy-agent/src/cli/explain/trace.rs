@@ -27,13 +27,13 @@ pub struct Datapath {
     pub xdp: bool,
 }
 
-pub const XDP_ABORTED: i32 = 0;
-pub const XDP_DROP: i32 = 1;
-pub const XDP_PASS: i32 = 2;
-pub const XDP_TX: i32 = 3;
-pub const TC_ACT_OK: i32 = 0;
-pub const TC_ACT_SHOT: i32 = 2;
-pub const TC_ACT_REDIRECT: i32 = 7;
+pub use proxy_common::action::{
+    TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX,
+};
+use proxy_common::action::{
+    TC_ACT_PIPE, TC_ACT_QUEUED, TC_ACT_RECLASSIFY, TC_ACT_REPEAT, TC_ACT_STOLEN, TC_ACT_UNSPEC,
+    XDP_REDIRECT,
+};
 
 /// One program's run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,19 +52,19 @@ impl Step {
                 XDP_DROP => "XDP_DROP",
                 XDP_PASS => "XDP_PASS",
                 XDP_TX => "XDP_TX",
-                4 => "XDP_REDIRECT",
+                XDP_REDIRECT => "XDP_REDIRECT",
                 _ => "XDP_UNKNOWN",
             }
         } else {
             match self.code {
-                -1 => "TC_ACT_UNSPEC",
+                TC_ACT_UNSPEC => "TC_ACT_UNSPEC",
                 TC_ACT_OK => "TC_ACT_OK",
-                1 => "TC_ACT_RECLASSIFY",
+                TC_ACT_RECLASSIFY => "TC_ACT_RECLASSIFY",
                 TC_ACT_SHOT => "TC_ACT_SHOT",
-                3 => "TC_ACT_PIPE",
-                4 => "TC_ACT_STOLEN",
-                5 => "TC_ACT_QUEUED",
-                6 => "TC_ACT_REPEAT",
+                TC_ACT_PIPE => "TC_ACT_PIPE",
+                TC_ACT_STOLEN => "TC_ACT_STOLEN",
+                TC_ACT_QUEUED => "TC_ACT_QUEUED",
+                TC_ACT_REPEAT => "TC_ACT_REPEAT",
                 TC_ACT_REDIRECT => "TC_ACT_REDIRECT",
                 _ => "TC_ACT_UNKNOWN",
             }

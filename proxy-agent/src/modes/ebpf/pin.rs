@@ -314,10 +314,9 @@ pub fn is_kernel_preload(name: &std::ffi::OsStr) -> bool {
 /// Whether `dir` is the root of a mount (its device differs from its parent's).
 pub fn is_mount_root(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt as _;
-    let (Ok(here), Some(Ok(parent))) = (
-        std::fs::metadata(dir),
-        dir.parent().map(std::fs::metadata),
-    ) else {
+    let (Ok(here), Some(Ok(parent))) =
+        (std::fs::metadata(dir), dir.parent().map(std::fs::metadata))
+    else {
         return false;
     };
     here.dev() != parent.dev()

@@ -1,6 +1,8 @@
 //! Running a packet through the loaded programs with BPF_PROG_TEST_RUN:
 //! in the kernel, with the real maps, without attaching anything.
 
+use std::time::Duration;
+
 use anyhow::Context as _;
 use aya::{
     Ebpf,
@@ -20,11 +22,14 @@ pub enum Hook {
     Xdp,
 }
 
-/// The program's return code and the packet as the program left it.
+/// The program's return code, the packet as the program left it, and how
+/// long a run took.
 #[derive(Debug)]
 pub struct Outcome {
     pub verdict: i32,
     pub packet: Vec<u8>,
+    /// The kernel's mean time per run (over `repeat` runs).
+    pub duration: Duration,
 }
 
 /// Runs `packet` through `tc_from_pod`.
@@ -88,6 +93,7 @@ pub fn run(
     Ok(Outcome {
         verdict: result.return_value as i32,
         packet: out,
+        duration: result.duration,
     })
 }
 

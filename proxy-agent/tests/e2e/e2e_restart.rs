@@ -1,0 +1,194 @@
+//! The datapath outlives the agent: long-lived TCP connections through a
+//! ClusterIP (from a pod) and through a NodePort (from outside, masqueraded),
+//! and a UDP stream, keep working on their original backends while the agent
+//! is killed (`kill -9`) or stopped (SIGTERM), while no agent runs, and after
+//! a new agent takes the pinned datapath over. Needs root.
+
+use std::{fs, path::Path, time::Duration};
+
+use crate::{
+    bpffs::BpfFs,
+    support::{Agent, sock, wait_for},
+};
+use testbed::{
+    Cni, NODE_EXTERNAL_IP, Testbed,
+    echo::{Connections, EchoServer, UdpStream},
+};
+
+const VIP: &str = "198.19.0.10:80";
+const NODE_PORT: u16 = 30080;
+const BACKENDS: [&str; 2] = ["echo-0", "echo-1"];
+const CONNECTIONS: usize = 1000;
+
+fn manifests(dir: &Path, pod_ips: &[String]) {
+    fs::write(
+        dir.join("service.yaml"),
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: demo}
+spec:
+  type: NodePort
+  clusterIP: 198.19.0.10
+  clusterIPs: [198.19.0.10]
+  ports:
+    - {name: tcp, protocol: TCP, port: 80, targetPort: 7000, nodePort: 30080}
+    - {name: udp, protocol: UDP, port: 80, targetPort: 7000}
+"#,
+    )
+    .unwrap();
+    let mut slice = String::from(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: echo-1\n  namespace: demo\n  labels: {kubernetes.io/service-name: echo}\naddressType: IPv4\nports:\n  - {name: tcp, protocol: TCP, port: 7000}\n  - {name: udp, protocol: UDP, port: 7000}\nendpoints:\n",
+    );
+    for ip in pod_ips {
+        slice.push_str(&format!(
+            "  - addresses: [{ip}]\n    conditions: {{ready: true}}\n    nodeName: node-a\n"
+        ));
+    }
+    fs::write(dir.join("slice.yaml"), slice).unwrap();
+    fs::write(
+        dir.join("node.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: node-a}}\nstatus:\n  addresses:\n    - {{type: InternalIP, address: {NODE_EXTERNAL_IP}}}\n"
+        ),
+    )
+    .unwrap();
+}
+
+fn start(ns: &str, dir: &Path, pins: &BpfFs, run: u32) -> Agent {
+    let root = pins.dir.join("kube-ebpf-proxy");
+    Agent::start_as(
+        ns,
+        "node-a",
+        dir,
+        dir.join(format!("agent-{run}.log")),
+        &["--ebpf-pin-root", root.to_str().unwrap()],
+    )
+}
+
+#[test]
+fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
+    let mut pods: Vec<&str> = BACKENDS.to_vec();
+    pods.push("client");
+    let tb = Testbed::new(Cni::Routed, &pods).unwrap();
+    let _servers: Vec<_> = BACKENDS
+        .iter()
+        .map(|name| EchoServer::start(&tb.pod(name).ns, name, 7000).unwrap())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let ips: Vec<String> = BACKENDS.iter().map(|b| tb.pod(b).ip.to_string()).collect();
+    manifests(dir.path(), &ips);
+    let pins = BpfFs::new();
+    let client = tb.pod("client").ns.clone();
+
+    let mut agent = start(&tb.node_ns, dir.path(), &pins, 0);
+    wait_for(Duration::from_secs(20), "the ClusterIP to answer", || {
+        Connections::open(&client, sock(VIP), 1).ok()
+    });
+    assert!(
+        agent.log_text().contains("maps pinned"),
+        "{}",
+        agent.log_text()
+    );
+
+    let node_port = std::net::SocketAddr::from((NODE_EXTERNAL_IP, NODE_PORT));
+    wait_for(Duration::from_secs(20), "the NodePort to answer", || {
+        Connections::open(&tb.external_ns, node_port, 1).ok()
+    });
+    let mut cluster_ip = Connections::open(&client, sock(VIP), CONNECTIONS).unwrap();
+    let mut from_outside = Connections::open(&tb.external_ns, node_port, CONNECTIONS).unwrap();
+    let identities = |c: &Connections| c.identities().map(str::to_owned).collect::<Vec<_>>();
+    let before = (identities(&cluster_ip), identities(&from_outside));
+    for ids in [&before.0, &before.1] {
+        for b in BACKENDS {
+            let n = ids.iter().filter(|id| *id == b).count();
+            assert!(n > CONNECTIONS / 4, "{b} got {n} of {CONNECTIONS}");
+        }
+    }
+    assert_eq!(cluster_ip.check(0).broken, 0);
+    assert_eq!(from_outside.check(0).broken, 0);
+    let udp = UdpStream::start(&client, sock(VIP), Duration::from_millis(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    for (round, how) in [(1, "kill -9"), (2, "SIGTERM")] {
+        if how == "kill -9" {
+            agent.kill();
+        } else {
+            let status = agent.stop();
+            assert!(status.success(), "{status:?}");
+            assert!(
+                agent.log_text().contains("datapath left in place"),
+                "{}",
+                agent.log_text()
+            );
+        }
+        // No agent runs: the pinned datapath keeps serving.
+        std::thread::sleep(Duration::from_millis(300));
+        for (what, conns) in [
+            ("ClusterIP", &mut cluster_ip),
+            ("NodePort", &mut from_outside),
+        ] {
+            let check = conns.check(round * 10);
+            assert_eq!(
+                check.broken, 0,
+                "{what} after {how}, with no agent: {check:?}"
+            );
+        }
+
+        let started = std::time::Instant::now();
+        agent = start(&tb.node_ns, dir.path(), &pins, round);
+        wait_for(
+            Duration::from_secs(20),
+            "the new agent to take over",
+            || {
+                agent
+                    .log_text()
+                    .contains("took over the pinned service maps")
+                    .then_some(())
+            },
+        );
+        println!(
+            "restart after {how}: the maps were taken over {:?} after the start",
+            started.elapsed()
+        );
+        for (what, conns) in [
+            ("ClusterIP", &mut cluster_ip),
+            ("NodePort", &mut from_outside),
+        ] {
+            let check = conns.check(round * 10 + 1);
+            assert_eq!(
+                check.broken, 0,
+                "{what} after {how} and a restart: {check:?}"
+            );
+        }
+        let after = (identities(&cluster_ip), identities(&from_outside));
+        assert_eq!(after, before, "every connection stays on its backend");
+
+        // New connections are still balanced over both backends.
+        let fresh = Connections::open(&client, sock(VIP), 40).unwrap();
+        for b in BACKENDS {
+            assert!(
+                fresh.identities().any(|id| id == b),
+                "no new connection reached {b}"
+            );
+        }
+    }
+
+    let tally = udp.finish();
+    assert!(tally.sent > 50, "{tally:?}");
+    assert_eq!(
+        tally.backends.len(),
+        1,
+        "the UDP flow stayed on one backend: {tally:?}"
+    );
+    let lost = tally.sent - tally.answered;
+    println!(
+        "restart: {CONNECTIONS} TCP connections through the ClusterIP and {CONNECTIONS} through the NodePort, 0 broken; UDP {} sent, {} answered, {lost} lost",
+        tally.sent, tally.answered
+    );
+    assert!(
+        lost <= 2,
+        "UDP datagrams lost across two restarts: {lost} ({tally:?})"
+    );
+    agent.stop();
+}

@@ -1,0 +1,119 @@
+#![allow(dead_code)] // the e2e modules use different parts
+//! Shared by the end-to-end tests: running the real agent binary inside a
+//! testbed's node namespace.
+
+use std::{
+    fs,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+/// The agent process, started with `--manifests DIR` in namespace `ns`;
+/// SIGTERMed (then killed) on drop so no test leaves it running.
+pub struct Agent {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Agent {
+    pub fn start(ns: &str, manifests: &Path, log: PathBuf) -> Self {
+        Self::start_as(ns, "node-a", manifests, log, &[])
+    }
+
+    /// Runs the agent as node `node` with `extra` flags appended.
+    pub fn start_as(ns: &str, node: &str, manifests: &Path, log: PathBuf, extra: &[&str]) -> Self {
+        Self::start_with_env(ns, node, manifests, log, extra, &[])
+    }
+
+    /// Like [`Agent::start_as`], with extra environment variables.
+    pub fn start_with_env(
+        ns: &str,
+        node: &str,
+        manifests: &Path,
+        log: PathBuf,
+        extra: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Self {
+        let log_file = fs::File::create(&log).unwrap();
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns,
+                env!("CARGO_BIN_EXE_proxy-agent"),
+                "--hostname-override",
+                node,
+                "--manifests",
+            ])
+            .arg(manifests)
+            .args(extra)
+            .envs(env.iter().copied())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("starting proxy-agent");
+        Self {
+            child: Some(child),
+            log,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    pub fn stop(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("agent running");
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("agent ignored SIGTERM for 10s; log:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Agent {
+    /// `kill -9`: the agent gets no chance to clean anything up.
+    pub fn kill(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("agent running");
+        let _ = child.kill();
+        child.wait().unwrap()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Polls `f` until it returns `Some`, panicking with `what` after `timeout`.
+pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn sock(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}

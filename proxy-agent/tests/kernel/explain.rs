@@ -1,0 +1,524 @@
+//! `proxy-agent explain`, the built binary against the real kernel, offline
+//! (`--manifests`; it loads the programs in a namespace of its own): every
+//! frontend kind (ClusterIP, NodePort, LB IP, external IP) and every verdict
+//! (forwarded with and without masquerade, dropped and why, rejected with a
+//! RST or ICMP, passed through), `--flows`, JSON output and bad input. The
+//! online form is in the e2e tier. Needs root.
+
+use std::{
+    fs,
+    net::Ipv4Addr,
+    process::{Command, Output},
+};
+
+use serde_json::Value;
+
+use crate::explain_common::*;
+
+/// A manifests directory and a KubeProxyConfiguration for node A.
+struct Offline {
+    dir: tempfile::TempDir,
+}
+
+impl Offline {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        write_manifests(dir.path());
+        fs::write(dir.path().join("config.cfg"), CONFIG).unwrap();
+        Offline { dir }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("explain")
+            .arg("--manifests")
+            .arg(self.dir.path())
+            .arg("--config")
+            .arg(self.dir.path().join("config.cfg"))
+            .args(["--hostname-override", "node-a"])
+            .args(args)
+            .output()
+            .expect("running proxy-agent explain")
+    }
+
+    fn text(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "explain {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["--output", "json"]);
+        let text = self.text(&all);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
+}
+
+#[test]
+fn cluster_ip_from_a_local_pod_is_forwarded_with_its_own_source() {
+    let o = Offline::new();
+    let v = o.json(&refs(&packet("tcp", POD_A, REMOTE_VIP, 80, "pod")));
+    assert_forwarded(&v, WEB_B, false);
+    assert_eq!(v["source"], "198.18.1.11:40000");
+    assert_eq!(v["mode"], "offline");
+    assert_eq!(v["frontend"]["kind"], "ClusterIP");
+    assert_eq!(v["frontend"]["service"], "e2e/remote:tcp/TCP");
+    assert_eq!(v["frontend"]["endpoints"], 1);
+    assert_eq!(
+        v["exit"], "fib_redirect",
+        "the FIB routes the remote pod via the node's default route"
+    );
+    assert_eq!(v["steps"][0]["program"], "tc_from_pod");
+    assert_eq!(v["steps"][0]["action"], "TC_ACT_REDIRECT");
+    assert_eq!(v["counters"]["new_flow"], 1);
+
+    let text = o.text(&refs(&packet("udp", POD_A, REMOTE_VIP, 80, "pod")));
+    let first = text.lines().next().unwrap();
+    assert_eq!(
+        first,
+        "forwarded to endpoint 198.18.2.10:8080, source kept (198.18.1.11:40000)"
+    );
+    assert!(text.contains("frontend   ClusterIP of e2e/remote:udp/UDP, internalTrafficPolicy Cluster, 1 endpoint\n"), "{text}");
+}
+
+#[test]
+fn node_port_lb_ip_and_external_ip_from_outside_are_masqueraded_to_the_node() {
+    let o = Offline::new();
+    for (dst, port, kind) in [
+        (NODE_A, REMOTE_NODEPORT, "NodePort"),
+        (REMOTE_LB, 80, "LoadBalancer"),
+        (REMOTE_EXTERNAL_IP, 80, "ExternalIP"),
+    ] {
+        for proto in ["tcp", "udp"] {
+            let v = o.json(&refs(&packet(proto, CLIENT, dst, port, "outside")));
+            assert_forwarded(&v, WEB_B, true);
+            assert_eq!(v["frontend"]["kind"], kind);
+            assert_eq!(v["frontend"]["policy_field"], "externalTrafficPolicy");
+            assert_eq!(v["frontend"]["policy"], "Cluster");
+            let source = source_of(&v);
+            assert_eq!(
+                *source.ip(),
+                NODE_A,
+                "eTP Cluster masquerades to the node: {v:#}"
+            );
+            assert!((61000..=65535).contains(&source.port()), "{v:#}");
+            // One-armed node: the endpoint is behind the arrival interface, so XDP finishes the job.
+            assert_eq!(v["steps"].as_array().unwrap().len(), 1, "{v:#}");
+            assert_eq!(v["steps"][0]["program"], "xdp_from_netdev");
+            assert_eq!(v["steps"][0]["action"], "XDP_TX");
+            assert_eq!(v["exit"], "xdp_tx");
+            assert_eq!(v["counters"]["masqueraded"], 1);
+        }
+    }
+    let text = o.text(&refs(&packet(
+        "tcp",
+        CLIENT,
+        NODE_A,
+        REMOTE_NODEPORT,
+        "outside",
+    )));
+    assert!(
+        text.starts_with("forwarded to endpoint 198.18.2.10:8080, masqueraded to 198.18.0.1:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  programs   xdp_from_netdev XDP_TX\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn external_traffic_policy_local_drops_outside_traffic_but_local_pods_short_circuit() {
+    let o = Offline::new();
+    for (dst, port) in [
+        (NODE_A, LOCAL_NODEPORT),
+        (LOCAL_LB, 80),
+        (LOCAL_EXTERNAL_IP, 80),
+    ] {
+        let v = o.json(&refs(&packet("tcp", CLIENT, dst, port, "outside")));
+        assert_eq!(v["verdict"], "dropped", "{v:#}");
+        assert_eq!(v["reason"], "drop_no_local_endpoints");
+        assert_eq!(v["frontend"]["policy"], "Local");
+        assert_eq!(v["frontend"]["endpoints"], 0);
+        assert_eq!(v["steps"][0]["action"], "XDP_DROP");
+        assert_eq!(v["endpoint"], Value::Null);
+    }
+    let text = o.text(&refs(&packet(
+        "udp",
+        CLIENT,
+        NODE_A,
+        LOCAL_NODEPORT,
+        "outside",
+    )));
+    assert!(
+        text.starts_with("dropped: drop_no_local_endpoints (the traffic policy is Local and this node has no ready endpoint of the service)\n"),
+        "{text}"
+    );
+
+    // Pods of this node bypass eTP Local and keep their address.
+    let v = o.json(&refs(&packet("tcp", POD_A, NODE_A, LOCAL_NODEPORT, "pod")));
+    assert_forwarded(&v, WEB_B, false);
+    assert_eq!(v["source"], "198.18.1.11:40000");
+}
+
+#[test]
+fn external_traffic_policy_local_keeps_the_client_address_for_a_local_endpoint() {
+    let o = Offline::new();
+    let v = o.json(&refs(&packet(
+        "tcp",
+        CLIENT,
+        NODE_A,
+        HERE_NODEPORT,
+        "outside",
+    )));
+    assert_forwarded(&v, WEB_A, false);
+    assert_eq!(v["source"], "198.18.0.100:40000");
+    assert_eq!(v["frontend"]["endpoints"], 1, "one endpoint on this node");
+    // The endpoint is behind the pod interface: XDP leaves it to TC.
+    assert_eq!(v["steps"][0]["action"], "XDP_PASS");
+    assert_eq!(v["steps"][1]["program"], "tc_from_netdev");
+    assert_eq!(v["steps"][1]["action"], "TC_ACT_REDIRECT");
+}
+
+#[test]
+fn load_balancer_source_ranges_drop_other_sources_on_lb_ips_only() {
+    let o = Offline::new();
+    let allowed = o.json(&refs(&packet("tcp", CLIENT, RANGED_LB, 80, "outside")));
+    assert_forwarded(&allowed, WEB_B, true);
+    assert_eq!(allowed["frontend"]["source_ranges"], true);
+
+    let denied = o.json(&refs(&packet("tcp", DENIED, RANGED_LB, 80, "outside")));
+    assert_eq!(denied["verdict"], "dropped", "{denied:#}");
+    assert_eq!(denied["reason"], "drop_source_range");
+    assert_eq!(
+        denied["explanation"],
+        "the source is outside the service's loadBalancerSourceRanges"
+    );
+
+    let node_port = o.json(&refs(&packet(
+        "tcp",
+        DENIED,
+        NODE_A,
+        RANGED_NODEPORT,
+        "outside",
+    )));
+    assert_forwarded(&node_port, WEB_B, true);
+}
+
+#[test]
+fn services_without_endpoints_are_rejected_for_every_frontend_kind() {
+    let o = Offline::new();
+    let cases = [
+        (POD_A, EMPTY_VIP, 80, "pod", "ClusterIP"),
+        (CLIENT, NODE_A, EMPTY_NODEPORT, "outside", "NodePort"),
+        (CLIENT, EMPTY_LB, 80, "outside", "LoadBalancer"),
+        (CLIENT, EMPTY_EXTERNAL_IP, 80, "outside", "ExternalIP"),
+    ];
+    for (src, dst, port, from, kind) in cases {
+        for (proto, reply) in [("tcp", "tcp_reset"), ("udp", "icmp_port_unreachable")] {
+            let v = o.json(&refs(&packet(proto, src, dst, port, from)));
+            assert_eq!(v["verdict"], "rejected", "{proto} {dst}:{port}: {v:#}");
+            assert_eq!(v["reject"], reply);
+            assert_eq!(v["reason"], "reject_no_endpoints");
+            assert_eq!(v["frontend"]["kind"], kind);
+            assert_eq!(v["frontend"]["endpoints"], 0);
+            let last = v["steps"].as_array().unwrap().last().unwrap().clone();
+            assert_eq!(last["action"], "TC_ACT_REDIRECT", "sent back out: {v:#}");
+        }
+    }
+    let text = o.text(&refs(&packet(
+        "tcp",
+        CLIENT,
+        NODE_A,
+        EMPTY_NODEPORT,
+        "outside",
+    )));
+    assert!(
+        text.starts_with(
+            "rejected with a TCP RST: reject_no_endpoints (the service has no endpoints)\n"
+        ),
+        "{text}"
+    );
+    let text = o.text(&refs(&packet("udp", POD_A, EMPTY_VIP, 80, "pod")));
+    assert!(
+        text.starts_with("rejected with an ICMP port unreachable: "),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_unused_port_of_a_cluster_ip_is_rejected() {
+    let o = Offline::new();
+    let v = o.json(&refs(&packet("tcp", POD_A, REMOTE_VIP, 81, "pod")));
+    assert_eq!(v["verdict"], "rejected", "{v:#}");
+    assert_eq!(v["reject"], "tcp_reset");
+    assert_eq!(v["reason"], "reject_unknown_port");
+    assert_eq!(v["frontend"], Value::Null);
+}
+
+#[test]
+fn traffic_to_no_service_passes_untouched() {
+    let o = Offline::new();
+    for (src, dst, port, from) in [
+        (POD_A, WEB_B, 8080, "pod"),
+        (CLIENT, NODE_A, 22, "outside"),
+        (CLIENT, Ipv4Addr::new(198, 18, 9, 9), 80, "outside"),
+    ] {
+        let v = o.json(&refs(&packet("tcp", src, dst, port, from)));
+        assert_eq!(v["verdict"], "passed", "{dst}:{port}: {v:#}");
+        assert_eq!(v["frontend"], Value::Null);
+        assert_eq!(v["endpoint"], Value::Null);
+        let last = v["steps"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(last["action"], "TC_ACT_OK");
+    }
+    let text = o.text(&refs(&packet("udp", POD_A, WEB_B, 8080, "pod")));
+    assert!(
+        text.starts_with("passed through untouched: not service traffic\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn three_hundred_flows_reach_all_three_endpoints() {
+    let o = Offline::new();
+    let mut args = packet("tcp", POD_A, TRIO_VIP, 80, "pod");
+    args.extend(["--flows".into(), "300".into()]);
+    let v = o.json(&refs(&args));
+    assert_eq!(v["flows"], 300);
+    assert_eq!(v["verdicts"]["forwarded"], 300, "{v:#}");
+    assert_eq!(v["verdicts"]["dropped"], 0);
+    assert_eq!(v["masqueraded"], 0);
+    let endpoints = v["endpoints"].as_array().unwrap();
+    let reached: Vec<&str> = endpoints
+        .iter()
+        .map(|e| e["endpoint"].as_str().unwrap())
+        .collect();
+    let want: Vec<String> = TRIO.iter().map(|ip| endpoint(*ip)).collect();
+    assert_eq!(reached, want, "sorted by address");
+    for e in endpoints {
+        let n = e["flows"].as_u64().unwrap();
+        assert!(n >= 50, "a fair share for each: {v:#}");
+    }
+
+    let text = o.text(&refs(&args));
+    assert!(
+        text.starts_with("300 new flows: 300 forwarded to 3 endpoints\n"),
+        "{text}"
+    );
+    for ep in &want {
+        assert!(text.contains(&format!("  endpoint   {ep}")), "{text}");
+    }
+}
+
+#[test]
+fn flows_count_drop_reasons_too() {
+    let o = Offline::new();
+    let mut args = packet("udp", CLIENT, NODE_A, LOCAL_NODEPORT, "outside");
+    args.extend([
+        "--flows".into(),
+        "20".into(),
+        "--sport".into(),
+        "65530".into(),
+    ]);
+    let v = o.json(&refs(&args));
+    assert_eq!(v["verdicts"]["dropped"], 20, "{v:#}");
+    assert_eq!(v["reasons"]["drop_no_local_endpoints"], 20);
+    assert_eq!(v["endpoints"], Value::Array(vec![]));
+}
+
+#[test]
+fn local_addresses_decide_where_node_ports_are_served() {
+    let o = Offline::new();
+    let extra = Ipv4Addr::new(198, 18, 0, 5);
+    // By default the Node object's addresses: 198.18.0.5 is not the node's.
+    let v = o.json(&refs(&packet(
+        "tcp",
+        CLIENT,
+        extra,
+        REMOTE_NODEPORT,
+        "outside",
+    )));
+    assert_eq!(v["verdict"], "passed", "{v:#}");
+
+    let mut args = vec![
+        "--local-address".to_string(),
+        NODE_A.to_string(),
+        "--local-address".into(),
+        extra.to_string(),
+    ];
+    args.extend(packet("tcp", CLIENT, extra, REMOTE_NODEPORT, "outside"));
+    let v = o.json(&refs(&args));
+    assert_forwarded(&v, WEB_B, true);
+    assert_eq!(v["frontend"]["kind"], "NodePort");
+    assert_eq!(
+        *source_of(&v).ip(),
+        NODE_A,
+        "the masquerade address stays the Node's InternalIP"
+    );
+}
+
+#[test]
+fn json_output_has_a_stable_shape() {
+    let o = Offline::new();
+    let v = o.json(&refs(&packet(
+        "tcp",
+        CLIENT,
+        NODE_A,
+        REMOTE_NODEPORT,
+        "outside",
+    )));
+    let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut want = vec![
+        "mode",
+        "packet",
+        "frontend",
+        "verdict",
+        "endpoint",
+        "destination",
+        "source",
+        "masqueraded",
+        "flow",
+        "exit",
+        "reject",
+        "reason",
+        "explanation",
+        "steps",
+        "counters",
+    ];
+    want.sort_unstable();
+    let mut got = keys.clone();
+    got.sort_unstable();
+    assert_eq!(got, want);
+    assert_eq!(
+        v["packet"],
+        serde_json::json!({
+            "protocol": "tcp",
+            "source": "198.18.0.100:40000",
+            "destination": "198.18.0.1:30080",
+            "from": "outside",
+        })
+    );
+    let frontend_keys: Vec<&str> = v["frontend"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        frontend_keys.len(),
+        6,
+        "kind, service, policy_field, policy, endpoints, source_ranges: {frontend_keys:?}"
+    );
+}
+
+fn explain_raw(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("explain")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn bad_input_is_one_line_naming_the_flag() {
+    let o = Offline::new();
+    let good = packet("tcp", CLIENT, NODE_A, REMOTE_NODEPORT, "outside");
+    let with = |extra: &[&'static str]| {
+        let mut a = refs(&good);
+        a.extend(extra);
+        a
+    };
+    assert_one_line_error(&o.run(&with(&["--dport", "x"])), "--dport: given twice");
+    let mut a = refs(&good);
+    a[7] = "70000";
+    assert_one_line_error(&o.run(&a), "--dport: \"70000\" is not a port");
+    let mut a = refs(&good);
+    a[3] = "198.18.0";
+    assert_one_line_error(&o.run(&a), "--src: \"198.18.0\" is not an IPv4 address");
+    assert_one_line_error(&o.run(&with(&["--flows", "0"])), "--flows:");
+    assert_one_line_error(&o.run(&with(&["--output", "yaml"])), "--output:");
+    assert_one_line_error(&o.run(&with(&["--bogus"])), "--bogus: unknown flag");
+    assert_one_line_error(
+        &explain_raw(&refs(&good)),
+        "--manifests: required (or --online",
+    );
+    assert_one_line_error(
+        &explain_raw(&[&["--manifests", "/nonexistent/dir"], &refs(&good)[..]].concat()),
+        "--manifests: /nonexistent/dir",
+    );
+    // No Node object to take addresses from.
+    assert_one_line_error(
+        &o.run(&[&["--hostname-override", "node-z"], &refs(&good)[..]].concat()),
+        "--hostname-override: given twice",
+    );
+    let out = Command::new(BIN)
+        .arg("explain")
+        .arg("--manifests")
+        .arg(o.dir.path())
+        .args(["--hostname-override", "node-z"])
+        .args(refs(&good))
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "--local-address: required");
+    // A configuration the agent would refuse.
+    let bad_config = o.dir.path().join("bad.cfg");
+    fs::write(&bad_config, CONFIG.replace("NodeCIDR", "Sideways")).unwrap();
+    let out = Command::new(BIN)
+        .arg("explain")
+        .arg("--manifests")
+        .arg(o.dir.path())
+        .arg("--config")
+        .arg(&bad_config)
+        .args(refs(&good))
+        .output()
+        .unwrap();
+    assert_one_line_error(
+        &out,
+        "--config: failed validate: detectLocalMode: Unsupported value: \"Sideways\"",
+    );
+    assert_one_line_error(
+        &explain_raw(&[&["--online", "--pin-dir", "/nonexistent"], &refs(&good)[..]].concat()),
+        "--pin-dir: /nonexistent holds no pinned maps",
+    );
+
+    let offline_flag_online = [
+        &["--online", "--local-address", "192.0.2.1"],
+        &refs(&good)[..],
+    ];
+    assert_one_line_error(
+        &explain_raw(&offline_flag_online.concat()),
+        "--local-address: not used with --online",
+    );
+
+    // Help wins, even over a mistake before it.
+    for args in [&["--help"][..], &["--src", "x", "--help"], &["-h"]] {
+        let help = explain_raw(args);
+        assert!(help.status.success(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&help.stdout).contains("proxy-agent explain --online"),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn kube_proxy_flags_still_parse_flat_next_to_the_subcommand() {
+    // `explain` is only a subcommand in first position; the agent's own
+    // parsing is untouched (an unknown flag is still kube-proxy's error).
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let out = Command::new(BIN)
+        .args(["--hostname-override", "explain", "--bogus-flag"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("proxy-agent explain"),
+        "not taken for the subcommand"
+    );
+}

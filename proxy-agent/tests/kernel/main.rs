@@ -1,0 +1,18 @@
+//! The kernel tier: the real eBPF programs in the real kernel, through
+//! BPF_PROG_TEST_RUN, with maps the agent's own programmer fills. Nothing is
+//! attached and no packet is sent; tests that need routes for the FIB build
+//! them in a network namespace of their own thread. `explain` runs the
+//! binary's offline form, which does the same in a namespace of its own.
+//! Needs root (CAP_BPF); these tests fail rather than skip without it.
+
+#[path = "../shared/bpffs.rs"]
+mod bpffs;
+#[path = "../shared/explain_common.rs"]
+mod explain_common;
+mod tester;
+
+mod datapath_conntrack;
+mod datapath_frontends;
+mod datapath_kernel;
+mod explain;
+mod pins_migration;

@@ -1,0 +1,233 @@
+//! Starting over a pinned datapath, in the real kernel: maps of this ABI are
+//! taken over as they are; maps of the previous ABI (version 3, whose CONFIG
+//! was 24 bytes shorter) are migrated so an established flow keeps its
+//! backend; an unknown version or a layout that does not match is refused,
+//! naming what it found, and the pins are left as they were. Needs root.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+};
+
+use aya::maps::{Array, HashMap, Map, MapData};
+
+use crate::bpffs::BpfFs;
+use proxy_agent::{
+    cli::packet::{self, Frame, tcp_flags},
+    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
+    modes::ebpf::{
+        MapSizes, Opened, Programmer, Takeover, maps::NodeMaps, migrate::v3, open_pinned,
+        pin::PinLayout, test_run,
+    },
+};
+use proxy_common::{ABI_VERSION, Counter, CtKey, CtValue, DatapathConfig};
+
+const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
+const BACKENDS: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(198, 18, 2, 2),
+    Ipv4Addr::new(198, 18, 2, 3),
+    Ipv4Addr::new(198, 18, 2, 4),
+];
+
+fn root(fs: &BpfFs) -> PathBuf {
+    fs.dir.join("kube-ebpf-proxy")
+}
+
+fn sizes() -> MapSizes {
+    MapSizes {
+        conntrack: 4096,
+        ..MapSizes::default()
+    }
+}
+
+fn program(opened: &mut Opened) {
+    let name = ServicePortName {
+        namespace: "default".into(),
+        name: "web".into(),
+        port_name: String::new(),
+        protocol: Protocol::Tcp,
+    };
+    let eps = BACKENDS
+        .iter()
+        .map(|ip| Endpoint::new(IpAddr::V4(*ip), 8080))
+        .collect();
+    let state = DesiredState {
+        services: [(
+            name.clone(),
+            DesiredService::cluster_ip(name, vec![IpAddr::V4(VIP)], 80, eps),
+        )]
+        .into_iter()
+        .collect(),
+        ..DesiredState::default()
+    };
+    Programmer::new().sync(&state, &mut opened.maps).unwrap();
+}
+
+/// A TCP segment with `flags` through `tc_from_pod` of `opened`.
+fn send(opened: &Opened, frame: Frame, flags: u8) -> Frame {
+    let mut pkt = frame.build(b"");
+    pkt[packet::ETH_HLEN + packet::IPV4_HLEN + 13] = flags;
+    packet::fix_checksums(&mut pkt);
+    let out = test_run::from_pod(&opened.ebpf, &pkt).unwrap();
+    Frame::parse(&out.packet).unwrap()
+}
+
+fn counter(opened: &Opened, c: Counter) -> u64 {
+    opened.counters.get(&(c as u32), 0).unwrap().iter().sum()
+}
+
+fn conntrack_entries(opened: &Opened) -> usize {
+    let ct: &HashMap<MapData, CtKey, CtValue> = &opened.maps.conntrack;
+    ct.keys().filter_map(Result::ok).count()
+}
+
+fn error_of(result: anyhow::Result<Opened>) -> String {
+    match result {
+        Ok(_) => panic!("expected a refusal"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn maps_of_the_previous_abi_are_migrated_and_established_flows_keep_their_backend() {
+    let fs = BpfFs::new();
+    let layout = PinLayout::new(root(&fs));
+
+    // An agent of this version pins a datapath; a client opens a connection.
+    let mut first = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(first.takeover, Takeover::Fresh);
+    program(&mut first);
+    let syn = send(&first, Frame::tcp(CLIENT, 40000, VIP, 80), tcp_flags::SYN);
+    let backend = syn.dst;
+    send(&first, syn.reply(), tcp_flags::SYN | tcp_flags::ACK);
+    let flows = conntrack_entries(&first);
+    assert_eq!(flows, 2, "forward and reply entries");
+    drop(first);
+
+    // Dress the pins up as version 3: the same maps under v3/, with the
+    // 48-byte CONFIG of that version.
+    let v3_dir = root(&fs).join("v3/maps");
+    std::fs::rename(
+        root(&fs).join(format!("v{ABI_VERSION}")),
+        root(&fs).join("v3"),
+    )
+    .unwrap();
+    std::fs::remove_file(v3_dir.join("CONFIG")).unwrap();
+    fs.pin_map_of(&v3_dir.join("CONFIG"), "array", 4, 48, 1);
+    let old = v3::DatapathConfig {
+        tcp_established_ns: 7_200_000_000_000,
+        tcp_closing_ns: 60_000_000_000,
+        udp_ns: 30_000_000_000,
+        udp_stream_ns: 120_000_000_000,
+        masquerade_addr_be: u32::from(Ipv4Addr::new(198, 18, 0, 1)).to_be(),
+        flags: 1,
+        snat_port_min: 61_000,
+        snat_port_max: 65_535,
+        _pad: 0,
+    };
+    let mut config: Array<MapData, v3::DatapathConfig> =
+        Map::from_map_data(MapData::from_pin(v3_dir.join("CONFIG")).unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap();
+    config.set(0, old, 0).unwrap();
+    drop(config);
+
+    // The new agent migrates them.
+    let mut second = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(
+        second.takeover,
+        Takeover::Migrate {
+            version: 3,
+            dir: v3_dir.clone()
+        }
+    );
+    assert!(!root(&fs).join("v3").exists(), "the old pins are removed");
+    assert!(layout.maps_dir().join("CONFIG").exists());
+    let migrated = second.maps.config.get(&0, 0).unwrap();
+    assert_eq!(
+        migrated,
+        DatapathConfig {
+            tcp_established_ns: old.tcp_established_ns,
+            tcp_closing_ns: old.tcp_closing_ns,
+            udp_ns: old.udp_ns,
+            udp_stream_ns: old.udp_stream_ns,
+            masquerade_addr_be: old.masquerade_addr_be,
+            flags: old.flags,
+            snat_port_min: old.snat_port_min,
+            snat_port_max: old.snat_port_max,
+            ..DatapathConfig::default()
+        }
+    );
+    assert_eq!(conntrack_entries(&second), flows);
+    let next = send(&second, Frame::tcp(CLIENT, 40000, VIP, 80), tcp_flags::ACK);
+    assert_eq!(next.dst, backend, "the established flow keeps its backend");
+    assert_eq!(counter(&second, Counter::Established), 1);
+    assert_eq!(
+        counter(&second, Counter::NewFlow),
+        1,
+        "counters were copied"
+    );
+    second.maps.put_config(&migrated).unwrap();
+    drop(second);
+
+    // The next start finds this version's maps and takes them over as they are.
+    let third = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(third.takeover, Takeover::Adopt);
+    assert_eq!(conntrack_entries(&third), flows);
+}
+
+#[test]
+fn an_unknown_abi_version_or_a_mismatched_layout_is_refused_and_left_alone() {
+    let fs = BpfFs::new();
+    let layout = PinLayout::new(root(&fs));
+    std::fs::create_dir_all(root(&fs).join("v9/maps")).unwrap();
+    let err = error_of(open_pinned(&layout, sizes()));
+    assert!(
+        err.contains("ABI version 9") && err.contains(&format!("version {ABI_VERSION}")),
+        "{err}"
+    );
+    assert!(err.contains("keeps serving"), "{err}");
+    assert!(root(&fs).join("v9/maps").exists(), "nothing was touched");
+
+    let fs = BpfFs::new();
+    let layout = PinLayout::new(root(&fs));
+    let dir = layout.maps_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    fs.pin_map_of(&dir.join("CONFIG"), "array", 4, 48, 1);
+    let err = error_of(open_pinned(&layout, sizes()));
+    assert!(
+        err.contains("CONFIG") && err.contains("value size") && err.contains("pinned 48"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_fresh_bpffs_mount_root_works_as_the_pin_root() {
+    let fs = BpfFs::new();
+    let root = fs.dir.clone();
+    assert!(root.join("progs.debug").exists(), "the kernel's own pins");
+    let layout = PinLayout::new(&root);
+    let first = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(first.takeover, Takeover::Fresh);
+    drop(first);
+    let second = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(second.takeover, Takeover::Adopt);
+    drop(second);
+
+    // Removing our pins (detach on exit, or --cleanup) leaves the kernel's alone.
+    assert!(layout.remove_all().unwrap() > 0);
+    assert!(!layout.maps_dir().exists());
+    assert!(root.join("progs.debug").exists() && root.join("maps.debug").exists());
+    let mut report = proxy_agent::cleanup::Report::default();
+    let again = open_pinned(&layout, sizes()).unwrap();
+    drop(again);
+    proxy_agent::modes::ebpf::cleanup::remove_pins(&root, &mut report);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(!report.removed.is_empty());
+    assert!(
+        root.join("progs.debug").exists(),
+        "--cleanup leaves the kernel's pins"
+    );
+}

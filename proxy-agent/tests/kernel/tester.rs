@@ -1,0 +1,361 @@
+//! A table-driven tester for the real programs, after Katran's BPF tester and
+//! Cilium's PKTGEN/SETUP/CHECK: a scenario is data, the node and services the
+//! agent's programmer puts in the maps (setup), then rows of a packet in, the
+//! program it meets (hook), the verdict it must get and the checks the packet
+//! out must pass, with the datapath counters in between. [`Datapath::play`]
+//! runs the rows in order through BPF_PROG_TEST_RUN.
+
+use std::{fmt, net::Ipv4Addr, time::Duration};
+
+use aya::{
+    Ebpf,
+    maps::{MapData, PerCpuArray},
+};
+use proxy_agent::{
+    cli::packet::{self, Frame, checksums_valid, tcp_flags},
+    model::{DesiredService, DesiredState},
+    modes::ebpf::{
+        KernelMaps, Programmer,
+        test_run::{self, Hook},
+    },
+};
+use proxy_common::Counter;
+
+/// A loaded object, its maps, and where the packets of each hook arrive.
+pub struct Datapath {
+    pub ebpf: Ebpf,
+    pub maps: KernelMaps,
+    pub stats: PerCpuArray<MapData, u64>,
+    pub programmer: Programmer,
+    /// The interface `tc_from_pod` runs see (0: none, the kernel's loopback).
+    pod_ifindex: u32,
+    /// The external interface `tc_from_netdev` and XDP runs see.
+    ext_ifindex: u32,
+}
+
+impl Datapath {
+    pub fn new(mut ebpf: Ebpf, pod_ifindex: u32, ext_ifindex: u32) -> Self {
+        let (maps, stats) = KernelMaps::take(&mut ebpf).unwrap();
+        Self {
+            ebpf,
+            maps,
+            stats,
+            programmer: Programmer::new(),
+            pod_ifindex,
+            ext_ifindex,
+        }
+    }
+
+    /// Programs exactly `services`, as a sync of the agent would.
+    pub fn program(&mut self, services: Vec<DesiredService>) {
+        let state = DesiredState {
+            services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
+            ..DesiredState::default()
+        };
+        self.programmer
+            .sync(&state, &mut self.maps)
+            .expect("programming the maps");
+    }
+
+    pub fn run(&self, hook: Hook, pkt: &[u8]) -> test_run::Outcome {
+        let ifindex = match hook {
+            Hook::FromPod => self.pod_ifindex,
+            Hook::FromNetdev | Hook::Xdp => self.ext_ifindex,
+        };
+        test_run::run(&self.ebpf, hook, pkt, ifindex, 1).expect("BPF_PROG_TEST_RUN")
+    }
+
+    pub fn counter(&self, c: Counter) -> u64 {
+        self.stats.get(&(c as u32), 0).unwrap().iter().sum()
+    }
+
+    /// Runs `steps` in order; panics at the first that fails, naming it.
+    pub fn play(&mut self, steps: impl IntoIterator<Item = Step>) {
+        let mut last_out: Option<Vec<u8>> = None;
+        for (i, step) in steps.into_iter().enumerate() {
+            match step {
+                Step::Send {
+                    hook,
+                    packet,
+                    verdict,
+                    out,
+                } => {
+                    let input = match packet {
+                        In::Bytes(bytes) => bytes,
+                        In::Reply(payload) => {
+                            let last = last_out
+                                .as_deref()
+                                .unwrap_or_else(|| panic!("step {i}: no packet to reply to"));
+                            Frame::parse(last)
+                                .unwrap_or_else(|| panic!("step {i}: no frame to reply to"))
+                                .reply()
+                                .build(payload)
+                        }
+                    };
+                    let what = format!("step {i}: {hook:?} <- {}", Shown(&input));
+                    let got = self.run(hook, &input);
+                    assert_eq!(got.verdict, verdict, "{what}: verdict");
+                    for check in &out {
+                        check.assert(&input, &got.packet, &what);
+                    }
+                    last_out = Some(got.packet);
+                }
+                Step::Counters(want) => {
+                    let got: Vec<(Counter, u64)> =
+                        want.iter().map(|(c, _)| (*c, self.counter(*c))).collect();
+                    assert_eq!(got, want, "step {i}: counters");
+                }
+                Step::Wait(d) => std::thread::sleep(d),
+                Step::Setup(change) => change(self),
+            }
+        }
+    }
+}
+
+/// One row of a scenario.
+pub enum Step {
+    /// `packet` through the program of `hook`, which must return `verdict`
+    /// and leave a packet that passes every check of `out`.
+    Send {
+        hook: Hook,
+        packet: In,
+        verdict: i32,
+        out: Vec<Out>,
+    },
+    /// The named counters, summed over CPUs, since the datapath was loaded.
+    Counters(Vec<(Counter, u64)>),
+    /// Time passes (conntrack entries age).
+    Wait(Duration),
+    /// A change to the node or the maps between two packets.
+    Setup(fn(&mut Datapath)),
+}
+
+/// A [`Step::Send`] row.
+pub fn send(hook: Hook, packet: In, verdict: i32, out: impl Into<Vec<Out>>) -> Step {
+    Step::Send {
+        hook,
+        packet,
+        verdict,
+        out: out.into(),
+    }
+}
+
+/// A [`Step::Counters`] row.
+pub fn counters(want: impl Into<Vec<(Counter, u64)>>) -> Step {
+    Step::Counters(want.into())
+}
+
+/// The packet of a [`Step::Send`].
+pub enum In {
+    Bytes(Vec<u8>),
+    /// The answer of whoever received the last packet out: its frame
+    /// reversed, with this payload.
+    Reply(&'static [u8]),
+}
+
+/// `frame` with `payload`, as [`Frame::build`] makes it (TCP: a SYN).
+pub fn pkt(frame: Frame, payload: &[u8]) -> In {
+    In::Bytes(frame.build(payload))
+}
+
+/// A TCP SYN without payload.
+pub fn syn(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> In {
+    pkt(Frame::tcp(src, sport, dst, dport), b"")
+}
+
+/// `frame` (a TCP SYN, no payload) arriving with TTL `ttl`.
+pub fn with_ttl(frame: Frame, ttl: u8) -> In {
+    let mut p = frame.build(b"");
+    p[packet::ETH_HLEN + 8] = ttl;
+    packet::fix_checksums(&mut p);
+    In::Bytes(p)
+}
+
+/// `frame` as a TCP segment with only RST set.
+pub fn rst(frame: Frame) -> In {
+    let mut p = frame.build(b"");
+    p[packet::ETH_HLEN + packet::IPV4_HLEN + 13] = tcp_flags::RST;
+    packet::fix_checksums(&mut p);
+    In::Bytes(p)
+}
+
+/// A check on the packet a program left.
+#[derive(Debug)]
+pub enum Out {
+    // The frame, which must parse and have valid checksums:
+    /// Exactly these addresses, ports and protocol.
+    Is(Frame),
+    Src(Ipv4Addr),
+    Dst(Ipv4Addr),
+    SrcPort(u16),
+    /// This destination address and port.
+    To(Ipv4Addr, u16),
+    /// A source port from the masquerade range.
+    MasqueradePort,
+
+    // The bytes:
+    /// The packet is the input, untouched.
+    Unchanged,
+    /// The input with only addresses, ports and checksums rewritten, to
+    /// exactly this frame, and the checksums verify.
+    Rewritten(Frame),
+    /// [`Out::Rewritten`] to the input's frame with the destination one of
+    /// these addresses, at this port.
+    DnatToOneOf(&'static [Ipv4Addr], u16),
+    EthDst([u8; 6]),
+    EthSrc([u8; 6]),
+    Ttl(u8),
+    /// The IPv4 destination address field.
+    IpDst(Ipv4Addr),
+    /// This TCP flag is set.
+    TcpFlag(u8),
+    /// A UDP checksum of 0 (none) stays 0, and the headers verify.
+    NoUdpChecksum,
+    /// The TCP RST answering the input SYN, byte for byte.
+    Rst,
+    /// The ICMP port unreachable answering the input UDP datagram.
+    PortUnreachable,
+}
+
+const MASQUERADE_PORTS: std::ops::RangeInclusive<u16> = 61000..=65535;
+
+impl Out {
+    fn assert(&self, input: &[u8], out: &[u8], what: &str) {
+        let what = format!("{what}: {self:?}");
+        let parsed = || {
+            assert!(checksums_valid(out), "{what}: checksums must verify");
+            Frame::parse(out).unwrap_or_else(|| panic!("{what}: no frame out"))
+        };
+        match self {
+            Out::Is(want) => assert_eq!(parsed(), *want, "{what}"),
+            Out::Src(want) => assert_eq!(parsed().src, *want, "{what}"),
+            Out::Dst(want) => assert_eq!(parsed().dst, *want, "{what}"),
+            Out::SrcPort(want) => assert_eq!(parsed().sport, *want, "{what}"),
+            Out::To(ip, port) => {
+                let f = parsed();
+                assert_eq!((f.dst, f.dport), (*ip, *port), "{what}");
+            }
+            Out::MasqueradePort => {
+                let port = parsed().sport;
+                assert!(MASQUERADE_PORTS.contains(&port), "{what}: port {port}");
+            }
+            Out::Unchanged => assert_eq!(out, input, "{what}"),
+            Out::Rewritten(want) => assert_rewritten(input, out, *want, &what),
+            Out::DnatToOneOf(backends, port) => {
+                let backend = Frame::parse(out)
+                    .unwrap_or_else(|| panic!("{what}: no frame out"))
+                    .dst;
+                assert!(
+                    backends.contains(&backend),
+                    "{what}: {backend} is not a backend"
+                );
+                let req = Frame::parse(input).expect("a frame in");
+                let want = Frame {
+                    dst: backend,
+                    dport: *port,
+                    ..req
+                };
+                assert_rewritten(input, out, want, &what);
+            }
+            Out::EthDst(mac) => assert_eq!(&out[0..6], mac, "{what}"),
+            Out::EthSrc(mac) => assert_eq!(&out[6..12], mac, "{what}"),
+            Out::Ttl(ttl) => assert_eq!(out[packet::ETH_HLEN + 8], *ttl, "{what}"),
+            Out::IpDst(ip) => assert_eq!(&out[30..34], &ip.octets(), "{what}"),
+            Out::TcpFlag(flag) => assert_eq!(out[14 + 20 + 13] & flag, *flag, "{what}"),
+            Out::NoUdpChecksum => {
+                let off = packet::l4_checksum_offset(input);
+                assert_eq!(
+                    out[off..off + 2],
+                    [0, 0],
+                    "{what}: UDP checksum 0 means none and must stay 0"
+                );
+                assert!(checksums_valid(out), "{what}");
+            }
+            Out::Rst => assert_eq!(out, expected_rst(input), "{what}"),
+            Out::PortUnreachable => assert_port_unreachable(input, out, &what),
+        }
+    }
+}
+
+/// Asserts `out` equals `input` except for the rewritten addresses, ports
+/// and checksums, and that the checksums verify.
+fn assert_rewritten(input: &[u8], out: &[u8], expect: Frame, what: &str) {
+    assert_eq!(out.len(), input.len(), "{what}");
+    assert_eq!(Frame::parse(out), Some(expect), "{what}");
+    assert!(
+        checksums_valid(out),
+        "{what}: checksums must verify after rewrite"
+    );
+    let mut normalized = out.to_vec();
+    let mut want = input.to_vec();
+    // Blank the fields the datapath may change, then everything else must be equal.
+    for buf in [&mut normalized, &mut want] {
+        let l4 = packet::ETH_HLEN + packet::IPV4_HLEN;
+        let csum = packet::l4_checksum_offset(buf);
+        for range in [24..34, l4..l4 + 4, csum..csum + 2] {
+            buf[range].fill(0);
+        }
+    }
+    assert_eq!(
+        normalized, want,
+        "{what}: bytes outside addresses, ports and checksums changed"
+    );
+}
+
+/// The RST the datapath must answer `syn` with, byte for byte.
+fn expected_rst(syn: &[u8]) -> Vec<u8> {
+    let req = Frame::parse(syn).expect("a frame in");
+    let mut want = Frame::tcp(req.dst, req.dport, req.src, req.sport).build(b"");
+    want[0..6].copy_from_slice(&syn[6..12]);
+    want[6..12].copy_from_slice(&syn[0..6]);
+    let ip = packet::ETH_HLEN;
+    want[ip + 1] = 0;
+    want[ip + 4..ip + 6].fill(0); // id
+    let tcp = ip + packet::IPV4_HLEN;
+    want[tcp + 4..tcp + 8].fill(0); // seq
+    want[tcp + 8..tcp + 12].copy_from_slice(&2u32.to_be_bytes()); // SYN seq 1 + 1
+    want[tcp + 13] = tcp_flags::RST | tcp_flags::ACK;
+    want[tcp + 14..tcp + 16].fill(0); // window
+    packet::fix_checksums(&mut want);
+    want
+}
+
+fn assert_port_unreachable(udp: &[u8], icmp: &[u8], what: &str) {
+    let req = Frame::parse(udp).expect("a frame in");
+    assert_eq!(icmp.len(), 14 + 20 + 8 + 20 + 8, "{what}");
+    assert_eq!(&icmp[0..6], &udp[6..12], "{what}");
+    assert_eq!(&icmp[6..12], &udp[0..6], "{what}");
+    let ip = &icmp[14..34];
+    assert_eq!(ip[9], 1, "{what}: ICMP");
+    assert_eq!(&ip[12..16], &req.dst.octets(), "{what}");
+    assert_eq!(&ip[16..20], &req.src.octets(), "{what}");
+    assert_eq!(packet::checksum(&[ip]), 0, "{what}: IP checksum");
+    assert_eq!(&icmp[34..36], &[3, 3], "{what}: port unreachable");
+    assert_eq!(packet::checksum(&[&icmp[34..]]), 0, "{what}: ICMP checksum");
+    assert_eq!(
+        &icmp[42..70],
+        &udp[14..42],
+        "{what}: quotes the original header and 8 bytes"
+    );
+}
+
+/// A packet in a failure message: its frame, or its length.
+struct Shown<'a>(&'a [u8]);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match Frame::parse(self.0) {
+            Some(fr) => write!(
+                f,
+                "proto {} {}:{} -> {}:{} ({} bytes)",
+                fr.proto,
+                fr.src,
+                fr.sport,
+                fr.dst,
+                fr.dport,
+                self.0.len()
+            ),
+            None => write!(f, "{} bytes", self.0.len()),
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! The pure tier: no root, no kernel, no network namespace, and fast. The
+//! options (flags, files, validation, checks, the binary's command line), the
+//! model, the sync engine and its runner, the API and manifests sources, and
+//! the parts of `--cleanup` checked against fakes. Runs first, to fail early.
+
+#[path = "../shared/options_common.rs"]
+mod options_common;
+
+mod cleanup_fakes;
+mod manifests_source;
+mod model_build;
+mod model_categorize;
+mod model_trackers;
+mod options_binary;
+mod options_checks;
+mod options_config_watch;
+mod options_decode;
+mod options_defaults;
+mod options_flags;
+mod options_hostsetup;
+mod options_precedence;
+mod options_validation;
+mod options_write_config;
+mod parsers_fuzz;
+mod runner_bounded_frequency;
+mod runner_sync_engine;
+mod watch_api;
