@@ -44,7 +44,6 @@ impl Packet {
             self.l4_off + 6
         }
     }
-
 }
 
 #[repr(C)]
