@@ -65,6 +65,9 @@ counters! {
     XdpPass = 19 => "xdp_pass",
     /// New TCP connections on the tuple of a finished one (FIN or RST seen), balanced anew.
     Reopened = 20 => "reopened",
+    /// Conntrack entries rebuilt from the other half of a live flow after the
+    /// full table evicted them.
+    ConntrackRebuilt = 21 => "conntrack_rebuilt",
 }
 
 const _: () = assert!((Counter::ALL.len() as u32) <= COUNTER_MAX);

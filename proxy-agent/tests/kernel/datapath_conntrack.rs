@@ -268,6 +268,7 @@ fn an_evicted_half_of_a_live_flow_is_rebuilt_from_the_other() {
     sleep_ms(1_100);
     assert_eq!(f.send(request(40000), tcp_flags::ACK).dst, backend);
     assert!(f.reply_translated(backend, 40000));
+    assert_eq!(f.counter(Counter::ConntrackRebuilt), 1);
 
     // The forward entry is gone: a reply rebuilds it, so the client's next
     // segment stays on its backend instead of being balanced anew.
@@ -277,4 +278,5 @@ fn an_evicted_half_of_a_live_flow_is_rebuilt_from_the_other() {
     let new_flows = f.counter(Counter::NewFlow);
     assert_eq!(f.send(request(40000), tcp_flags::ACK).dst, backend);
     assert_eq!(f.counter(Counter::NewFlow), new_flows);
+    assert_eq!(f.counter(Counter::ConntrackRebuilt), 2);
 }
