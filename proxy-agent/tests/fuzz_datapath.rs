@@ -2024,6 +2024,9 @@ fn one_client_port_two_frontends(specs: &[Spec], first: Tuple, second: Tuple) {
             (second.src, backend.0, backend.1),
             "{hook:?}"
         );
+        let synack = tcp_flags::SYN | tcp_flags::ACK;
+        let back_a = send(&fx, hook, a.reversed(), synack);
+        assert_eq!(back_a, first.reversed(), "{hook:?}: the first flow's reply");
         assert_ne!(
             b.sport, a.sport,
             "{hook:?}: the second flow needs a reply tuple of its own"
@@ -2032,10 +2035,6 @@ fn one_client_port_two_frontends(specs: &[Spec], first: Tuple, second: Tuple) {
             (SNAT_PORT_MIN..=SNAT_PORT_MAX).contains(&b.sport),
             "{hook:?}: {b}"
         );
-
-        let synack = tcp_flags::SYN | tcp_flags::ACK;
-        let back_a = send(&fx, hook, a.reversed(), synack);
-        assert_eq!(back_a, first.reversed(), "{hook:?}: the first flow's reply");
         let back_b = send(&fx, hook, b.reversed(), synack);
         assert_eq!(
             back_b,
