@@ -2,7 +2,8 @@
 //! ClusterIP (from a pod) and through a NodePort (from outside, masqueraded),
 //! and a UDP stream, keep working on their original backends while the agent
 //! is killed (`kill -9`) or stopped (SIGTERM), while no agent runs, and after
-//! a new agent takes the pinned datapath over. Needs root.
+//! a new agent takes the pinned datapath over, also when it first migrates
+//! maps of the previous map ABI. Needs root.
 
 use std::{fs, path::Path, time::Duration};
 
@@ -53,6 +54,39 @@ spec:
         ),
     )
     .unwrap();
+}
+
+/// Makes the pinned datapath look as an agent of the previous map ABI (3)
+/// left it: its maps under `v3/`, with the 48-byte CONFIG of that version
+/// holding the same settings. The programs keep running on the maps they
+/// hold, exactly as an old agent's would.
+fn pin_as_previous_abi(pins: &BpfFs) {
+    use aya::maps::{Array, Map, MapData};
+    use proxy_agent::modes::ebpf::migrate::v3;
+    use proxy_common::{ABI_VERSION, DatapathConfig};
+
+    let root = pins.dir.join("kube-ebpf-proxy");
+    let open = |path: &Path| Map::from_map_data(MapData::from_pin(path).unwrap()).unwrap();
+    let current = root.join(format!("v{ABI_VERSION}/maps/CONFIG"));
+    let config: Array<MapData, DatapathConfig> = open(&current).try_into().unwrap();
+    let c = config.get(&0, 0).unwrap();
+    fs::rename(root.join(format!("v{ABI_VERSION}")), root.join("v3")).unwrap();
+    let old = root.join("v3/maps/CONFIG");
+    fs::remove_file(&old).unwrap();
+    pins.pin_map_of(&old, "array", 4, 48, 1);
+    let mut config: Array<MapData, v3::DatapathConfig> = open(&old).try_into().unwrap();
+    let previous = v3::DatapathConfig {
+        tcp_established_ns: c.tcp_established_ns,
+        tcp_closing_ns: c.tcp_closing_ns,
+        udp_ns: c.udp_ns,
+        udp_stream_ns: c.udp_stream_ns,
+        masquerade_addr_be: c.masquerade_addr_be,
+        flags: c.flags,
+        snat_port_min: c.snat_port_min,
+        snat_port_max: c.snat_port_max,
+        _pad: 0,
+    };
+    config.set(0, previous, 0).unwrap();
 }
 
 fn start(ns: &str, dir: &Path, pins: &BpfFs, run: u32) -> Agent {
@@ -110,10 +144,12 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
     let udp = UdpStream::start(&client, sock(VIP), Duration::from_millis(10)).unwrap();
     std::thread::sleep(Duration::from_millis(300));
 
-    for (round, how) in [(1, "kill -9"), (2, "SIGTERM")] {
-        if how == "kill -9" {
-            agent.kill();
-        } else {
+    for (round, how) in [
+        (1, "kill -9"),
+        (2, "SIGTERM"),
+        (3, "kill -9 and an upgrade from the previous map ABI"),
+    ] {
+        if how == "SIGTERM" {
             let status = agent.stop();
             assert!(status.success(), "{status:?}");
             assert!(
@@ -121,6 +157,11 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
                 "{}",
                 agent.log_text()
             );
+        } else {
+            agent.kill();
+        }
+        if round == 3 {
+            pin_as_previous_abi(&pins);
         }
         // No agent runs: the pinned datapath keeps serving.
         std::thread::sleep(Duration::from_millis(300));
@@ -137,6 +178,14 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
 
         let started = std::time::Instant::now();
         agent = start(&tb.node_ns, dir.path(), &pins, round);
+        if round == 3 {
+            wait_for(Duration::from_secs(20), "the migration", || {
+                agent
+                    .log_text()
+                    .contains("migrated the pinned maps to this agent's layout")
+                    .then_some(())
+            });
+        }
         wait_for(
             Duration::from_secs(20),
             "the new agent to take over",
@@ -187,8 +236,8 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
         tally.sent, tally.answered
     );
     assert!(
-        lost <= 2,
-        "UDP datagrams lost across two restarts: {lost} ({tally:?})"
+        lost <= 3,
+        "UDP datagrams lost across three restarts: {lost} ({tally:?})"
     );
     agent.stop();
 }
