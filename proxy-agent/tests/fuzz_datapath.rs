@@ -410,12 +410,22 @@ struct Model {
 // A small seeded PRNG (SplitMix64): the packet stream depends only on the
 // seed and on the datapath's own choices (backends, masquerade ports).
 
-struct Rng(u64);
+struct Rng {
+    state: u64,
+    sweep: u8,
+}
 
 impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng {
+            state: seed,
+            sweep: 0,
+        }
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
@@ -445,6 +455,12 @@ impl Rng {
         for b in buf {
             *b = self.next() as u8;
         }
+    }
+
+    /// 0, 1, .. 255, 0, ..: for what must go through every value.
+    fn sweep(&mut self) -> u8 {
+        self.sweep = self.sweep.wrapping_add(1);
+        self.sweep.wrapping_sub(1)
     }
 
     fn bytes(&mut self, len: usize) -> Vec<u8> {
@@ -509,8 +525,8 @@ fn tcp_flags_for(rng: &mut Rng) -> u8 {
         64..70 => FIN | ACK,
         70..74 => RST,
         74..77 => RST | ACK,
-        // Every combination, the reserved bits' neighbours included.
-        _ => rng.next() as u8,
+        // Every combination in turn, the reserved bits included.
+        _ => rng.sweep(),
     }
 }
 
@@ -1099,11 +1115,17 @@ impl Parsed {
         packet::checksum(&[&pseudo, l4]) == 0
     }
 
-    fn header_valid_for_the_kernel(&self, pkt: &[u8]) -> bool {
-        self.version == 4
-            && self.ip_valid(pkt)
-            && self.tot_len >= self.ihl
-            && ETH_HLEN + self.tot_len <= pkt.len()
+    /// Why the kernel's IPv4 input (ip_rcv) would drop this packet, if it would.
+    fn kernel_drops(&self, pkt: &[u8]) -> Option<&'static str> {
+        if self.version != 4 {
+            Some("version")
+        } else if !self.ip_valid(pkt) {
+            Some("header checksum")
+        } else if self.tot_len < self.ihl || ETH_HLEN + self.tot_len > pkt.len() {
+            Some("total length")
+        } else {
+            None
+        }
     }
 }
 
@@ -1124,10 +1146,10 @@ struct Stats {
     results: BTreeMap<Judged, u64>,
     classes: BTreeMap<Class, u64>,
     followups: u64,
+    followup_results: BTreeMap<Judged, u64>,
     tcp_flag_combinations: BTreeSet<u8>,
-    /// Translated although the kernel's IPv4 input checks would drop it
-    /// (version != 4, bad header checksum, total length inconsistent).
-    translated_invalid_header: u64,
+    /// Translated although the kernel's IPv4 input checks would drop it, by reason.
+    translated_invalid_header: BTreeMap<&'static str, u64>,
 }
 
 struct Violation {
@@ -1216,7 +1238,7 @@ impl<'a> Oracle<'a> {
         let verdict = outcome.as_ref().ok().map(|o| o.verdict);
         let key = match verdict {
             Some(v) => verdict_name(hook, v),
-            None => "EINVAL".into(),
+            None => "refused".into(),
         };
         *self.stats.verdicts.entry(key).or_default() += 1;
         let judged = match &outcome {
@@ -1237,9 +1259,12 @@ impl<'a> Oracle<'a> {
                         Err(e) => Err(format!("[action] the test run failed: {e:#}")),
                         Ok(out) => self.judge(Hook::FromNetdev, shape, input, out),
                     };
-                    if let Err(what) = judged {
-                        let what = format!("after XDP_PASS: {what}");
-                        self.violation(index, Hook::FromNetdev, class, what, input, after.ok());
+                    match judged {
+                        Ok(r) => *self.stats.followup_results.entry(r).or_default() += 1,
+                        Err(what) => {
+                            let what = format!("after XDP_PASS: {what}");
+                            self.violation(index, Hook::FromNetdev, class, what, input, after.ok());
+                        }
                     }
                 }
             }
@@ -1346,8 +1371,12 @@ impl<'a> Oracle<'a> {
             return Ok(r);
         }
         self.check_rewrite(hook, &p, input, out)?;
-        if !p.header_valid_for_the_kernel(input) {
-            self.stats.translated_invalid_header += 1;
+        if let Some(reason) = p.kernel_drops(input) {
+            *self
+                .stats
+                .translated_invalid_header
+                .entry(reason)
+                .or_default() += 1;
         }
         let o = p.tuple_at(&out.packet);
         if let Some(want) = reply {
@@ -1887,7 +1916,7 @@ fn fuzz(hook: Hook) {
     let world = World::new();
     let generator = Generator { world: &world };
     let mut oracle = Oracle::new(&world);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let start = Instant::now();
     for index in 0..packets {
         let (class, pkt) = generator.next(&mut rng, &oracle.model);
@@ -1899,29 +1928,45 @@ fn fuzz(hook: Hook) {
 
 fn report(hook: Hook, seed: u64, oracle: &Oracle, elapsed: std::time::Duration) {
     let s = &oracle.stats;
+    let list = |m: &mut dyn Iterator<Item = (String, u64)>| {
+        m.map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let r = |k| s.results.get(&k).copied().unwrap_or(0);
-    let verdicts = s
-        .verdicts
-        .iter()
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let followups = match hook {
+        Hook::Xdp => format!(
+            "; then tc_from_netdev on the {} XDP_PASS of TCP/UDP [{}]",
+            s.followups,
+            list(
+                &mut s
+                    .followup_results
+                    .iter()
+                    .map(|(k, v)| (format!("{k:?}").to_lowercase(), *v))
+            )
+        ),
+        _ => String::new(),
+    };
     println!(
-        "fuzz {}: {} packets (seed {seed:#x}): verdicts [{verdicts}]; forwarded {}, replies {}, rejected {}, dropped {}, passed {}, refused by the kernel {}; \
-         {} runs of tc_from_netdev after XDP_PASS; {} flows; {}/256 TCP flag combinations; {} translated with an IPv4 header the kernel would drop; \
-         {} violations; {:.1} s",
+        "fuzz {}: {} packets, verdicts [{}]; forwarded {}, replies {}, rejected {}, dropped {}, passed {}, refused by the kernel {}{followups}; \
+         {} flows, {}/256 TCP flag combinations, translated although ip_rcv would drop them [{}]; {} violations; {:.1} s (seed {seed:#x})",
         program_name(hook),
         s.packets,
+        list(&mut s.verdicts.iter().map(|(k, v)| (k.clone(), *v))),
         r(Judged::Forwarded),
         r(Judged::Reply),
         r(Judged::Rejected),
         r(Judged::Dropped),
         r(Judged::Passed),
         r(Judged::Refused),
-        s.followups,
         oracle.model.forwards.len(),
         s.tcp_flag_combinations.len(),
-        s.translated_invalid_header,
+        list(
+            &mut s
+                .translated_invalid_header
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+        ),
         oracle.violation_count,
         elapsed.as_secs_f64(),
     );

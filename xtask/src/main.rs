@@ -1,6 +1,7 @@
 //! Project tasks: `cargo xtask <setup|build|load|test|demo|bench>`.
 
 mod demo;
+mod fuzz;
 mod setup;
 
 use std::{
@@ -49,6 +50,12 @@ enum Task {
     Demo,
     /// Run the benchmarks (sync engine; per-packet cost of the eBPF programs) and print their figures. Needs root.
     Bench,
+    /// Fuzz every datapath program through BPF_PROG_TEST_RUN against an oracle of the services and flows, and print the figures. Needs root.
+    Fuzz {
+        /// Packets per program.
+        #[arg(long, default_value_t = 1_000_000)]
+        packets: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -115,6 +122,11 @@ fn run(task: Task) -> anyhow::Result<()> {
                 bail!("benchmarks failed ({status})");
             }
             Ok(())
+        }
+        Task::Fuzz { packets } => {
+            setup::ensure()?;
+            require_root()?;
+            fuzz::run(packets)
         }
         Task::Demo => {
             setup::ensure()?;

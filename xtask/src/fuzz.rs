@@ -1,0 +1,24 @@
+//! `cargo xtask fuzz`: every datapath program fuzzed through
+//! BPF_PROG_TEST_RUN (proxy-agent's `fuzz_datapath` test) with many packets.
+
+use anyhow::{Context as _, bail};
+
+/// What the test reads for the number of packets per program.
+const PACKETS_VAR: &str = "KUBE_EBPF_PROXY_FUZZ_PACKETS";
+
+/// Runs the fuzzer with `packets` packets per program; it prints one line
+/// of figures per program, and fails on the first invariant a packet breaks.
+pub fn run(packets: u64) -> anyhow::Result<()> {
+    let status = super::cargo()
+        .args(["test", "-p", "proxy-agent", "--test", "fuzz_datapath"])
+        .args(["--", "--nocapture"])
+        .env(PACKETS_VAR, packets.to_string())
+        // The test loads the real programs: the object must be embedded.
+        .env_remove("AYA_BUILD_SKIP")
+        .status()
+        .context("running cargo test")?;
+    if !status.success() {
+        bail!("the datapath fuzzer failed ({status})");
+    }
+    Ok(())
+}
