@@ -9,15 +9,24 @@
 //! it saw being created, not the datapath's code:
 //!
 //! - the action is one the hook allows and the test run never fails (but
-//!   for frames shorter than an Ethernet header, which the kernel refuses);
+//!   for the frames the kernel refuses to run: shorter than an Ethernet
+//!   header, or for TC than an IPv4 / IPv6 header);
 //! - a new destination is an endpoint of the service whose frontend the
 //!   packet was sent to (with that service's traffic policy, masquerade and
-//!   source ranges applied), with checksums as valid as they came in;
+//!   source ranges applied), with checksums as valid as they came in, and
+//!   only addresses, ports, checksums, TTL and MACs changed;
 //! - a source rewritten to a frontend is the reply of a flow forwarded
-//!   earlier in the run, translated back to exactly that flow's client;
+//!   earlier in the run, translated back to exactly that flow's client,
+//!   and a new flow never takes a live flow's reply tuple;
 //! - a reject (TCP RST, ICMP port unreachable) answers only a service
-//!   without endpoints or an unused port of a cluster IP;
+//!   without endpoints or an unused port of a cluster IP, and is well made;
+//! - a drop has a reason the service gives (source ranges, no local
+//!   endpoint, masquerade ports crowded, a reject that cannot be built);
 //! - anything else leaves untouched (or, malformed, is dropped).
+//!
+//! Timeouts are an hour and the conntrack table holds every flow of the
+//! run, so the oracle's model of the flows stays exact. The regression
+//! cases at the end are what the fuzzer found, minimised.
 //!
 //! Each program gets its own object, maps and network namespace (one
 //! `unshare` per test thread: a node with an external veth and a pod veth,
@@ -49,16 +58,10 @@ use proxy_agent::{
 };
 use proxy_common::{
     DatapathConfig, IfaceInfo,
+    action::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, XDP_DROP, XDP_PASS, XDP_TX},
     config::{flags, iface},
     proto,
 };
-
-const TC_ACT_OK: i32 = 0;
-const TC_ACT_SHOT: i32 = 2;
-const TC_ACT_REDIRECT: i32 = 7;
-const XDP_DROP: i32 = 1;
-const XDP_PASS: i32 = 2;
-const XDP_TX: i32 = 3;
 
 const PACKETS_VAR: &str = "KUBE_EBPF_PROXY_FUZZ_PACKETS";
 const SEED_VAR: &str = "KUBE_EBPF_PROXY_FUZZ_SEED";
@@ -127,122 +130,126 @@ struct Spec {
 const SPECS: &[Spec] = &[
     // ClusterIP + NodePort, a local and a remote endpoint.
     Spec {
-        name: "web",
-        protocol: Protocol::Tcp,
-        vip: Ipv4Addr::new(198, 19, 0, 10),
-        port: 80,
         node_port: Some(30080),
-        external_ip: None,
-        lb_ip: None,
-        source_ranges: &[],
-        etp_local: false,
-        endpoints: &[(LOCAL_A, 8080, true), (REMOTE_A, 8080, false)],
+        ..Spec::cluster_ip(
+            "web",
+            Protocol::Tcp,
+            Ipv4Addr::new(198, 19, 0, 10),
+            80,
+            &[(LOCAL_A, 8080, true), (REMOTE_A, 8080, false)],
+        )
     },
     // The same cluster IP, UDP.
     Spec {
-        name: "dns",
-        protocol: Protocol::Udp,
-        vip: Ipv4Addr::new(198, 19, 0, 10),
-        port: 53,
         node_port: Some(30053),
-        external_ip: None,
-        lb_ip: None,
-        source_ranges: &[],
-        etp_local: false,
-        endpoints: &[(LOCAL_B, 5353, true), (REMOTE_B, 5353, false)],
+        ..Spec::cluster_ip(
+            "dns",
+            Protocol::Udp,
+            Ipv4Addr::new(198, 19, 0, 10),
+            53,
+            &[(LOCAL_B, 5353, true), (REMOTE_B, 5353, false)],
+        )
     },
     // An external IP.
     Spec {
-        name: "ext",
-        protocol: Protocol::Tcp,
-        vip: Ipv4Addr::new(198, 19, 0, 11),
-        port: 443,
-        node_port: None,
         external_ip: Some(Ipv4Addr::new(198, 18, 3, 31)),
-        lb_ip: None,
-        source_ranges: &[],
-        etp_local: false,
-        endpoints: &[(REMOTE_A, 8443, false), (REMOTE_B, 8443, false)],
+        ..Spec::cluster_ip(
+            "ext",
+            Protocol::Tcp,
+            Ipv4Addr::new(198, 19, 0, 11),
+            443,
+            &[(REMOTE_A, 8443, false), (REMOTE_B, 8443, false)],
+        )
     },
     // An LB IP with source ranges, TCP and UDP.
     Spec {
-        name: "lb",
-        protocol: Protocol::Tcp,
-        vip: Ipv4Addr::new(198, 19, 0, 12),
-        port: 80,
         node_port: Some(30081),
-        external_ip: None,
-        lb_ip: Some(Ipv4Addr::new(198, 18, 3, 21)),
-        source_ranges: &["198.18.0.100/32", "198.18.1.0/24"],
-        etp_local: false,
-        endpoints: &[(REMOTE_B, 8080, false), (LOCAL_A, 8081, true)],
+        lb_ip: Some(LB_IP),
+        source_ranges: LB_RANGES,
+        ..Spec::cluster_ip(
+            "lb",
+            Protocol::Tcp,
+            Ipv4Addr::new(198, 19, 0, 12),
+            80,
+            &[(REMOTE_B, 8080, false), (LOCAL_A, 8081, true)],
+        )
     },
     Spec {
-        name: "lb",
-        protocol: Protocol::Udp,
-        vip: Ipv4Addr::new(198, 19, 0, 12),
-        port: 80,
         node_port: Some(30081),
-        external_ip: None,
-        lb_ip: Some(Ipv4Addr::new(198, 18, 3, 21)),
-        source_ranges: &["198.18.0.100/32", "198.18.1.0/24"],
-        etp_local: false,
-        endpoints: &[(REMOTE_B, 8080, false)],
+        lb_ip: Some(LB_IP),
+        source_ranges: LB_RANGES,
+        ..Spec::cluster_ip(
+            "lb",
+            Protocol::Udp,
+            Ipv4Addr::new(198, 19, 0, 12),
+            80,
+            &[(REMOTE_B, 8080, false)],
+        )
     },
     // No endpoints: rejected, TCP and UDP.
     Spec {
-        name: "empty",
-        protocol: Protocol::Tcp,
-        vip: Ipv4Addr::new(198, 19, 0, 13),
-        port: 80,
         node_port: Some(30082),
-        external_ip: None,
-        lb_ip: None,
-        source_ranges: &[],
-        etp_local: false,
-        endpoints: &[],
+        ..Spec::cluster_ip("empty", Protocol::Tcp, EMPTY_VIP, 80, &[])
     },
     Spec {
-        name: "empty",
-        protocol: Protocol::Udp,
-        vip: Ipv4Addr::new(198, 19, 0, 13),
-        port: 80,
         node_port: Some(30082),
-        external_ip: None,
-        lb_ip: None,
-        source_ranges: &[],
-        etp_local: false,
-        endpoints: &[],
+        ..Spec::cluster_ip("empty", Protocol::Udp, EMPTY_VIP, 80, &[])
     },
     // externalTrafficPolicy Local with a local endpoint, and an LB IP.
     Spec {
-        name: "local",
-        protocol: Protocol::Tcp,
-        vip: Ipv4Addr::new(198, 19, 0, 14),
-        port: 80,
         node_port: Some(30083),
-        external_ip: None,
-        lb_ip: Some(Ipv4Addr::new(198, 18, 3, 22)),
-        source_ranges: &[],
+        lb_ip: Some(LOCAL_LB_IP),
         etp_local: true,
-        endpoints: &[(LOCAL_A, 9090, true), (REMOTE_A, 9090, false)],
+        ..Spec::cluster_ip(
+            "local",
+            Protocol::Tcp,
+            LOCAL_VIP,
+            80,
+            &[(LOCAL_A, 9090, true), (REMOTE_A, 9090, false)],
+        )
     },
     // externalTrafficPolicy Local with endpoints elsewhere only.
     Spec {
-        name: "elsewhere",
-        protocol: Protocol::Udp,
-        vip: Ipv4Addr::new(198, 19, 0, 15),
-        port: 53,
         node_port: Some(30084),
-        external_ip: None,
-        lb_ip: None,
-        source_ranges: &[],
         etp_local: true,
-        endpoints: &[(REMOTE_B, 9053, false)],
+        ..Spec::cluster_ip(
+            "elsewhere",
+            Protocol::Udp,
+            Ipv4Addr::new(198, 19, 0, 15),
+            53,
+            &[(REMOTE_B, 9053, false)],
+        )
     },
 ];
+const LB_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 21);
+const LB_RANGES: &[&str] = &["198.18.0.100/32", "198.18.1.0/24"];
+const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 13);
+const LOCAL_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 14);
+const LOCAL_LB_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 22);
 
 impl Spec {
+    /// A ClusterIP service port, and nothing more.
+    const fn cluster_ip(
+        name: &'static str,
+        protocol: Protocol,
+        vip: Ipv4Addr,
+        port: u16,
+        endpoints: &'static [(Ipv4Addr, u16, bool)],
+    ) -> Spec {
+        Spec {
+            name,
+            protocol,
+            vip,
+            port,
+            node_port: None,
+            external_ip: None,
+            lb_ip: None,
+            source_ranges: &[],
+            etp_local: false,
+            endpoints,
+        }
+    }
+
     fn ip_proto(&self) -> u8 {
         self.protocol.ip_proto()
     }
@@ -404,6 +411,25 @@ struct Model {
     forward_keys: Vec<Tuple>,
     /// Masqueraded flows by backend (address, port, protocol).
     masqueraded: HashMap<(Ipv4Addr, u16, u8), usize>,
+}
+
+impl Model {
+    /// The other flow (as it leaves, frontend -> client) whose replies come
+    /// back on the reply tuple `t` would have to `backend` without a
+    /// translated source.
+    fn clash(&self, t: &Tuple, (addr, port): (Ipv4Addr, u16)) -> Option<Tuple> {
+        let plain = Tuple {
+            src: addr,
+            sport: port,
+            dst: t.src,
+            dport: t.sport,
+            proto: t.proto,
+        };
+        self.replies
+            .get(&plain)
+            .copied()
+            .filter(|m| *m != t.reversed())
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -863,12 +889,7 @@ impl Generator<'_> {
             3..7 => (random_addr(rng), rng.next() as u16),
             // The node, or an external / LB IP, on a port that is no frontend.
             _ => {
-                let addr = *rng.pick(&[
-                    NODE,
-                    Ipv4Addr::new(198, 18, 3, 31),
-                    Ipv4Addr::new(198, 18, 3, 21),
-                    Ipv4Addr::new(198, 18, 3, 22),
-                ]);
+                let addr = *rng.pick(&[NODE, Ipv4Addr::new(198, 18, 3, 31), LB_IP, LOCAL_LB_IP]);
                 (addr, rng.next() as u16)
             }
         };
@@ -1434,21 +1455,32 @@ impl<'a> Oracle<'a> {
         if backends.is_empty() {
             return Ok(());
         }
-        let pressure = backends.iter().any(|(a, port)| {
-            self.world.masquerades(spec, kind, t.src, *a)
-                && self
-                    .model
-                    .masqueraded
-                    .get(&(*a, *port, t.proto))
-                    .copied()
-                    .unwrap_or(0)
-                    >= SNAT_PRESSURE
-        });
-        if pressure {
+        // A port claim may fail where masqueraded flows crowd the ports:
+        // for a masqueraded flow, or one from the masquerade address itself
+        // that needs a port of its own.
+        let crowded = |&(a, port): &(Ipv4Addr, u16)| {
+            let claims = self.world.masquerades(spec, kind, t.src, a)
+                || (t.src == NODE && self.model.clash(&t, (a, port)).is_some());
+            let masqueraded = self.model.masqueraded.get(&(a, port, t.proto));
+            claims && masqueraded.copied().unwrap_or(0) >= SNAT_PRESSURE
+        };
+        if backends.iter().any(crowded) {
             return Ok(());
         }
+        let why = backends
+            .iter()
+            .map(|&(a, port)| {
+                let masqueraded = self.model.masqueraded.get(&(a, port, t.proto));
+                format!(
+                    "{a}:{port}: {} masqueraded flows, reply tuple taken by {:?}",
+                    masqueraded.copied().unwrap_or(0),
+                    self.model.clash(&t, (a, port)).map(|m| m.to_string())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
         Err(format!(
-            "[drop] dropped {t}, though service {} has endpoints for it",
+            "[drop] dropped {t}, though service {} has endpoints for it ({why})",
             s.name
         ))
     }
@@ -1619,7 +1651,9 @@ impl<'a> Oracle<'a> {
             let macs_kept = o[0..12] == input[0..12];
             let smac_ok = o[6..12] == EXT_MAC || (hook != Hook::Xdp && o[6..12] == POD_MAC);
             let dmac_ok = NEIGHBOURS.iter().any(|(_, mac, _)| o[0..6] == *mac);
-            if !(smac_ok && dmac_ok) && !(macs_kept && hook != Hook::Xdp) {
+            let next_hop = smac_ok && dmac_ok;
+            // bpf_redirect_neigh (TC) fills the MACs in later.
+            if !(next_hop || (macs_kept && hook != Hook::Xdp)) {
                 return Err("[rewrite] sent on with MACs of no next hop".into());
             }
         } else if ttl_out != ttl_in || o[0..12] != input[0..12] {
@@ -1684,17 +1718,7 @@ impl<'a> Oracle<'a> {
         // Without masquerade the client keeps its address, and its port
         // unless another live flow's replies already come back on the
         // flow's reply tuple (then, as the kernel's NAT, a port of its own).
-        let clash = self
-            .model
-            .replies
-            .get(&Tuple {
-                src: o.dst,
-                sport: o.dport,
-                dst: t.src,
-                dport: t.sport,
-                proto: t.proto,
-            })
-            .is_some_and(|m| *m != t.reversed());
+        let clash = self.model.clash(&t, (o.dst, o.dport)).is_some();
         let snat_port = (SNAT_PORT_MIN..=SNAT_PORT_MAX).contains(&o.sport);
         let src_ok = if masq {
             o.src == NODE && snat_port
@@ -2099,26 +2123,26 @@ fn one_client_port_two_frontends(specs: &[Spec], first: Tuple, second: Tuple) {
 #[test]
 fn regression_a_pod_port_to_the_cluster_ip_and_lb_ip_of_one_service() {
     const SPECS: &[Spec] = &[Spec {
-        name: "local",
-        protocol: Protocol::Tcp,
-        vip: Ipv4Addr::new(198, 19, 0, 14),
-        port: 80,
         node_port: Some(30083),
-        external_ip: None,
-        lb_ip: Some(Ipv4Addr::new(198, 18, 3, 22)),
-        source_ranges: &[],
+        lb_ip: Some(LOCAL_LB_IP),
         etp_local: true,
-        endpoints: &[(REMOTE_A, 9090, false)],
+        ..Spec::cluster_ip(
+            "local",
+            Protocol::Tcp,
+            LOCAL_VIP,
+            80,
+            &[(REMOTE_A, 9090, false)],
+        )
     }];
     let first = Tuple {
         src: LOCAL_POD,
         sport: 40038,
-        dst: Ipv4Addr::new(198, 19, 0, 14),
+        dst: LOCAL_VIP,
         dport: 80,
         proto: proto::TCP,
     };
     let second = Tuple {
-        dst: Ipv4Addr::new(198, 18, 3, 22),
+        dst: LOCAL_LB_IP,
         ..first
     };
     one_client_port_two_frontends(SPECS, first, second);
@@ -2128,41 +2152,22 @@ fn regression_a_pod_port_to_the_cluster_ip_and_lb_ip_of_one_service() {
 /// reaching both from one source port.
 #[test]
 fn regression_a_pod_port_to_two_services_on_one_endpoint() {
+    const ENDPOINT: &[(Ipv4Addr, u16, bool)] = &[(LOCAL_A, 8080, true)];
+    const WEB: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 20);
+    const ALIAS: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 21);
     const SPECS: &[Spec] = &[
-        Spec {
-            name: "web",
-            protocol: Protocol::Tcp,
-            vip: Ipv4Addr::new(198, 19, 0, 20),
-            port: 80,
-            node_port: None,
-            external_ip: None,
-            lb_ip: None,
-            source_ranges: &[],
-            etp_local: false,
-            endpoints: &[(LOCAL_A, 8080, true)],
-        },
-        Spec {
-            name: "web-alias",
-            protocol: Protocol::Tcp,
-            vip: Ipv4Addr::new(198, 19, 0, 21),
-            port: 80,
-            node_port: None,
-            external_ip: None,
-            lb_ip: None,
-            source_ranges: &[],
-            etp_local: false,
-            endpoints: &[(LOCAL_A, 8080, true)],
-        },
+        Spec::cluster_ip("web", Protocol::Tcp, WEB, 80, ENDPOINT),
+        Spec::cluster_ip("web-alias", Protocol::Tcp, ALIAS, 80, ENDPOINT),
     ];
     let first = Tuple {
         src: LOCAL_POD,
         sport: 40000,
-        dst: Ipv4Addr::new(198, 19, 0, 20),
+        dst: WEB,
         dport: 80,
         proto: proto::TCP,
     };
     let second = Tuple {
-        dst: Ipv4Addr::new(198, 19, 0, 21),
+        dst: ALIAS,
         ..first
     };
     one_client_port_two_frontends(SPECS, first, second);
