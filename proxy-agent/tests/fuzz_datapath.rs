@@ -416,6 +416,11 @@ struct Model {
     forward_keys: Vec<Tuple>,
     /// Masqueraded flows by backend (address, port, protocol).
     masqueraded: HashMap<(Ipv4Addr, u16, u8), usize>,
+    /// Reply tuples another flow took over (REPLY_TUPLE_CLASH_KNOWN) that a
+    /// SYN of a flow they were taken from may have taken back (if that flow
+    /// was finished, the SYN reopened it): the mappings they may hold
+    /// instead, until a reply shows which.
+    taken_back: HashMap<Tuple, Vec<Tuple>>,
 }
 
 impl Model {
@@ -1408,7 +1413,17 @@ impl<'a> Oracle<'a> {
                 .or_default() += 1;
         }
         let o = p.tuple_at(&out.packet);
-        if let Some(want) = reply {
+        if let Some(mut want) = reply {
+            if self
+                .model
+                .taken_back
+                .get(&t)
+                .is_some_and(|m| m.contains(&o))
+            {
+                self.model.replies.insert(t, o);
+                want = o;
+            }
+            self.model.taken_back.remove(&t);
             if o != want {
                 return Err(format!(
                     "[reply] the reply {t} left as {o}, its flow says {want}"
@@ -1711,7 +1726,21 @@ impl<'a> Oracle<'a> {
         }
         match self.model.forwards.get(&t) {
             // Established: judged when it was created.
-            Some(prev) if *prev == o => return Ok(()),
+            Some(prev) if *prev == o => {
+                let key = o.reversed();
+                let syn = p.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN;
+                if REPLY_TUPLE_CLASH_KNOWN
+                    && t.proto == proto::TCP
+                    && syn
+                    && self.model.replies.get(&key) != Some(&t.reversed())
+                {
+                    let maybe = self.model.taken_back.entry(key).or_default();
+                    if !maybe.contains(&t.reversed()) {
+                        maybe.push(t.reversed());
+                    }
+                }
+                return Ok(());
+            }
             Some(prev) => {
                 let syn = p.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN;
                 if !(t.proto == proto::TCP && syn) {
@@ -1749,6 +1778,7 @@ impl<'a> Oracle<'a> {
         {
             self.model.forwards.insert(t, o);
             self.model.replies.insert(key, back);
+            self.model.taken_back.remove(&key);
             let what = format!(
                 "[collision] the new flow {t} -> {o} took the reply tuple of the live flow {} -> {}",
                 old.reversed(),
@@ -1762,6 +1792,7 @@ impl<'a> Oracle<'a> {
             return Err(what);
         }
         self.model.forwards.insert(t, o);
+        self.model.taken_back.remove(&key);
         if self.model.replies.insert(key, back).is_none() {
             self.model.reply_keys.push(key);
         }
