@@ -71,7 +71,7 @@ const DEFAULT_SEED: u64 = 0x6b75_6265_7072_7879;
 /// new flow without masquerade whose reply tuple a live flow already uses
 /// overwrites that flow's reply state. Counted and shown, not failed, until
 /// the fix lands; then this turns false.
-const REPLY_TUPLE_CLASH_KNOWN: bool = true;
+const REPLY_TUPLE_CLASH_KNOWN: bool = false;
 /// Violations of each invariant kept in full for the report (all are counted).
 const KEPT_PER_INVARIANT: u64 = 3;
 /// Masqueraded flows to one backend past which a failed SNAT port claim
@@ -2177,7 +2177,6 @@ fn one_client_port_two_frontends(specs: &[Spec], first: Tuple, second: Tuple) {
 /// same port to the LB IP of an externalTrafficPolicy Local service (a
 /// local client short-circuits the policy, unmasqueraded).
 #[test]
-#[ignore = "datapath bug: the second flow overwrites the first's reply state (see REPLY_TUPLE_CLASH_KNOWN)"]
 fn regression_a_pod_port_to_the_cluster_ip_and_lb_ip_of_one_service() {
     const SPECS: &[Spec] = &[Spec {
         node_port: Some(30083),
@@ -2208,7 +2207,6 @@ fn regression_a_pod_port_to_the_cluster_ip_and_lb_ip_of_one_service() {
 /// The everyday form: two Services selecting the same pods, a pod
 /// reaching both from one source port.
 #[test]
-#[ignore = "datapath bug: the second flow overwrites the first's reply state (see REPLY_TUPLE_CLASH_KNOWN)"]
 fn regression_a_pod_port_to_two_services_on_one_endpoint() {
     const ENDPOINT: &[(Ipv4Addr, u16, bool)] = &[(LOCAL_A, 8080, true)];
     const WEB: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 20);

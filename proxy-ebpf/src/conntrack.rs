@@ -85,6 +85,15 @@ pub fn lookup(config: &DatapathConfig, key: &CtKey, now: u64, set_flags: u16) ->
     })
 }
 
+/// The live entry for `key`, left as it is (its idle timer untouched).
+#[inline(always)]
+pub fn peek(config: &DatapathConfig, key: &CtKey, now: u64) -> Option<CtValue> {
+    // SAFETY: map values are plain data and copied out immediately.
+    let entry = *unsafe { CONNTRACK.get(key) }?;
+    let idle = now.saturating_sub(entry.last_seen_ns);
+    (idle <= idle_timeout(config, key.proto, entry.flags)).then_some(entry)
+}
+
 #[inline(always)]
 pub fn insert(key: &CtKey, value: &CtValue) -> Result<(), Counter> {
     CONNTRACK

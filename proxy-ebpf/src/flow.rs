@@ -264,26 +264,45 @@ fn new_flow(
     out.daddr_be = backend.addr_be;
     out.dport_be = backend.port_be;
 
-    if masquerade && config.masquerade_addr_be != 0 {
+    let masquerade = masquerade && config.masquerade_addr_be != 0;
+    let reply_key = CtKey::new(
+        backend.addr_be,
+        pkt.saddr_be,
+        backend.port_be,
+        pkt.sport_be,
+        pkt.proto,
+        CtDirection::Reply,
+    );
+    // The source a new port is claimed on: the masquerade address, or the
+    // client's own when another live flow's replies already come back on
+    // this flow's reply tuple (the client reached the same endpoint from the
+    // same port through another frontend); as the kernel's NAT, which picks
+    // a unique tuple, this flow then gets a source port of its own.
+    let snat_addr_be = if masquerade {
+        config.masquerade_addr_be
+    } else if conntrack::peek(config, &reply_key, now).is_some_and(|other| {
+        other.flags & ct::SNAT != 0
+            || other.nat_addr_be != pkt.daddr_be
+            || other.nat_port_be != pkt.dport_be
+    }) {
+        pkt.saddr_be
+    } else {
+        0
+    };
+    if snat_addr_be != 0 {
         reply.flags = ct::SNAT;
         reply.snat_addr_be = pkt.saddr_be;
         reply.snat_port_be = pkt.sport_be;
-        let port_be = claim_snat_port(config, pkt, &backend, &reply, now)?;
+        let port_be = claim_snat_port(config, pkt, snat_addr_be, &backend, &reply, now)?;
         forward.flags = ct::SNAT;
-        forward.snat_addr_be = config.masquerade_addr_be;
+        forward.snat_addr_be = snat_addr_be;
         forward.snat_port_be = port_be;
-        out.saddr_be = config.masquerade_addr_be;
+        out.saddr_be = snat_addr_be;
         out.sport_be = port_be;
-        crate::stats::count(Counter::Masqueraded);
+        if masquerade {
+            crate::stats::count(Counter::Masqueraded);
+        }
     } else {
-        let reply_key = CtKey::new(
-            backend.addr_be,
-            pkt.saddr_be,
-            backend.port_be,
-            pkt.sport_be,
-            pkt.proto,
-            CtDirection::Reply,
-        );
         // Reply state first: a reply can never arrive before the request is forwarded.
         conntrack::insert(&reply_key, &reply)?;
     }
@@ -305,12 +324,13 @@ fn source_allowed(service_id: u32, saddr_be: u32) -> bool {
 
 const SNAT_ATTEMPTS: u32 = 8;
 
-/// Finds a source port whose reply tuple (backend → masquerade address:port)
-/// no live flow uses, and claims it with the reply entry.
+/// Finds a source port whose reply tuple (backend → `addr_be`:port) no
+/// live flow uses, and claims it with the reply entry.
 #[inline(always)]
 fn claim_snat_port(
     config: &DatapathConfig,
     pkt: &Packet,
+    addr_be: u32,
     backend: &Backend,
     reply: &CtValue,
     now: u64,
@@ -326,7 +346,7 @@ fn claim_snat_port(
         let port_be = (port as u16).to_be();
         let key = CtKey::new(
             backend.addr_be,
-            config.masquerade_addr_be,
+            addr_be,
             backend.port_be,
             port_be,
             pkt.proto,

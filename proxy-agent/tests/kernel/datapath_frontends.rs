@@ -341,19 +341,23 @@ fn external_traffic_policy_local_keeps_the_client_address() {
                 ],
             )
         }],
+        // One client port per frontend: the three flows end at one endpoint,
+        // so a shared port would give them one reply tuple (and the second
+        // flow a port of its own, as the kernel's NAT does).
         steps: frontends
             .into_iter()
-            .flat_map(|(dst, port)| {
+            .zip(40000u16..)
+            .flat_map(|((dst, port), sport)| {
                 [
                     // XDP only finishes frames that leave where they came in;
                     // this one is left untouched for TC, which finds the flow
                     // XDP created.
-                    send(Xdp, syn(CLIENT, 40000, dst, port), XDP_PASS, [Unchanged]),
+                    send(Xdp, syn(CLIENT, sport, dst, port), XDP_PASS, [Unchanged]),
                     send(
                         FromNetdev,
-                        syn(CLIENT, 40000, dst, port),
+                        syn(CLIENT, sport, dst, port),
                         TC_ACT_OK,
-                        [Is(Frame::tcp(CLIENT, 40000, LOCAL_BACKEND, TARGET))],
+                        [Is(Frame::tcp(CLIENT, sport, LOCAL_BACKEND, TARGET))],
                     ),
                 ]
             })
