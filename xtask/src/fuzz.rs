@@ -1,5 +1,5 @@
 //! `cargo xtask fuzz`: every datapath program fuzzed through
-//! BPF_PROG_TEST_RUN (proxy-agent's `fuzz_datapath` test) with many packets.
+//! BPF_PROG_TEST_RUN (the kernel tier's `fuzz_datapath` tests) with many packets.
 
 use anyhow::{Context as _, bail};
 
@@ -10,7 +10,7 @@ const PACKETS_VAR: &str = "KUBE_EBPF_PROXY_FUZZ_PACKETS";
 /// of figures per program, and fails on the first invariant a packet breaks.
 pub fn run(packets: u64) -> anyhow::Result<()> {
     let status = super::cargo()
-        .args(["test", "-p", "proxy-agent", "--test", "fuzz_datapath"])
+        .args(["test", "--test", "kernel", "fuzz_datapath"])
         .args(["--", "--nocapture"])
         .env(PACKETS_VAR, packets.to_string())
         // The test loads the real programs: the object must be embedded.

@@ -15,4 +15,5 @@ mod datapath_conntrack;
 mod datapath_frontends;
 mod datapath_kernel;
 mod explain;
+mod fuzz_datapath;
 mod pins_migration;
