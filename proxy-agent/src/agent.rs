@@ -22,8 +22,7 @@ use crate::{
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
-    let host =
-        HostSource::new(POLL_INTERVAL).context("reading the node's interfaces and addresses")?;
+    let host = HostSource::new().context("reading the node's interfaces and addresses")?;
     let node_settings = NodeSettings::from_options(&opts);
     let initial = NodeModel::build(
         &node_settings,
