@@ -1,12 +1,14 @@
 //! The start-up sequence of config_rules.md §3, from the raw command line to validated
 //! settings ready for the proxy runtime: options -> `--help`/`--version` -> logging ->
-//! `--write-config-to` -> `--cleanup` -> mode support -> configuration checks (§3.3) ->
-//! leftovers of other modes -> host set-up (sysctls) -> `--init-only` -> OOM score. Bad input exits 1 before any step
-//! that changes the node.
+//! `--write-config-to` -> `--cleanup` -> the mode's capabilities -> mode support ->
+//! configuration checks (§3.3) -> leftovers of other modes -> host set-up (sysctls) ->
+//! `--init-only` -> OOM score. Bad input exits 1 before any step that changes the node.
 
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::ExitCode;
+
+mod caps;
 
 use crate::cleanup::{self, NetlinkTransport, ProcessRunner};
 use crate::hostsetup::{self, ProcParams};
@@ -105,6 +107,11 @@ pub fn prepare(args: impl IntoIterator<Item = OsString>) -> Next {
         return Next::Exit(ExitCode::SUCCESS);
     }
 
+    // Before the mode's probe, which fails on a missing capability too,
+    // only less clearly.
+    if let Err(e) = caps::check(o.mode) {
+        return fail(e);
+    }
     if let Err(e) = o.check_mode_supported(&HostSupport) {
         return fail(e);
     }
