@@ -18,7 +18,7 @@ use crate::{
     sync::{self, SourceState, SyncTiming},
 };
 
-/// How often the host's interfaces and the manifests directory are looked at.
+/// How often the manifests directory is looked at (the host source follows netlink).
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {

@@ -15,6 +15,7 @@ mod options_common;
 mod cleanup_common;
 mod support;
 
+mod capabilities;
 mod cleanup_binary;
 mod cleanup_netns;
 mod e2e_cluster;
