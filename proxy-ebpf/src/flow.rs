@@ -113,32 +113,25 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64) -> Verdict {
                         out.sport_be = flow.snat_port_be;
                     }
                     if hit.new_flags != 0 || hit.refreshed {
-                        // The reply entry closes with the flow, and stays as
-                        // recently used as it (so the LRU map evicts flows, not
-                        // halves of them); one evicted anyway is rebuilt.
-                        let key = CtKey::new(
-                            out.daddr_be,
-                            out.saddr_be,
-                            out.dport_be,
-                            out.sport_be,
+                        let snat = flow.flags & ct::SNAT != 0;
+                        let reply = CtValue {
+                            nat_addr_be: pkt.daddr_be,
+                            nat_port_be: pkt.dport_be,
+                            snat_addr_be: if snat { pkt.saddr_be } else { 0 },
+                            snat_port_be: if snat { pkt.sport_be } else { 0 },
+                            last_seen_ns: now,
+                            flags: flow.flags | hit.new_flags,
+                            ..flow
+                        };
+                        other_half(
+                            &config,
+                            &out,
                             pkt.proto,
                             CtDirection::Reply,
+                            now,
+                            hit.new_flags,
+                            &reply,
                         );
-                        if conntrack::lookup(&config, &key, now, hit.new_flags).is_none() {
-                            let snat = flow.flags & ct::SNAT != 0;
-                            let reply = CtValue {
-                                nat_addr_be: pkt.daddr_be,
-                                nat_port_be: pkt.dport_be,
-                                snat_addr_be: if snat { pkt.saddr_be } else { 0 },
-                                snat_port_be: if snat { pkt.sport_be } else { 0 },
-                                last_seen_ns: now,
-                                flags: flow.flags | hit.new_flags,
-                                ..flow
-                            };
-                            if conntrack::insert(&key, &reply).is_ok() {
-                                crate::stats::count(Counter::ConntrackRebuilt);
-                            }
-                        }
                     }
                     return Verdict::Forward(out, Counter::Established);
                 }
@@ -175,34 +168,56 @@ fn reply_rewrite(config: &DatapathConfig, pkt: &Packet, hit: &conntrack::Hit, no
         out.dport_be = reply.snat_port_be;
     }
     if hit.new_flags != 0 || hit.refreshed {
-        // The forward entry learns the flow is two-way (UDP streams live
-        // longer, TCP is established) or closing, as the reply entry did, and
-        // stays as recently used; one evicted anyway is rebuilt.
-        let key = CtKey::new(
-            out.daddr_be,
-            out.saddr_be,
-            out.dport_be,
-            out.sport_be,
+        let snat = reply.flags & ct::SNAT != 0;
+        let forward = CtValue {
+            nat_addr_be: pkt.saddr_be,
+            nat_port_be: pkt.sport_be,
+            snat_addr_be: if snat { pkt.daddr_be } else { 0 },
+            snat_port_be: if snat { pkt.dport_be } else { 0 },
+            last_seen_ns: now,
+            flags: reply.flags | hit.new_flags,
+            ..*reply
+        };
+        other_half(
+            config,
+            &out,
             pkt.proto,
             CtDirection::Forward,
+            now,
+            hit.new_flags,
+            &forward,
         );
-        if conntrack::lookup(config, &key, now, hit.new_flags).is_none() {
-            let snat = reply.flags & ct::SNAT != 0;
-            let forward = CtValue {
-                nat_addr_be: pkt.saddr_be,
-                nat_port_be: pkt.sport_be,
-                snat_addr_be: if snat { pkt.daddr_be } else { 0 },
-                snat_port_be: if snat { pkt.dport_be } else { 0 },
-                last_seen_ns: now,
-                flags: reply.flags | hit.new_flags,
-                ..*reply
-            };
-            if conntrack::insert(&key, &forward).is_ok() {
-                crate::stats::count(Counter::ConntrackRebuilt);
-            }
-        }
     }
     out
+}
+
+/// The other entry of a flow whose packet leaves as `out`: it learns the
+/// flags this packet set (a UDP stream, an established or closing TCP flow),
+/// and stays as recently used as this one, so the LRU map evicts flows, not
+/// halves of them; one it evicted anyway is rebuilt as `rebuilt`.
+#[inline(always)]
+fn other_half(
+    config: &DatapathConfig,
+    out: &Rewrite,
+    proto: u8,
+    direction: CtDirection,
+    now: u64,
+    flags: u16,
+    rebuilt: &CtValue,
+) {
+    let key = CtKey::new(
+        out.daddr_be,
+        out.saddr_be,
+        out.dport_be,
+        out.sport_be,
+        proto,
+        direction,
+    );
+    if conntrack::lookup(config, &key, now, flags).is_none()
+        && conntrack::insert(&key, rebuilt).is_ok()
+    {
+        crate::stats::count(Counter::ConntrackRebuilt);
+    }
 }
 
 #[inline(always)]

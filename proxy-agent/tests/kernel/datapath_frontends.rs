@@ -12,7 +12,6 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr},
-    process::Command,
     time::Duration,
 };
 
@@ -28,7 +27,9 @@ use proxy_common::{
     config::{flags, iface},
 };
 
-use crate::tester::{Datapath, In, Out::*, Step, counters, pkt, rst, send, syn, with_ttl};
+use crate::tester::{
+    Datapath, In, Out::*, Step, counters, ifindex, ip, mac_str, pkt, rst, send, syn, with_ttl,
+};
 use Hook::{FromNetdev, FromPod, Xdp};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
@@ -47,23 +48,6 @@ const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x64];
 const TARGET: u16 = 8080;
 /// Pod runs arrive on this interface (the namespace's loopback).
 const POD_IFINDEX: u32 = 1;
-
-fn ip(args: &str) {
-    let status = Command::new("ip")
-        .args(args.split_whitespace())
-        .status()
-        .unwrap();
-    assert!(status.success(), "ip {args}");
-}
-
-/// The ifindex in this thread's namespace (/sys/class/net shows the mounter's).
-fn ifindex(name: &str) -> u32 {
-    let name = std::ffi::CString::new(name).unwrap();
-    // SAFETY: a valid NUL-terminated name.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    assert_ne!(index, 0, "no interface {name:?}");
-    index
-}
 
 /// Moves this test's thread into a fresh network namespace (gone when the
 /// thread ends) with a one-armed node: `ext0` on the lan with the peer node
@@ -91,13 +75,6 @@ fn private_node_namespace() -> u32 {
     ));
     ip(&format!("route add 198.18.2.0/24 via {PEER_NODE} dev ext0"));
     ifindex("ext0")
-}
-
-fn mac_str(m: [u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
 }
 
 /// A node, its services, and the packets that go through it.

@@ -41,11 +41,12 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::{IpAddr, Ipv4Addr},
-    process::Command,
     time::Instant,
 };
 
 use aya::Ebpf;
+
+use crate::tester::{ifindex, ip, mac_str};
 use ipnet::{IpNet, Ipv4Net};
 use proxy_agent::{
     cli::packet::{self, ETH_HLEN, Frame, IPV4_HLEN, checksums_valid, tcp_flags},
@@ -1809,30 +1810,6 @@ impl<'a> Oracle<'a> {
 
 // ---------------------------------------------------------------------------
 // The node and the programs.
-
-fn ip(args: &str) {
-    let status = Command::new("ip")
-        .args(args.split_whitespace())
-        .status()
-        .unwrap();
-    assert!(status.success(), "ip {args}");
-}
-
-/// The ifindex in this thread's namespace.
-fn ifindex(name: &str) -> u32 {
-    let name = std::ffi::CString::new(name).unwrap();
-    // SAFETY: a valid NUL-terminated name.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    assert_ne!(index, 0, "no interface {name:?}");
-    index
-}
-
-fn mac_str(m: [u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
 
 /// Moves this test's thread into a fresh network namespace (gone with the
 /// thread): ext0 on the lan, pod0 towards this node's pods. Returns their ifindexes.

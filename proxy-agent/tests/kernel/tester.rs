@@ -359,3 +359,28 @@ impl fmt::Display for Shown<'_> {
         }
     }
 }
+
+/// Runs `ip ARGS` in this thread's network namespace.
+pub fn ip(args: &str) {
+    let status = std::process::Command::new("ip")
+        .args(args.split_whitespace())
+        .status()
+        .unwrap();
+    assert!(status.success(), "ip {args}");
+}
+
+/// The ifindex in this thread's namespace (/sys/class/net shows the mounter's).
+pub fn ifindex(name: &str) -> u32 {
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: a valid NUL-terminated name.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert_ne!(index, 0, "no interface {name:?}");
+    index
+}
+
+pub fn mac_str(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
