@@ -5,19 +5,15 @@
 //! tuple opens a new, newly balanced connection, and a full table still
 //! balances new flows. Needs root.
 
-use std::{
-    collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr},
-    time::Duration,
-};
+use std::{collections::BTreeSet, net::Ipv4Addr, time::Duration};
 
+use crate::tester::{tcp_segment, web_service};
 use aya::{
     Ebpf,
     maps::{HashMap, MapData, PerCpuArray},
 };
 use proxy_agent::{
-    cli::packet::{self, Frame, tcp_flags},
-    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
+    cli::packet::{Frame, tcp_flags},
     modes::ebpf::{self, KernelMaps, MapSizes, Programmer, maps::NodeMaps, test_run},
 };
 use proxy_common::{Counter, CtKey, CtValue, DatapathConfig, action::TC_ACT_OK};
@@ -48,35 +44,15 @@ impl Fixture {
         let mut ebpf = ebpf::load_with(sizes).expect("load the eBPF object (are we root?)");
         let (mut maps, stats) = KernelMaps::take(&mut ebpf).unwrap();
         maps.put_config(&config).unwrap();
-        let name = ServicePortName {
-            namespace: "default".into(),
-            name: "web".into(),
-            port_name: String::new(),
-            protocol: Protocol::Tcp,
-        };
-        let eps = BACKENDS
-            .iter()
-            .map(|ip| Endpoint::new(IpAddr::V4(*ip), PORT))
-            .collect();
-        let state = DesiredState {
-            services: [(
-                name.clone(),
-                DesiredService::cluster_ip(name, vec![IpAddr::V4(VIP)], 80, eps),
-            )]
-            .into_iter()
-            .collect(),
-            ..DesiredState::default()
-        };
+        let state = web_service(VIP, &BACKENDS, PORT);
         Programmer::new().sync(&state, &mut maps).unwrap();
         Fixture { ebpf, maps, stats }
     }
 
     /// A TCP segment with `flags` through `tc_from_pod`: the frame it leaves as.
     fn send(&self, frame: Frame, flags: u8) -> Frame {
-        let mut pkt = frame.build(b"");
-        pkt[packet::ETH_HLEN + packet::IPV4_HLEN + 13] = flags;
-        packet::fix_checksums(&mut pkt);
-        let out = test_run::from_pod(&self.ebpf, &pkt).expect("BPF_PROG_TEST_RUN");
+        let out =
+            test_run::from_pod(&self.ebpf, &tcp_segment(frame, flags)).expect("BPF_PROG_TEST_RUN");
         assert_eq!(out.verdict, TC_ACT_OK);
         Frame::parse(&out.packet).unwrap()
     }

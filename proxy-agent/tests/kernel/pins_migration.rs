@@ -4,17 +4,16 @@
 //! backend; an unknown version or a layout that does not match is refused,
 //! naming what it found, and the pins are left as they were. Needs root.
 
-use std::{
-    net::{IpAddr, Ipv4Addr},
-    path::PathBuf,
-};
+use std::{net::Ipv4Addr, path::PathBuf};
 
 use aya::maps::{Array, HashMap, Map, MapData};
 
-use crate::bpffs::BpfFs;
+use crate::{
+    bpffs::BpfFs,
+    tester::{tcp_segment, web_service},
+};
 use proxy_agent::{
-    cli::packet::{self, Frame, tcp_flags},
-    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
+    cli::packet::{Frame, tcp_flags},
     modes::ebpf::{
         MapSizes, Opened, Programmer, Takeover, maps::NodeMaps, migrate::v3, open_pinned,
         pin::PinLayout, test_run,
@@ -42,34 +41,13 @@ fn sizes() -> MapSizes {
 }
 
 fn program(opened: &mut Opened) {
-    let name = ServicePortName {
-        namespace: "default".into(),
-        name: "web".into(),
-        port_name: String::new(),
-        protocol: Protocol::Tcp,
-    };
-    let eps = BACKENDS
-        .iter()
-        .map(|ip| Endpoint::new(IpAddr::V4(*ip), 8080))
-        .collect();
-    let state = DesiredState {
-        services: [(
-            name.clone(),
-            DesiredService::cluster_ip(name, vec![IpAddr::V4(VIP)], 80, eps),
-        )]
-        .into_iter()
-        .collect(),
-        ..DesiredState::default()
-    };
+    let state = web_service(VIP, &BACKENDS, 8080);
     Programmer::new().sync(&state, &mut opened.maps).unwrap();
 }
 
 /// A TCP segment with `flags` through `tc_from_pod` of `opened`.
 fn send(opened: &Opened, frame: Frame, flags: u8) -> Frame {
-    let mut pkt = frame.build(b"");
-    pkt[packet::ETH_HLEN + packet::IPV4_HLEN + 13] = flags;
-    packet::fix_checksums(&mut pkt);
-    let out = test_run::from_pod(&opened.ebpf, &pkt).unwrap();
+    let out = test_run::from_pod(&opened.ebpf, &tcp_segment(frame, flags)).unwrap();
     Frame::parse(&out.packet).unwrap()
 }
 

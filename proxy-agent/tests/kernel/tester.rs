@@ -384,3 +384,35 @@ pub fn mac_str(m: [u8; 6]) -> String {
         .collect::<Vec<_>>()
         .join(":")
 }
+
+/// One ClusterIP service, `web`, on `vip`:80/TCP with `backends`:`port`.
+pub fn web_service(vip: Ipv4Addr, backends: &[Ipv4Addr], port: u16) -> DesiredState {
+    use proxy_agent::model::{Endpoint, Protocol, ServicePortName};
+    let name = ServicePortName {
+        namespace: "default".into(),
+        name: "web".into(),
+        port_name: String::new(),
+        protocol: Protocol::Tcp,
+    };
+    let eps = backends
+        .iter()
+        .map(|ip| Endpoint::new(std::net::IpAddr::V4(*ip), port))
+        .collect();
+    DesiredState {
+        services: [(
+            name.clone(),
+            DesiredService::cluster_ip(name, vec![std::net::IpAddr::V4(vip)], 80, eps),
+        )]
+        .into_iter()
+        .collect(),
+        ..DesiredState::default()
+    }
+}
+
+/// `frame` as a TCP segment carrying exactly `flags`, with valid checksums.
+pub fn tcp_segment(frame: Frame, flags: u8) -> Vec<u8> {
+    let mut pkt = frame.build(b"");
+    pkt[packet::ETH_HLEN + packet::IPV4_HLEN + 13] = flags;
+    packet::fix_checksums(&mut pkt);
+    pkt
+}
