@@ -9,5 +9,15 @@ pub struct Backend {
     pub addr_be: u32,
     pub port_be: u16,
     pub proto: u8,
-    pub _pad: u8,
+    /// Bits of [`flags`].
+    pub flags: u8,
+}
+
+/// Bits of [`Backend::flags`].
+pub mod flags {
+    /// The endpoint is this node itself (a hostNetwork pod here): traffic
+    /// to it is delivered locally, so it is never masqueraded, and its
+    /// replies leave through the node's stack, where `tc_from_host`
+    /// translates them back.
+    pub const HOST_LOCAL: u8 = 1 << 0;
 }

@@ -11,6 +11,11 @@ pub mod flags {
     /// Local pod traffic is recognised by the interface it arrives on
     /// (`IFACES`): detectLocalMode BridgeInterface or InterfaceNamePrefix.
     pub const DETECT_LOCAL_BY_INTERFACE: u32 = 1 << 2;
+    /// The socket hooks balance sockets of the host's network namespace
+    /// ([`super::DatapathConfig::host_netns_cookie`]).
+    pub const SOCKET_LB_HOST: u32 = 1 << 3;
+    /// The socket hooks balance sockets of every other namespace (pods) too.
+    pub const SOCKET_LB_PODS: u32 = 1 << 4;
 }
 
 #[repr(C)]
@@ -35,6 +40,9 @@ pub struct DatapathConfig {
     pub snat_port_min: u16,
     pub snat_port_max: u16,
     pub _pad: u32,
+    /// The network namespace cookie (SO_NETNS_COOKIE) of the node's own
+    /// namespace, the one the agent runs in; 0 when unknown.
+    pub host_netns_cookie: u64,
 }
 
 /// Bits of [`IfaceInfo::flags`].

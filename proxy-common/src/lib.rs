@@ -11,6 +11,7 @@ pub mod config;
 pub mod conntrack;
 pub mod maps;
 pub mod service;
+pub mod sock;
 pub mod stats;
 
 #[cfg(feature = "user")]
@@ -20,11 +21,12 @@ pub use backend::{Backend, BackendId};
 pub use config::{DatapathConfig, IfaceInfo, Ipv4Prefix, SourceRange};
 pub use conntrack::{CtDirection, CtKey, CtValue};
 pub use service::{FrontendKind, Scope, ServiceKey, ServiceValue};
+pub use sock::{SockDirection, SockKey, SockValue};
 pub use stats::Counter;
 
 /// Bumped whenever a map type changes layout, so an agent never reuses maps
 /// pinned by an incompatible version.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// IP protocol numbers as stored in keys.
 pub mod proto {
@@ -47,7 +49,9 @@ assert_layout!(ServiceValue, size = 12, align = 4);
 assert_layout!(Backend, size = 8, align = 4);
 assert_layout!(CtKey, size = 16, align = 4);
 assert_layout!(CtValue, size = 40, align = 8);
-assert_layout!(DatapathConfig, size = 72, align = 8);
+assert_layout!(DatapathConfig, size = 80, align = 8);
+assert_layout!(SockKey, size = 16, align = 8);
+assert_layout!(SockValue, size = 16, align = 4);
 assert_layout!(IfaceInfo, size = 4, align = 4);
 assert_layout!(Ipv4Prefix, size = 4, align = 4);
 assert_layout!(SourceRange, size = 8, align = 4);

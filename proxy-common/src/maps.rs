@@ -8,6 +8,7 @@ pub const CONFIG: &str = "CONFIG";
 pub const IFACES: &str = "IFACES";
 pub const LOCAL_POD_CIDRS: &str = "LOCAL_POD_CIDRS";
 pub const SOURCE_RANGES: &str = "SOURCE_RANGES";
+pub const SOCKETS: &str = "SOCKETS";
 
 /// Frontend slot 0 plus backend slots across all services.
 pub const MAX_SERVICE_ENTRIES: u32 = 262_144;
@@ -16,3 +17,5 @@ pub const MAX_CONNTRACK: u32 = 262_144;
 pub const MAX_IFACES: u32 = 4_096;
 pub const MAX_LOCAL_POD_CIDRS: u32 = 64;
 pub const MAX_SOURCE_RANGES: u32 = 16_384;
+/// Sockets the socket hooks pointed at a backend; least recently used first out.
+pub const MAX_SOCKETS: u32 = 262_144;

@@ -95,6 +95,10 @@ pub mod flags {
     pub const REJECT_WHEN_EMPTY: u16 = 1 << 3;
     /// A [`super::ServiceKey::cluster_ip`] marker, not a frontend.
     pub const CLUSTER_IP_MARKER: u16 = 1 << 4;
+    /// Served to this node's own sockets only (localhost NodePorts): the
+    /// per-packet programs pass traffic to it, as upstream drops martian
+    /// packets to 127.0.0.0/8 that did not come from the node itself.
+    pub const HOST_ONLY: u16 = 1 << 5;
     pub const KIND_SHIFT: u16 = 12;
 }
 

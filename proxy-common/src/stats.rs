@@ -68,6 +68,19 @@ counters! {
     /// Conntrack entries rebuilt from the other half of a live flow after the
     /// full table evicted them.
     ConntrackRebuilt = 21 => "conntrack_rebuilt",
+    /// Socket hooks: a connect or UDP send to a service pointed at a backend.
+    SockTranslated = 22 => "sock_translated",
+    /// Socket hooks: a connect or UDP send refused (ECONNREFUSED): no usable
+    /// endpoint, or a cluster IP's port that is no service port.
+    SockRefused = 23 => "sock_refused",
+    /// Socket hooks: getpeername or UDP recvmsg shown the service address.
+    SockReverse = 24 => "sock_reverse",
+    /// Socket hooks: a service connection left to the per-packet programs
+    /// (a pod's connection to a frontend guarded by source ranges).
+    SockDeclined = 25 => "sock_declined",
+    /// Replies of this node's own sockets (hostNetwork endpoints) translated
+    /// back on their way out.
+    HostReply = 26 => "host_reply",
 }
 
 const _: () = assert!((Counter::ALL.len() as u32) <= COUNTER_MAX);

@@ -4,8 +4,9 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use proxy_common::{
-    Backend, Counter, CtDirection, CtKey, CtValue, DatapathConfig, Scope, ServiceKey, ServiceValue,
-    SourceRange, conntrack::flags as ct, service::flags as svc,
+    Backend, BackendId, Counter, CtDirection, CtKey, CtValue, DatapathConfig, Scope, ServiceKey,
+    ServiceValue, SourceRange, backend::flags as backend_flags, conntrack::flags as ct,
+    service::flags as svc,
 };
 
 use crate::{
@@ -80,13 +81,8 @@ fn opens(pkt: &Packet) -> bool {
 #[inline(always)]
 pub fn decide(pkt: &Packet, ifindex: u32, now: u64) -> Verdict {
     let config = config::get();
-    if let Some(reply) = conntrack::lookup(
-        &config,
-        &key_of(pkt, CtDirection::Reply),
-        now,
-        ct::SEEN_REPLY | closing(pkt, CtDirection::Reply),
-    ) {
-        return Verdict::Forward(reply_rewrite(&config, pkt, &reply, now), Counter::ReplyNat);
+    if let Some(out) = reply(&config, pkt, now) {
+        return Verdict::Forward(out, Counter::ReplyNat);
     }
 
     let forward_key = key_of(pkt, CtDirection::Forward);
@@ -141,7 +137,8 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64) -> Verdict {
     }
 
     let key = ServiceKey::frontend(pkt.daddr_be, pkt.dport_be, pkt.proto);
-    let Some(frontend) = lb::frontend(&key) else {
+    let frontend = lb::frontend(&key).filter(|f| !f.has(svc::HOST_ONLY));
+    let Some(frontend) = frontend else {
         return if lb::frontend(&ServiceKey::cluster_ip(pkt.daddr_be))
             .is_some_and(|m| m.has(svc::CLUSTER_IP_MARKER))
         {
@@ -154,6 +151,18 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64) -> Verdict {
         Ok(v) => v,
         Err(counter) => Verdict::Drop(counter),
     }
+}
+
+/// A reply of a translated flow, rewritten; `None` for anything else.
+#[inline(always)]
+pub fn reply(config: &DatapathConfig, pkt: &Packet, now: u64) -> Option<Rewrite> {
+    let hit = conntrack::lookup(
+        config,
+        &key_of(pkt, CtDirection::Reply),
+        now,
+        ct::SEEN_REPLY | closing(pkt, CtDirection::Reply),
+    )?;
+    Some(reply_rewrite(config, pkt, &hit, now))
 }
 
 /// Replies get the frontend back as source and, when masqueraded, the client as destination.
@@ -220,6 +229,33 @@ fn other_half(
     }
 }
 
+/// What a new connection to a frontend gets.
+pub enum Pick {
+    Backend(BackendId, Backend),
+    /// No backend in the set the client may use.
+    Empty,
+}
+
+/// Balances a new connection to `frontend` (found at `key`). Clients of
+/// this node (`local_client`: its pods, and its own sockets) reaching an
+/// external frontend whose policy is Local bypass the policy, as upstream
+/// short-circuits them, as if they went out to the load balancer and back.
+#[inline(always)]
+pub fn pick(key: ServiceKey, frontend: &ServiceValue, local_client: bool) -> Result<Pick, Counter> {
+    let (set_key, set) =
+        if frontend.has(svc::EXTERNAL) && frontend.has(svc::POLICY_LOCAL) && local_client {
+            let k = key.with_scope(Scope::ClusterWide);
+            (k, lb::frontend(&k).unwrap_or_default())
+        } else {
+            (key, *frontend)
+        };
+    if set.count == 0 {
+        return Ok(Pick::Empty);
+    }
+    let (id, backend) = lb::select(&set_key, &set)?;
+    Ok(Pick::Backend(id, backend))
+}
+
 #[inline(always)]
 fn new_flow(
     config: &DatapathConfig,
@@ -237,29 +273,26 @@ fn new_flow(
     let external = frontend.has(svc::EXTERNAL);
     let policy_local = frontend.has(svc::POLICY_LOCAL);
 
-    // Pods of this node reaching an external frontend with policy Local
-    // bypass the policy, as if they went out to the load balancer and back.
-    let (set_key, set) = if external && policy_local && local_client {
-        let k = key.with_scope(Scope::ClusterWide);
-        (k, lb::frontend(&k).unwrap_or_default())
-    } else {
-        (key, *frontend)
+    let (backend_id, backend) = match pick(key, frontend, local_client)? {
+        Pick::Backend(id, backend) => (id, backend),
+        Pick::Empty => {
+            return Ok(if frontend.has(svc::REJECT_WHEN_EMPTY) {
+                Verdict::Reject(Counter::RejectNoEndpoints)
+            } else {
+                Verdict::Drop(Counter::DropNoLocalEndpoints)
+            });
+        }
     };
-    if set.count == 0 {
-        return Ok(if frontend.has(svc::REJECT_WHEN_EMPTY) {
-            Verdict::Reject(Counter::RejectNoEndpoints)
-        } else {
-            Verdict::Drop(Counter::DropNoLocalEndpoints)
-        });
-    }
-    let (backend_id, backend) = lb::select(&set_key, &set)?;
 
-    let masquerade = if external {
+    // A backend on this node itself is reached through local delivery,
+    // which a masqueraded source (this node's own address) would break.
+    let masquerade = (if external {
         !policy_local
     } else {
         config.flags & proxy_common::config::flags::MASQUERADE_ALL != 0
             || (config::detects_local(config) && !local_client)
-    } || backend.addr_be == pkt.saddr_be;
+    } || backend.addr_be == pkt.saddr_be)
+        && backend.flags & backend_flags::HOST_LOCAL == 0;
 
     let mut forward = CtValue {
         nat_addr_be: backend.addr_be,
@@ -326,7 +359,7 @@ fn new_flow(
 }
 
 #[inline(always)]
-fn source_allowed(service_id: u32, saddr_be: u32) -> bool {
+pub fn source_allowed(service_id: u32, saddr_be: u32) -> bool {
     let key = Key::new(
         64,
         SourceRange {

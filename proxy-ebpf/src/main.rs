@@ -14,12 +14,13 @@ mod maps;
 mod nat;
 mod packet;
 mod reject;
+mod sock;
 mod stats;
 mod xdp_nat;
 
 use aya_ebpf::{
-    macros::{classifier, xdp},
-    programs::{TcContext, XdpContext},
+    macros::{cgroup_sock_addr, classifier, xdp},
+    programs::{SockAddrContext, TcContext, XdpContext},
 };
 use proxy_common::{
     Counter,
@@ -40,6 +41,56 @@ pub fn tc_from_pod(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn tc_from_netdev(ctx: TcContext) -> i32 {
     tc(&ctx)
+}
+
+/// Attached at egress of pod-facing and external interfaces: replies that
+/// this node's own sockets (hostNetwork endpoints) send on translated flows
+/// get the frontend back as source. Forwarded packets carry no socket and
+/// pass untouched.
+#[classifier]
+pub fn tc_from_host(ctx: TcContext) -> i32 {
+    // SAFETY: reading the context's socket pointer; the verifier checks it.
+    if unsafe { (*ctx.skb.skb).__bindgen_anon_2.sk }.is_null() {
+        return TC_ACT_OK;
+    }
+    let pkt = match packet::parse(&ctx) {
+        Ok(Some(pkt)) => pkt,
+        _ => return TC_ACT_OK,
+    };
+    let config = config::get();
+    let Some(out) = flow::reply(&config, &pkt, conntrack::now_ns()) else {
+        return TC_ACT_OK;
+    };
+    count(Counter::HostReply);
+    if let Err(reason) = nat::apply(&ctx, &pkt, &out) {
+        count(reason);
+        return TC_ACT_SHOT;
+    }
+    TC_ACT_OK
+}
+
+/// connect(2) from a socket in the attach cgroup: a service address becomes a backend.
+#[cgroup_sock_addr(connect4)]
+pub fn sock_connect4(ctx: SockAddrContext) -> i32 {
+    sock::forward(&ctx)
+}
+
+/// UDP sendmsg(2) to an address: a service address becomes a backend.
+#[cgroup_sock_addr(sendmsg4)]
+pub fn sock_sendmsg4(ctx: SockAddrContext) -> i32 {
+    sock::forward(&ctx)
+}
+
+/// UDP recvmsg(2): a backend's datagram shows the service as its source.
+#[cgroup_sock_addr(recvmsg4)]
+pub fn sock_recvmsg4(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx)
+}
+
+/// getpeername(2): a socket pointed at a backend shows the service.
+#[cgroup_sock_addr(getpeername4)]
+pub fn sock_getpeername4(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx)
 }
 
 /// The same work as `tc_from_netdev` before an skb exists; anything it does

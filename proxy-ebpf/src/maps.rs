@@ -4,10 +4,10 @@ use aya_ebpf::{
 };
 use proxy_common::{
     Backend, BackendId, CtKey, CtValue, DatapathConfig, IfaceInfo, Ipv4Prefix, ServiceKey,
-    ServiceValue, SourceRange,
+    ServiceValue, SockKey, SockValue, SourceRange,
     maps::{
         MAX_BACKENDS, MAX_CONNTRACK, MAX_IFACES, MAX_LOCAL_POD_CIDRS, MAX_SERVICE_ENTRIES,
-        MAX_SOURCE_RANGES,
+        MAX_SOCKETS, MAX_SOURCE_RANGES,
     },
     stats::COUNTER_MAX,
 };
@@ -39,3 +39,6 @@ pub static LOCAL_POD_CIDRS: LpmTrie<Ipv4Prefix, u8> =
 #[map]
 pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> =
     LpmTrie::with_max_entries(MAX_SOURCE_RANGES, 0);
+
+#[map]
+pub static SOCKETS: LruHashMap<SockKey, SockValue> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);

@@ -15,7 +15,7 @@
 //! xdpMode: auto               # auto | native | generic | disabled
 //! maps: {services: 262144, backends: 131072, conntrack: 0}   # conntrack 0 = from `conntrack.*`
 //! loadBalancing: {algorithm: random, maglevTableSize: 16381}
-//! socketLB: {enabled: true}
+//! socketLB: {enabled: true, hostNamespaceOnly: false, cgroupPath: ""}  # "" = the cgroup v2 root
 //! pinning: {root: /sys/fs/bpf/kube-ebpf-proxy, detachOnExit: false}
 //! ```
 
@@ -136,9 +136,19 @@ pub struct LoadBalancing {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SocketLb {
-    /// Socket-level (connect/sendmsg) balancing for ClusterIP traffic from host processes.
+    /// Socket-level balancing (cgroup connect, sendmsg, recvmsg and
+    /// getpeername hooks) for the node's own processes, and for pods unless
+    /// `hostNamespaceOnly`.
     #[serde(default)]
     pub enabled: Option<bool>,
+    /// Balance only sockets of the node's own network namespace; pods keep
+    /// per-packet NAT (for service meshes that must see the service address).
+    #[serde(default, deserialize_with = "nullable")]
+    pub host_namespace_only: bool,
+    /// The cgroup v2 directory the hooks attach to; empty = the root of the
+    /// cgroup v2 hierarchy, found from the mounts.
+    #[serde(default, deserialize_with = "nullable")]
+    pub cgroup_path: String,
 }
 
 /// Where the datapath is pinned, so that it outlives the agent (as upstream's
@@ -251,6 +261,15 @@ pub fn validate(c: &EbpfDatapathConfiguration) -> Result<(), FieldErrors> {
             "pinning.root",
             &c.pinning.root,
             "must be an absolute path (a directory on a BPF filesystem)",
+        ));
+    }
+    if !c.socket_lb.cgroup_path.is_empty()
+        && !std::path::Path::new(&c.socket_lb.cgroup_path).is_absolute()
+    {
+        errs.push(FieldError::invalid_str(
+            "socketLB.cgroupPath",
+            &c.socket_lb.cgroup_path,
+            "must be empty (the cgroup v2 root) or an absolute path (a cgroup v2 directory)",
         ));
     }
     let m = c.load_balancing.maglev_table_size;

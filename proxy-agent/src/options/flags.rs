@@ -420,9 +420,19 @@ pub struct Flags {
     /// [ours] Maglev lookup table size per service (a prime).
     #[arg(long = "ebpf-maglev-table-size", value_name = "uint32", default_value = "16381", value_parser = go_u32)]
     pub ebpf_maglev_table_size: u32,
-    /// [ours] Socket-level balancing of ClusterIP traffic from host processes (cgroup connect/sendmsg hooks).
+    /// [ours] Socket-level balancing (cgroup connect/sendmsg/recvmsg/getpeername hooks) for the node's own processes, and for pods unless --ebpf-socket-lb-host-namespace-only.
     #[arg(long = "ebpf-socket-lb", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub ebpf_socket_lb: bool,
+    /// [ours] Socket-level balancing for the node's own network namespace only; pods keep per-packet NAT.
+    #[arg(long = "ebpf-socket-lb-host-namespace-only", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    pub ebpf_socket_lb_host_namespace_only: bool,
+    /// [ours] The cgroup v2 directory the socket hooks attach to (default: the cgroup v2 root, found from the mounts).
+    #[arg(
+        long = "ebpf-socket-lb-cgroup-path",
+        value_name = "string",
+        default_value = ""
+    )]
+    pub ebpf_socket_lb_cgroup_path: String,
     /// [ours] Directory on a BPF filesystem where the programs' links and maps are pinned, so the datapath outlives the agent.
     #[arg(
         long = "ebpf-pin-root",

@@ -295,6 +295,12 @@ fn ebpf_from_flags(p: &ParsedFlags, c: &mut EbpfDatapathConfiguration) {
     if p.is_set("ebpf-socket-lb") {
         c.socket_lb.enabled = Some(f.ebpf_socket_lb);
     }
+    if p.is_set("ebpf-socket-lb-host-namespace-only") {
+        c.socket_lb.host_namespace_only = f.ebpf_socket_lb_host_namespace_only;
+    }
+    if p.is_set("ebpf-socket-lb-cgroup-path") {
+        c.socket_lb.cgroup_path = f.ebpf_socket_lb_cgroup_path.clone();
+    }
     if p.is_set("ebpf-pin-root") {
         c.pinning.root = f.ebpf_pin_root.clone();
     }

@@ -11,6 +11,8 @@ mod bpffs;
 mod explain_common;
 #[path = "../shared/options_common.rs"]
 mod options_common;
+#[path = "../shared/sock_client.rs"]
+mod sock_client;
 
 mod cleanup_common;
 mod support;
@@ -24,3 +26,4 @@ mod e2e_restart;
 mod explain;
 mod options_binary;
 mod options_config_watch;
+mod socket_lb;

@@ -113,6 +113,7 @@ fn node(config: DatapathConfig) -> Datapath {
             &NodeAddresses {
                 primary: Some(NODE),
                 node_ports: vec![NODE],
+                localhost_node_ports: false,
             },
             &DesiredState::default(),
             &mut dp.maps,

@@ -1872,6 +1872,7 @@ impl Fixture {
             snat_port_min: SNAT_PORT_MIN,
             snat_port_max: SNAT_PORT_MAX,
             _pad: 0,
+            host_netns_cookie: 0,
         };
         let facts = NodeFacts {
             config,
@@ -1894,6 +1895,7 @@ impl Fixture {
             addresses: NodeAddresses {
                 primary: Some(NODE),
                 node_ports: vec![NODE],
+                localhost_node_ports: false,
             },
             external_interfaces: [("ext0".to_string(), ext)].into(),
         };

@@ -145,6 +145,8 @@ const EBPF_DEFAULTS: &[(&str, &str)] = &[
     ("loadBalancing.algorithm", "random"),
     ("loadBalancing.maglevTableSize", "16381"),
     ("socketLB.enabled", "true"),
+    ("socketLB.hostNamespaceOnly", "false"),
+    ("socketLB.cgroupPath", "\"\""),
     ("pinning.root", "/sys/fs/bpf/kube-ebpf-proxy"),
     ("pinning.detachOnExit", "false"),
 ];

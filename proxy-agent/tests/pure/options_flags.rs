@@ -86,6 +86,8 @@ const OUR_FLAGS: &[&str] = &[
     "ebpf-lb-algorithm",
     "ebpf-maglev-table-size",
     "ebpf-socket-lb",
+    "ebpf-socket-lb-host-namespace-only",
+    "ebpf-socket-lb-cgroup-path",
     "ebpf-pin-root",
     "ebpf-detach-on-exit",
 ];

@@ -256,6 +256,8 @@ mod tests {
             detect_local,
             external_interfaces: external.iter().map(|s| s.to_string()).collect(),
             pod_interface_prefixes: vec!["veth".into(), "cali".into()],
+            localhost_node_ports: false,
+            socket_lb: Default::default(),
         }
     }
 

@@ -1,5 +1,7 @@
-//! Keeps the programs attached: `tc_from_pod` on every pod-facing interface,
-//! `tc_from_netdev` and `xdp_from_netdev` on the node's external interfaces.
+//! Keeps the programs attached: `tc_from_pod` at ingress of every pod-facing
+//! interface, `tc_from_netdev` and `xdp_from_netdev` on the node's external
+//! interfaces, and `tc_from_host` at egress of both (replies of this node's
+//! own sockets, for hostNetwork endpoints).
 //!
 //! With a [`PinLayout`], every link is pinned and so outlives the agent; a
 //! link an earlier agent pinned is taken over by updating it to this agent's
@@ -21,7 +23,9 @@ use aya::{
 };
 use tracing::{info, warn};
 
-use super::{PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP, interfaces, pin::PinLayout};
+use super::{
+    PROG_FROM_HOST, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP, interfaces, pin::PinLayout,
+};
 use crate::options::ebpf::XdpMode as XdpSetting;
 
 /// How XDP ended up attached to an external interface.
@@ -50,8 +54,15 @@ enum Held {
 struct External {
     ifindex: u32,
     tc: Held,
+    egress: Held,
     xdp: Option<Held>,
     mode: XdpChoice,
+}
+
+struct PodIface {
+    ifindex: u32,
+    ingress: Held,
+    egress: Held,
 }
 
 pub struct Attacher {
@@ -60,7 +71,7 @@ pub struct Attacher {
     pins: Option<PinLayout>,
     /// TC links can be pinned only as tcx links (Linux 6.6).
     pin_tc: bool,
-    pods: BTreeMap<String, (u32, Held)>,
+    pods: BTreeMap<String, PodIface>,
     externals: BTreeMap<String, External>,
     /// Interfaces whose attachment failed on the last pass.
     failed: usize,
@@ -110,24 +121,32 @@ impl Attacher {
         let stale: Vec<String> = self
             .pods
             .iter()
-            .filter(|(name, (index, _))| present.get(*name) != Some(index))
+            .filter(|(name, pod)| present.get(*name) != Some(&pod.ifindex))
             .map(|(name, _)| name.clone())
             .collect();
         for name in stale {
-            if let Some((_, held)) = self.pods.remove(&name) {
-                self.release(PROG_FROM_POD, held);
-                info!(interface = %name, "pod interface gone, link released");
+            if let Some(pod) = self.pods.remove(&name) {
+                self.release(PROG_FROM_POD, pod.ingress);
+                self.release(PROG_FROM_HOST, pod.egress);
+                info!(interface = %name, "pod interface gone, links released");
             }
         }
         for (name, index) in present {
             if self.pods.contains_key(name) {
                 continue;
             }
-            match self.attach_tc(PROG_FROM_POD, name, *index) {
-                Ok((held, adopted)) => {
+            match self.attach_pair(PROG_FROM_POD, name, *index) {
+                Ok((ingress, egress, adopted)) => {
                     let how = if adopted { "took over" } else { "attached" };
-                    info!(interface = %name, ifindex = index, "{how} tc_from_pod at ingress");
-                    self.pods.insert(name.clone(), (*index, held));
+                    info!(interface = %name, ifindex = index, "{how} tc_from_pod at ingress and tc_from_host at egress");
+                    self.pods.insert(
+                        name.clone(),
+                        PodIface {
+                            ifindex: *index,
+                            ingress,
+                            egress,
+                        },
+                    );
                 }
                 // Typically the interface vanished mid-way; the next pass retries.
                 Err(e) => {
@@ -137,6 +156,25 @@ impl Attacher {
             }
         }
         Ok(())
+    }
+
+    /// `ingress_program` at ingress and `tc_from_host` at egress of one
+    /// interface, or neither; returns whether the ingress link was taken over.
+    fn attach_pair(
+        &mut self,
+        ingress_program: &str,
+        name: &str,
+        ifindex: u32,
+    ) -> anyhow::Result<(Held, Held, bool)> {
+        let (ingress, adopted) =
+            self.attach_tc(ingress_program, name, ifindex, TcAttachType::Ingress)?;
+        match self.attach_tc(PROG_FROM_HOST, name, ifindex, TcAttachType::Egress) {
+            Ok((egress, _)) => Ok((ingress, egress, adopted)),
+            Err(e) => {
+                self.release(ingress_program, ingress);
+                Err(e.context("attaching tc_from_host at egress"))
+            }
+        }
     }
 
     fn reconcile_externals(&mut self, present: &BTreeMap<String, u32>) -> anyhow::Result<()> {
@@ -149,6 +187,7 @@ impl Attacher {
         for name in stale {
             if let Some(ext) = self.externals.remove(&name) {
                 self.release(PROG_FROM_NETDEV, ext.tc);
+                self.release(PROG_FROM_HOST, ext.egress);
                 if let Some(xdp) = ext.xdp {
                     self.release(PROG_XDP, xdp);
                 }
@@ -159,8 +198,8 @@ impl Attacher {
             if self.externals.contains_key(name) {
                 continue;
             }
-            let tc = match self.attach_tc(PROG_FROM_NETDEV, name, *index) {
-                Ok((held, _)) => held,
+            let (tc, egress) = match self.attach_pair(PROG_FROM_NETDEV, name, *index) {
+                Ok((ingress, egress, _)) => (ingress, egress),
                 Err(e) => {
                     self.failed += 1;
                     warn!(interface = %name, error = %format!("{e:#}"), "attaching tc_from_netdev failed");
@@ -168,12 +207,13 @@ impl Attacher {
                 }
             };
             let (xdp, mode) = self.attach_xdp(name, *index);
-            info!(interface = %name, ifindex = index, xdp = ?mode, "attached tc_from_netdev at ingress and XDP");
+            info!(interface = %name, ifindex = index, xdp = ?mode, "attached tc_from_netdev at ingress, tc_from_host at egress, and XDP");
             self.externals.insert(
                 name.clone(),
                 External {
                     ifindex: *index,
                     tc,
+                    egress,
                     xdp,
                     mode,
                 },
@@ -182,13 +222,14 @@ impl Attacher {
         Ok(())
     }
 
-    /// Attaches `program` at ingress of `name`, taking over a pinned link
-    /// when there is one; returns whether it was taken over.
+    /// Attaches `program` at `direction` of `name`, taking over a pinned
+    /// link when there is one; returns whether it was taken over.
     fn attach_tc(
         &mut self,
         program: &str,
         name: &str,
         ifindex: u32,
+        direction: TcAttachType,
     ) -> anyhow::Result<(Held, bool)> {
         let path = self
             .pins
@@ -217,7 +258,7 @@ impl Attacher {
                 }
             }
         }
-        let id = prog.attach(name, TcAttachType::Ingress)?;
+        let id = prog.attach(name, direction)?;
         let Some(path) = path else {
             return Ok((Held::Tc(id), false));
         };
@@ -330,14 +371,7 @@ impl Attacher {
     fn sweep_stale_pins(&mut self) {
         let Some(pins) = &self.pins else { return };
         let held: std::collections::BTreeSet<PathBuf> = self
-            .pods
-            .values()
-            .map(|(_, h)| h)
-            .chain(
-                self.externals
-                    .values()
-                    .flat_map(|e| [Some(&e.tc), e.xdp.as_ref()].into_iter().flatten()),
-            )
+            .all_held()
             .filter_map(|h| match h {
                 Held::Pinned { path, .. } => Some(path.clone()),
                 _ => None,
@@ -348,7 +382,11 @@ impl Attacher {
         };
         for entry in entries.flatten() {
             let path = entry.path();
-            if !held.contains(&path) {
+            let socket_link = entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(super::pin::CGROUP_LINK_PREFIX);
+            if !held.contains(&path) && !socket_link {
                 info!(pin = %path.display(), "removing a pinned link no interface needs any more");
                 let _ = std::fs::remove_file(&path);
             }
@@ -359,11 +397,7 @@ impl Attacher {
     /// this process exits); for `pinning.detachOnExit`.
     pub fn unpin_links(&mut self) -> usize {
         let mut removed = 0;
-        let held = self.pods.values().map(|(_, h)| h).chain(
-            self.externals
-                .values()
-                .flat_map(|e| [Some(&e.tc), e.xdp.as_ref()].into_iter().flatten()),
-        );
+        let held: Vec<&Held> = self.all_held().collect();
         for h in held {
             if let Held::Pinned { path, .. } = h
                 && std::fs::remove_file(path).is_ok()
@@ -372,6 +406,17 @@ impl Attacher {
             }
         }
         removed
+    }
+
+    fn all_held(&self) -> impl Iterator<Item = &Held> {
+        self.pods
+            .values()
+            .flat_map(|p| [&p.ingress, &p.egress])
+            .chain(self.externals.values().flat_map(|e| {
+                [Some(&e.tc), Some(&e.egress), e.xdp.as_ref()]
+                    .into_iter()
+                    .flatten()
+            }))
     }
 
     pub fn pod_names(&self) -> impl Iterator<Item = &str> {

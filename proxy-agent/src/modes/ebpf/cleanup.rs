@@ -13,6 +13,10 @@ use crate::cleanup::{Removed, Report};
 /// Keep in step with `proxy-ebpf`.
 pub const OUR_PROGRAMS: &[&str] = &[
     "tc_from_pod",
+    "tc_from_netdev",
+    "tc_from_host",
+    "xdp_from_netdev",
+    "sock_getpeername4",
     "tc_to_pod",
     "tc_ingress",
     "tc_egress",

@@ -20,7 +20,7 @@ use tracing::info;
 use super::KernelMaps;
 
 /// The versions this agent migrates from.
-const FROM: &[u32] = &[3];
+const FROM: &[u32] = &[3, 4];
 
 pub fn can_migrate(version: u32) -> bool {
     FROM.contains(&version)
@@ -42,7 +42,10 @@ pub fn migrate(
 ) -> anyhow::Result<Migrated> {
     anyhow::ensure!(can_migrate(version), "no migration from map ABI {version}");
     // Version 3 -> 4: DatapathConfig gained the SYN_SENT, TIME_WAIT and CLOSE
-    // timeouts; every other map kept its layout.
+    // timeouts. Version 4 -> 5: DatapathConfig gained the host's netns
+    // cookie, Backend's padding became flags (0: none), and the SOCKETS map
+    // appeared (it starts empty: no socket was translated before). Every
+    // other map kept its layout.
     let mut done = Migrated::default();
     done.entries += copy_hash(old_dir, names::SERVICES, &mut maps.services)?;
     done.entries += copy_hash(old_dir, names::BACKENDS, &mut maps.backends)?;
@@ -50,11 +53,14 @@ pub fn migrate(
     done.entries += copy_hash(old_dir, names::IFACES, &mut maps.ifaces)?;
     done.entries += copy_lpm(old_dir, names::LOCAL_POD_CIDRS, &mut maps.local_pod_cidrs)?;
     done.entries += copy_lpm(old_dir, names::SOURCE_RANGES, &mut maps.source_ranges)?;
-    let old_config: Array<MapData, v3::DatapathConfig> = open(old_dir, names::CONFIG)?;
-    let config = old_config.get(&0, 0).context("reading the v3 CONFIG")?;
-    maps.config
-        .set(0, config.upgrade(), 0)
-        .context("writing CONFIG")?;
+    let config = if version == 3 {
+        let old: Array<MapData, v3::DatapathConfig> = open(old_dir, names::CONFIG)?;
+        old.get(&0, 0).context("reading the v3 CONFIG")?.upgrade()
+    } else {
+        let old: Array<MapData, v4::DatapathConfig> = open(old_dir, names::CONFIG)?;
+        old.get(&0, 0).context("reading the v4 CONFIG")?.upgrade()
+    };
+    maps.config.set(0, config, 0).context("writing CONFIG")?;
     done.entries += 1;
     let old_stats: PerCpuArray<MapData, u64> = open(old_dir, names::STATS)?;
     for index in 0..old_stats.len() {
@@ -145,6 +151,52 @@ pub mod v3 {
                 tcp_closing_ns: self.tcp_closing_ns,
                 udp_ns: self.udp_ns,
                 udp_stream_ns: self.udp_stream_ns,
+                masquerade_addr_be: self.masquerade_addr_be,
+                flags: self.flags,
+                snat_port_min: self.snat_port_min,
+                snat_port_max: self.snat_port_max,
+                ..super::DatapathConfig::default()
+            }
+        }
+    }
+}
+
+/// The layouts of ABI version 4 that changed in version 5.
+pub mod v4 {
+    #[repr(C)]
+    #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+    pub struct DatapathConfig {
+        pub tcp_established_ns: u64,
+        pub tcp_closing_ns: u64,
+        pub udp_ns: u64,
+        pub udp_stream_ns: u64,
+        pub tcp_syn_sent_ns: u64,
+        pub tcp_time_wait_ns: u64,
+        pub tcp_close_ns: u64,
+        pub masquerade_addr_be: u32,
+        pub flags: u32,
+        pub snat_port_min: u16,
+        pub snat_port_max: u16,
+        pub _pad: u32,
+    }
+
+    const _: () = assert!(core::mem::size_of::<DatapathConfig>() == 72);
+
+    // SAFETY: plain old data with explicit padding, as the v4 programs wrote it.
+    unsafe impl aya::Pod for DatapathConfig {}
+
+    impl DatapathConfig {
+        /// The host's netns cookie starts at 0 (the socket hooks serve no
+        /// namespace as the host's) until the agent's first sync writes it.
+        pub fn upgrade(&self) -> super::DatapathConfig {
+            super::DatapathConfig {
+                tcp_established_ns: self.tcp_established_ns,
+                tcp_closing_ns: self.tcp_closing_ns,
+                udp_ns: self.udp_ns,
+                udp_stream_ns: self.udp_stream_ns,
+                tcp_syn_sent_ns: self.tcp_syn_sent_ns,
+                tcp_time_wait_ns: self.tcp_time_wait_ns,
+                tcp_close_ns: self.tcp_close_ns,
                 masquerade_addr_be: self.masquerade_addr_be,
                 flags: self.flags,
                 snat_port_min: self.snat_port_min,

@@ -13,6 +13,7 @@ pub mod probe;
 mod programmer;
 mod proxier;
 mod run;
+pub mod sockets;
 pub mod stats;
 pub mod test_run;
 
@@ -22,7 +23,9 @@ use aya::{Ebpf, EbpfLoader};
 pub use attach::{Attacher, XdpChoice};
 pub use maps::{KernelMaps, MapError, NodeSnapshot, ServiceMaps};
 pub use node::{EbpfNodeSettings, NodeFacts, NodeProgrammer, node_facts};
-pub use object::{OBJECT, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP};
+pub use object::{
+    OBJECT, PROG_FROM_HOST, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP, SOCKET_PROGRAMS,
+};
 pub use programmer::{AdoptStats, Capacity, Programmer, ServiceSnapshot, SyncStats};
 pub use proxier::EbpfProxier;
 pub use run::{EbpfMode, Opened, Takeover, open as open_pinned};
@@ -85,10 +88,20 @@ fn load_object(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyhow::R
     let mut ebpf = loader
         .load(OBJECT)
         .context("loading the eBPF object into the kernel")?;
-    for name in [PROG_FROM_POD, PROG_FROM_NETDEV, PROG_XDP] {
+    for name in [PROG_FROM_POD, PROG_FROM_NETDEV, PROG_FROM_HOST, PROG_XDP] {
         load_program(&mut ebpf, name)?;
     }
     Ok(ebpf)
+}
+
+/// Loads the socket-level balancing programs. A kernel without one of
+/// their hooks (before Linux 5.18 lacks `bpf_set_retval`, before 5.8
+/// `getpeername`) refuses them: the error says which.
+pub fn load_socket_programs(ebpf: &mut Ebpf) -> anyhow::Result<()> {
+    for name in SOCKET_PROGRAMS {
+        load_program(ebpf, name)?;
+    }
+    Ok(())
 }
 
 /// Every map of the embedded object by name, with its definition.
@@ -122,6 +135,7 @@ fn load_program(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<()> {
         let result = match prog {
             aya::programs::Program::SchedClassifier(p) => p.load(),
             aya::programs::Program::Xdp(p) => p.load(),
+            aya::programs::Program::CgroupSockAddr(p) => p.load(),
             _ => bail!("program {name} has an unexpected type"),
         };
         match result {

@@ -26,7 +26,7 @@ use super::maps::{MapError, NodeMaps, NodeSnapshot};
 use crate::{
     model::NodeModel,
     options::{
-        GoDuration, ProxyOptions,
+        GoDuration, NodePortAddresses, ProxyOptions,
         ebpf::{BpfConntrackParams, conntrack_params},
     },
     sources::host::{HostInterface, HostNetwork},
@@ -59,6 +59,28 @@ pub struct EbpfNodeSettings {
     /// `externalInterfaces`; empty means the interfaces holding node addresses.
     pub external_interfaces: Vec<String>,
     pub pod_interface_prefixes: Vec<String>,
+    /// NodePorts on 127.0.0.1 for the node's own sockets.
+    pub localhost_node_ports: bool,
+    pub socket_lb: SocketLbSettings,
+}
+
+/// Which sockets the socket hooks balance.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SocketLbSettings {
+    pub enabled: bool,
+    pub host_namespace_only: bool,
+    /// The cookie of the agent's own (the node's) network namespace; 0 unknown.
+    pub host_netns_cookie: u64,
+}
+
+impl SocketLbSettings {
+    fn flags(&self) -> u32 {
+        match (self.enabled, self.host_namespace_only) {
+            (false, _) => 0,
+            (true, true) => flags::SOCKET_LB_HOST,
+            (true, false) => flags::SOCKET_LB_HOST | flags::SOCKET_LB_PODS,
+        }
+    }
 }
 
 impl EbpfNodeSettings {
@@ -88,6 +110,12 @@ impl EbpfNodeSettings {
             detect_local,
             external_interfaces: opts.ebpf.external_interfaces.clone(),
             pod_interface_prefixes: opts.ebpf.pod_prefixes().to_vec(),
+            localhost_node_ports: localhost_node_ports(opts),
+            socket_lb: SocketLbSettings {
+                enabled: opts.ebpf.socket_lb_enabled(),
+                host_namespace_only: opts.ebpf.socket_lb.host_namespace_only,
+                host_netns_cookie: 0,
+            },
         }
     }
 
@@ -158,6 +186,9 @@ pub struct NodeAddresses {
     pub primary: Option<Ipv4Addr>,
     /// Where NodePorts are served (nodePortAddresses applied), sorted.
     pub node_ports: Vec<Ipv4Addr>,
+    /// NodePorts are served on 127.0.0.1 to the node's own sockets too
+    /// (`iptables.localhostNodePorts`, where nodePortAddresses allows loopback).
+    pub localhost_node_ports: bool,
 }
 
 /// Everything the datapath needs to know about this node.
@@ -207,10 +238,11 @@ pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
         tcp_time_wait_ns: DEFAULT_TCP_TIME_WAIT_NS,
         tcp_close_ns: DEFAULT_TCP_CLOSE_NS,
         masquerade_addr_be: primary.map_or(0, |a| u32::from(a).to_be()),
-        flags: masquerade_all | detect_flag,
+        flags: masquerade_all | detect_flag | settings.socket_lb.flags(),
         snat_port_min: SNAT_PORT_MIN,
         snat_port_max: SNAT_PORT_MAX,
         _pad: 0,
+        host_netns_cookie: settings.socket_lb.host_netns_cookie,
     };
     let roles = settings.interface_roles(&node.host);
     NodeFacts {
@@ -220,9 +252,24 @@ pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
         addresses: NodeAddresses {
             primary,
             node_ports: node.node_port_ipv4().collect(),
+            localhost_node_ports: settings.localhost_node_ports,
         },
         external_interfaces: roles.external,
     }
+}
+
+/// As upstream's iptables mode: `iptables.localhostNodePorts` where
+/// nodePortAddresses allows 127.0.0.1 (all addresses, or a CIDR holding it).
+/// Only the socket hooks can serve them; without those the agent says so.
+fn localhost_node_ports(opts: &ProxyOptions) -> bool {
+    let allowed = match opts.node_port_addresses() {
+        NodePortAddresses::All => true,
+        NodePortAddresses::Primary => false,
+        NodePortAddresses::Cidrs(cidrs) => cidrs
+            .iter()
+            .any(|c| c.contains(&std::net::IpAddr::V4(Ipv4Addr::LOCALHOST))),
+    };
+    allowed && opts.config.iptables.localhost_node_ports.unwrap_or(true)
 }
 
 fn nanos(d: GoDuration) -> u64 {

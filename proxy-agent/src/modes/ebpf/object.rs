@@ -8,3 +8,12 @@ pub const PROG_FROM_POD: &str = "tc_from_pod";
 pub const PROG_FROM_NETDEV: &str = "tc_from_netdev";
 /// XDP on the node's external interfaces.
 pub const PROG_XDP: &str = "xdp_from_netdev";
+/// TC egress of pod-facing and external interfaces: replies of this node's own sockets.
+pub const PROG_FROM_HOST: &str = "tc_from_host";
+/// The cgroup socket-address programs of socket-level balancing.
+pub const SOCKET_PROGRAMS: [&str; 4] = [
+    "sock_connect4",
+    "sock_sendmsg4",
+    "sock_recvmsg4",
+    "sock_getpeername4",
+];

@@ -33,6 +33,9 @@ use crate::options::ebpf::PIN_ROOT;
 /// Overrides the maps directory `explain --online` reads.
 pub const PIN_DIR_ENV: &str = "KUBE_EBPF_PROXY_PIN_DIR";
 
+/// Link pins of the socket programs start with this; the others with an ifindex.
+pub const CGROUP_LINK_PREFIX: &str = "cgroup-";
+
 /// statfs(2) `f_type` of a BPF filesystem.
 const BPF_FS_MAGIC: u64 = 0xcafe_4a11;
 
@@ -166,6 +169,12 @@ impl PinLayout {
 
     pub fn link_path(&self, ifindex: u32, program: &str) -> PathBuf {
         self.links_dir().join(format!("{ifindex}-{program}"))
+    }
+
+    /// The link of a socket program on the cgroup the socket hooks use.
+    pub fn cgroup_link_path(&self, program: &str) -> PathBuf {
+        self.links_dir()
+            .join(format!("{CGROUP_LINK_PREFIX}{program}"))
     }
 
     /// The ABI versions with a `v<N>` directory under the root.

@@ -47,6 +47,8 @@ fn settings(detect_local: DetectLocal) -> Settings {
             detect_local,
             external_interfaces: Vec::new(),
             pod_interface_prefixes: vec!["veth".into()],
+            localhost_node_ports: false,
+            socket_lb: Default::default(),
         },
         node: ModelSettings::default(),
     }

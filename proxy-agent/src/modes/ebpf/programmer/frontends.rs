@@ -74,12 +74,23 @@ pub(super) fn wanted_frontends(svc: &DesiredService, node: &NodeAddresses) -> Ve
             .iter()
             .map(move |a| (FrontendKind::NodePort, *a, port))
     });
+    let localhost = svc
+        .node_port
+        .filter(|_| node.localhost_node_ports)
+        .map(|port| (FrontendKind::NodePort, Ipv4Addr::LOCALHOST, port));
     let external_ips = ipv4(&svc.external_ips).map(|a| (FrontendKind::ExternalIp, a, svc.port));
     let lb_ips = ipv4(&svc.load_balancer_ips).map(|a| (FrontendKind::LoadBalancer, a, svc.port));
     let has_source_ranges = !ipv4_ranges(&svc.load_balancer_source_ranges).is_empty();
-    for (kind, addr, port) in node_ports.chain(external_ips).chain(lb_ips) {
+    for (kind, addr, port) in node_ports
+        .chain(localhost)
+        .chain(external_ips)
+        .chain(lb_ips)
+    {
         let key = ServiceKey::frontend(be(addr), port.to_be(), proto);
         let mut flags = ServiceValue::kind_flags(kind) | flags::EXTERNAL | reject;
+        if addr.is_loopback() {
+            flags |= flags::HOST_ONLY;
+        }
         if kind == FrontendKind::LoadBalancer && has_source_ranges {
             flags |= flags::SOURCE_RANGES;
         }
@@ -154,7 +165,7 @@ fn ipv4_backends(endpoints: &[Endpoint], proto: u8) -> Vec<Backend> {
                 addr_be: be(ip),
                 port_be: ep.port.to_be(),
                 proto,
-                _pad: 0,
+                flags: 0,
             }),
             IpAddr::V6(_) => None,
         })

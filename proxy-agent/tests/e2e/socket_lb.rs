@@ -1,0 +1,372 @@
+//! Socket-level balancing in the real kernel: the cgroup socket programs
+//! attached to a child cgroup this test creates (never the root), clients in
+//! child processes inside that cgroup and the testbed's node namespace (the
+//! host, to the hooks), real TCP and UDP to identity servers in pod
+//! namespaces. No TC program is attached: whatever reaches a backend was
+//! pointed there by the socket hooks alone. Needs root.
+
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
+
+use ipnet::IpNet;
+use proxy_agent::{
+    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
+    modes::ebpf::{
+        self, KernelMaps, Programmer,
+        maps::NodeMaps,
+        node::NodeAddresses,
+        sockets::{SocketHooks, cgroup2_mount, netns_cookie},
+    },
+};
+use proxy_common::{Counter, DatapathConfig, config::flags};
+use testbed::{Cni, NODE_EXTERNAL_IP, ROUTED_GATEWAY, Testbed, netns, servers::IdentityServer};
+
+use crate::sock_client::{self, Op, Outcome, Place};
+
+const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
+const EMPTY_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 11);
+const ITP_LOCAL_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 12);
+const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 1, 1);
+const LB_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 2, 1);
+const GUARDED_LB_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 2, 2);
+const NODE_PORT: u16 = 30080;
+const EMPTY_NODE_PORT: u16 = 30081;
+const TARGET: u16 = 8080;
+
+/// A cgroup v2 directory of this test's own, under the hierarchy's root;
+/// removed on drop (its client processes have exited by then).
+pub struct TestCgroup {
+    pub path: PathBuf,
+}
+
+impl TestCgroup {
+    pub fn new(tag: &str) -> Self {
+        let root = cgroup2_mount().expect("a cgroup v2 hierarchy");
+        let path = root.join(format!("kube-ebpf-proxy-test-{tag}-{}", std::process::id()));
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        TestCgroup { path }
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("could not remove cgroup {}", self.path.display());
+    }
+}
+
+fn spn(name: &str, protocol: Protocol) -> ServicePortName {
+    ServicePortName {
+        namespace: "e2e".into(),
+        name: name.into(),
+        port_name: protocol.to_string(),
+        protocol,
+    }
+}
+
+fn endpoint(ip: Ipv4Addr, local: bool) -> Endpoint {
+    Endpoint {
+        is_local: local,
+        ..Endpoint::new(IpAddr::V4(ip), TARGET)
+    }
+}
+
+/// The node with two pods serving their names on TCP and UDP 8080, the
+/// datapath loaded with its socket programs on a cgroup of the test's own.
+struct Fixture {
+    tb: Testbed,
+    _servers: Vec<IdentityServer>,
+    _ebpf: aya::Ebpf,
+    maps: KernelMaps,
+    stats: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+    programmer: Programmer,
+    hooks: Option<SocketHooks>,
+    cgroup: TestCgroup,
+    config: DatapathConfig,
+    state: DesiredState,
+}
+
+impl Fixture {
+    fn new(tag: &str) -> Self {
+        let tb = Testbed::new(Cni::Routed, &["pod-a", "pod-b"]).expect("testbed");
+        let servers = tb
+            .pods
+            .iter()
+            .map(|p| IdentityServer::start(&p.ns, &p.name, TARGET).expect("server"))
+            .collect();
+        let mut ebpf = ebpf::load().expect("load the eBPF object (are we root?)");
+        ebpf::load_socket_programs(&mut ebpf).expect("the socket programs load");
+        let (mut maps, stats) = KernelMaps::take(&mut ebpf).unwrap();
+        let cookie = netns::run_in(&tb.node_ns, netns_cookie)
+            .unwrap()
+            .expect("SO_NETNS_COOKIE");
+        let config = DatapathConfig {
+            masquerade_addr_be: u32::from(NODE_EXTERNAL_IP).to_be(),
+            flags: flags::SOCKET_LB_HOST,
+            host_netns_cookie: cookie,
+            ..DatapathConfig::default()
+        };
+        maps.put_config(&config).unwrap();
+        let cgroup = TestCgroup::new(tag);
+        let hooks = SocketHooks::attach(&mut ebpf, &cgroup.path, None).expect("attach the hooks");
+        let mut fixture = Fixture {
+            tb,
+            _servers: servers,
+            _ebpf: ebpf,
+            maps,
+            stats,
+            programmer: Programmer::new(),
+            hooks: Some(hooks),
+            cgroup,
+            config,
+            state: DesiredState::default(),
+        };
+        fixture.node_addresses(true);
+        fixture.program(services(&fixture.tb));
+        fixture
+    }
+
+    fn node_addresses(&mut self, localhost_node_ports: bool) {
+        let node = NodeAddresses {
+            primary: Some(NODE_EXTERNAL_IP),
+            node_ports: vec![ROUTED_GATEWAY, NODE_EXTERNAL_IP],
+            localhost_node_ports,
+        };
+        self.programmer
+            .set_node_addresses(&node, &self.state, &mut self.maps)
+            .unwrap();
+    }
+
+    fn program(&mut self, services: Vec<DesiredService>) {
+        self.state = DesiredState {
+            services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
+            ..DesiredState::default()
+        };
+        self.programmer.sync(&self.state, &mut self.maps).unwrap();
+    }
+
+    fn set_flags(&mut self, flags: u32) {
+        self.config.flags = flags;
+        self.maps.put_config(&self.config).unwrap();
+    }
+
+    /// Clients of the node itself.
+    fn host(&self) -> Place {
+        Place {
+            cgroup: self.cgroup.path.clone(),
+            netns: self.tb.node_ns.clone(),
+        }
+    }
+
+    /// Clients in a pod's namespace (still in the test cgroup).
+    fn pod(&self, name: &str) -> Place {
+        Place {
+            cgroup: self.cgroup.path.clone(),
+            netns: self.tb.pod(name).ns.clone(),
+        }
+    }
+
+    fn counter(&self, c: Counter) -> u64 {
+        self.stats.get(&(c as u32), 0).unwrap().iter().sum()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        // The links go before the cgroup does.
+        self.hooks.take();
+    }
+}
+
+/// web (TCP and UDP): ClusterIP, NodePort, external IP, LB IP, to both pods;
+/// empty: no endpoints; itp-local: internalTrafficPolicy Local, pod-a local;
+/// guarded: an LB IP whose source ranges hold no node address.
+fn services(tb: &Testbed) -> Vec<DesiredService> {
+    let a = tb.pod("pod-a").ip;
+    let b = tb.pod("pod-b").ip;
+    let web = |protocol| DesiredService {
+        node_port: Some(NODE_PORT),
+        external_ips: vec![IpAddr::V4(EXTERNAL_IP)],
+        load_balancer_ips: vec![IpAddr::V4(LB_IP)],
+        ..DesiredService::cluster_ip(
+            spn("web", protocol),
+            vec![IpAddr::V4(CLUSTER_IP)],
+            80,
+            vec![endpoint(a, true), endpoint(b, true)],
+        )
+    };
+    let empty = |protocol| DesiredService {
+        node_port: Some(EMPTY_NODE_PORT),
+        ..DesiredService::cluster_ip(
+            spn("empty", protocol),
+            vec![IpAddr::V4(EMPTY_IP)],
+            80,
+            vec![],
+        )
+    };
+    let itp_local = DesiredService {
+        internal_policy_local: true,
+        local_endpoints: vec![endpoint(a, true)],
+        ..DesiredService::cluster_ip(
+            spn("itp-local", Protocol::Tcp),
+            vec![IpAddr::V4(ITP_LOCAL_IP)],
+            80,
+            vec![endpoint(a, true), endpoint(b, false)],
+        )
+    };
+    let guarded = DesiredService {
+        load_balancer_ips: vec![IpAddr::V4(GUARDED_LB_IP)],
+        load_balancer_source_ranges: vec!["198.18.200.0/24".parse::<IpNet>().unwrap()],
+        ..DesiredService::cluster_ip(
+            spn("guarded", Protocol::Tcp),
+            vec![IpAddr::V4(Ipv4Addr::new(198, 19, 0, 13))],
+            80,
+            vec![endpoint(a, true)],
+        )
+    };
+    vec![
+        web(Protocol::Tcp),
+        web(Protocol::Udp),
+        empty(Protocol::Tcp),
+        empty(Protocol::Udp),
+        itp_local,
+        guarded,
+    ]
+}
+
+fn at(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::from((ip, port))
+}
+
+/// The identities `tries` clients got, failing on anything but an answer
+/// shown as coming from `dst`.
+fn identities(place: &Place, op: Op, dst: SocketAddr, tries: usize) -> BTreeSet<String> {
+    (0..tries)
+        .map(|_| match sock_client::run(place, op, dst) {
+            Outcome::Answered { identity, peer } => {
+                assert_eq!(
+                    peer, dst,
+                    "{op:?} to {dst}: the application sees the service address"
+                );
+                identity
+            }
+            other => panic!("{op:?} to {dst}: {other:?}"),
+        })
+        .collect()
+}
+
+fn assert_refused_at_once(place: &Place, op: Op, dst: SocketAddr) {
+    match sock_client::run(place, op, dst) {
+        Outcome::Refused { elapsed } => assert!(
+            elapsed < Duration::from_millis(200),
+            "{op:?} to {dst}: refused, but only after {elapsed:?}"
+        ),
+        other => panic!("{op:?} to {dst}: expected connection refused, got {other:?}"),
+    }
+}
+
+#[test]
+fn host_clients_reach_every_frontend_kind_over_tcp_and_udp_and_see_the_service_address() {
+    let f = Fixture::new("frontends");
+    let host = f.host();
+    let both: BTreeSet<String> = ["pod-a".to_string(), "pod-b".to_string()].into();
+    assert_eq!(identities(&host, Op::Tcp, at(CLUSTER_IP, 80), 16), both);
+    for dst in [
+        at(ROUTED_GATEWAY, NODE_PORT),
+        at(NODE_EXTERNAL_IP, NODE_PORT),
+        at(Ipv4Addr::LOCALHOST, NODE_PORT),
+        at(EXTERNAL_IP, 80),
+        at(LB_IP, 80),
+    ] {
+        let got = identities(&host, Op::Tcp, dst, 3);
+        assert!(got.is_subset(&both) && !got.is_empty(), "{dst}: {got:?}");
+    }
+    for op in [Op::Udp, Op::UdpConnected] {
+        assert_eq!(
+            identities(&host, op, at(CLUSTER_IP, 80), 16),
+            both,
+            "{op:?}"
+        );
+        for dst in [
+            at(NODE_EXTERNAL_IP, NODE_PORT),
+            at(Ipv4Addr::LOCALHOST, NODE_PORT),
+            at(LB_IP, 80),
+        ] {
+            assert!(!identities(&host, op, dst, 2).is_empty(), "{op:?} {dst}");
+        }
+    }
+    assert!(f.counter(Counter::SockTranslated) >= 16 * 3 + 15 + 12);
+    assert!(f.counter(Counter::SockReverse) > 0);
+    assert_eq!(
+        f.counter(Counter::NewFlow),
+        0,
+        "no per-packet NAT was involved"
+    );
+}
+
+#[test]
+fn no_endpoints_and_unknown_ports_are_refused_at_once() {
+    let f = Fixture::new("refused");
+    let host = f.host();
+    for dst in [at(EMPTY_IP, 80), at(NODE_EXTERNAL_IP, EMPTY_NODE_PORT)] {
+        assert_refused_at_once(&host, Op::Tcp, dst);
+        assert_refused_at_once(&host, Op::Udp, dst);
+        assert_refused_at_once(&host, Op::UdpConnected, dst);
+    }
+    // A port of a cluster IP that is no service port.
+    assert_refused_at_once(&host, Op::Tcp, at(CLUSTER_IP, 81));
+    assert!(f.counter(Counter::SockRefused) >= 7);
+}
+
+#[test]
+fn internal_traffic_policy_local_from_the_host_reaches_only_local_endpoints() {
+    let f = Fixture::new("itp");
+    let got = identities(&f.host(), Op::Tcp, at(ITP_LOCAL_IP, 80), 12);
+    assert_eq!(got, ["pod-a".to_string()].into());
+}
+
+#[test]
+fn source_ranges_without_a_node_address_refuse_the_host() {
+    let f = Fixture::new("ranges");
+    assert_refused_at_once(&f.host(), Op::Tcp, at(GUARDED_LB_IP, 80));
+}
+
+#[test]
+fn localhost_node_ports_work_only_when_enabled() {
+    let mut f = Fixture::new("localhost");
+    let host = f.host();
+    let dst = at(Ipv4Addr::LOCALHOST, NODE_PORT);
+    assert!(!identities(&host, Op::Tcp, dst, 2).is_empty());
+    f.node_addresses(false);
+    // Nothing listens on the node's 127.0.0.1:30080: the kernel refuses.
+    assert!(matches!(
+        sock_client::run(&host, Op::Tcp, dst),
+        Outcome::Refused { .. }
+    ));
+}
+
+#[test]
+fn pods_are_balanced_only_when_socket_lb_covers_them() {
+    let mut f = Fixture::new("pods");
+    let pod = f.pod("pod-b");
+    let before = f.counter(Counter::SockTranslated);
+    // hostNamespaceOnly: a pod's connect is not the hooks' business (and
+    // with no TC program attached here, nothing else serves it).
+    let untouched = sock_client::run(&pod, Op::Tcp, at(CLUSTER_IP, 80));
+    assert!(untouched.identity().is_none(), "{untouched:?}");
+    assert_eq!(f.counter(Counter::SockTranslated), before);
+
+    f.set_flags(flags::SOCKET_LB_HOST | flags::SOCKET_LB_PODS);
+    let got = identities(&pod, Op::Tcp, at(CLUSTER_IP, 80), 8);
+    assert!(!got.is_empty());
+    assert!(f.counter(Counter::SockTranslated) >= before + 8);
+}

@@ -1,0 +1,187 @@
+//! Socket-level balancing in cgroup socket-address hooks: a connect or UDP
+//! send to a service address is pointed at a backend before any packet
+//! exists, so the flow needs no per-packet NAT; `getpeername` and UDP
+//! `recvmsg` are shown the service address back.
+//!
+//! The choice is the per-packet path's own ([`flow::pick`]): same frontends,
+//! same traffic policies. The hooks see addresses, not packets, so they are
+//! written against the address and port alone; the IPv6 hooks read
+//! `user_ip6` into the same calls.
+
+use aya_ebpf::{
+    EbpfContext as _,
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
+    programs::SockAddrContext,
+};
+use proxy_common::{
+    Counter, DatapathConfig, ServiceKey, SockDirection, SockKey, SockValue, config::flags, proto,
+    service::flags as svc,
+};
+
+use crate::{
+    config,
+    flow::{self, Pick},
+    lb,
+    maps::SOCKETS,
+    stats::count,
+};
+
+/// A cgroup socket-address program's "go on" and "refuse" return values.
+pub const ALLOW: i32 = 1;
+const REFUSE: i32 = 0;
+const ECONNREFUSED: i32 = 111;
+
+/// connect(2) (TCP and UDP) and UDP sendmsg(2) with an address.
+#[inline(always)]
+pub fn forward(ctx: &SockAddrContext) -> i32 {
+    // SAFETY: the kernel hands the program a valid bpf_sock_addr.
+    let sa = unsafe { &mut *ctx.sock_addr };
+    let Some(proto) = proto_of(sa.protocol) else {
+        return ALLOW;
+    };
+    let config = config::get();
+    let host = in_host_namespace(ctx, &config);
+    let wanted = if host {
+        flags::SOCKET_LB_HOST
+    } else {
+        flags::SOCKET_LB_PODS
+    };
+    if config.flags & wanted == 0 {
+        return ALLOW;
+    }
+    let addr_be = sa.user_ip4;
+    // The port sits in network order in the low 16 bits.
+    let port_be = sa.user_port as u16;
+    let key = ServiceKey::frontend(addr_be, port_be, proto);
+    let Some(frontend) = lb::frontend(&key) else {
+        if lb::frontend(&ServiceKey::cluster_ip(addr_be))
+            .is_some_and(|m| m.has(svc::CLUSTER_IP_MARKER))
+        {
+            return refuse();
+        }
+        return ALLOW;
+    };
+    if frontend.has(svc::SOURCE_RANGES) {
+        // A pod's own address is not known before the packet exists: the
+        // per-packet path checks it. The node's sources are its addresses,
+        // allowed as upstream allows them: when a range holds the primary.
+        if !host {
+            count(Counter::SockDeclined);
+            return ALLOW;
+        }
+        if !flow::source_allowed(frontend.service_id, config.masquerade_addr_be) {
+            return refuse();
+        }
+    }
+    // SAFETY: the helper accepts this program type's context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let sticky = SockKey::new(cookie, addr_be, port_be, proto, SockDirection::Forward);
+    let chosen = match kept_backend(&sticky) {
+        Some(kept) => Some(kept),
+        None => match flow::pick(key, &frontend, true) {
+            Ok(Pick::Backend(id, b)) => Some((id, b.addr_be, b.port_be)),
+            Ok(Pick::Empty) => None,
+            Err(reason) => {
+                count(reason);
+                None
+            }
+        },
+    };
+    let Some((backend_id, backend_addr_be, backend_port_be)) = chosen else {
+        return refuse();
+    };
+    let reverse = SockKey::new(
+        cookie,
+        backend_addr_be,
+        backend_port_be,
+        proto,
+        SockDirection::Reverse,
+    );
+    let service = SockValue {
+        addr_be,
+        port_be,
+        _pad: 0,
+        service_id: frontend.service_id,
+        backend_id,
+    };
+    let backend = SockValue {
+        addr_be: backend_addr_be,
+        port_be: backend_port_be,
+        ..service
+    };
+    // Only the reverse entry is needed for the application to see the
+    // service; a full map costs stickiness, never the connection.
+    let _ = SOCKETS.insert(&reverse, &service, 0);
+    if proto == proto::UDP {
+        let _ = SOCKETS.insert(&sticky, &backend, 0);
+    }
+    sa.user_ip4 = backend_addr_be;
+    sa.user_port = backend_port_be as u32;
+    count(Counter::SockTranslated);
+    ALLOW
+}
+
+/// getpeername(2) and UDP recvmsg(2): the backend shown as the service.
+#[inline(always)]
+pub fn reverse(ctx: &SockAddrContext) -> i32 {
+    // SAFETY: the kernel hands the program a valid bpf_sock_addr.
+    let sa = unsafe { &mut *ctx.sock_addr };
+    let Some(proto) = proto_of(sa.protocol) else {
+        return ALLOW;
+    };
+    // SAFETY: the helper accepts this program type's context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let key = SockKey::new(
+        cookie,
+        sa.user_ip4,
+        sa.user_port as u16,
+        proto,
+        SockDirection::Reverse,
+    );
+    // SAFETY: map values are plain data and copied out immediately.
+    if let Some(service) = unsafe { SOCKETS.get(&key) }.copied() {
+        sa.user_ip4 = service.addr_be;
+        sa.user_port = service.port_be as u32;
+        count(Counter::SockReverse);
+    }
+    ALLOW
+}
+
+/// The backend this UDP socket's earlier datagrams to the service went to,
+/// while it still serves the service.
+#[inline(always)]
+fn kept_backend(sticky: &SockKey) -> Option<(u32, u32, u16)> {
+    // SAFETY: map values are plain data and copied out immediately.
+    let kept = unsafe { SOCKETS.get(sticky) }.copied()?;
+    let backend = lb::backend(kept.backend_id)?;
+    (backend.addr_be == kept.addr_be && backend.port_be == kept.port_be).then_some((
+        kept.backend_id,
+        kept.addr_be,
+        kept.port_be,
+    ))
+}
+
+#[inline(always)]
+fn refuse() -> i32 {
+    count(Counter::SockRefused);
+    // SAFETY: sets this hook's error for the system call (Linux 5.18+);
+    // without it the refusal would read EPERM.
+    unsafe { bpf_set_retval(-ECONNREFUSED) };
+    REFUSE
+}
+
+#[inline(always)]
+fn in_host_namespace(ctx: &SockAddrContext, config: &DatapathConfig) -> bool {
+    // SAFETY: the helper accepts this program type's context.
+    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    config.host_netns_cookie != 0 && netns == config.host_netns_cookie
+}
+
+#[inline(always)]
+fn proto_of(protocol: u32) -> Option<u8> {
+    match protocol {
+        6 => Some(proto::TCP),
+        17 => Some(proto::UDP),
+        _ => None,
+    }
+}
