@@ -9,3 +9,5 @@ unsafe impl aya::Pod for crate::DatapathConfig {}
 unsafe impl aya::Pod for crate::IfaceInfo {}
 unsafe impl aya::Pod for crate::Ipv4Prefix {}
 unsafe impl aya::Pod for crate::SourceRange {}
+unsafe impl aya::Pod for crate::SockKey {}
+unsafe impl aya::Pod for crate::SockValue {}

@@ -1,9 +1,10 @@
-//! Every namespace a testbed creates is registered here, so it is removed on
-//! drop, on panic (unwinding drops), on SIGINT/SIGTERM (a handler thread), and
-//! on the next run when the creating process died by SIGKILL.
+//! Every namespace (and cgroup) a testbed creates is registered here, so it
+//! is removed on drop, on panic (unwinding drops), on SIGINT/SIGTERM (a
+//! handler thread), and on the next run when the creating process died by SIGKILL.
 
 use std::{
     collections::BTreeSet,
+    path::{Path, PathBuf},
     sync::{
         Mutex, Once,
         atomic::{AtomicU32, Ordering},
@@ -32,6 +33,7 @@ pub fn unique_id() -> String {
 }
 
 static LIVE: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+static LIVE_CGROUPS: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 static HANDLER: Once = Once::new();
 
 pub fn register(ns: &str) {
@@ -44,6 +46,22 @@ pub fn register(ns: &str) {
 pub fn release(ns: &str) {
     netns::delete(ns);
     LIVE.lock().unwrap_or_else(|e| e.into_inner()).remove(ns);
+}
+
+pub fn register_cgroup(path: &Path) {
+    install_signal_handler();
+    LIVE_CGROUPS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(path.to_owned());
+}
+
+pub fn release_cgroup(path: &Path) {
+    crate::cgroup::remove(path);
+    LIVE_CGROUPS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(path);
 }
 
 fn install_signal_handler() {
@@ -62,6 +80,15 @@ fn install_signal_handler() {
                 for ns in &names {
                     netns::delete(ns);
                 }
+                let cgroups: Vec<PathBuf> = LIVE_CGROUPS
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .cloned()
+                    .collect();
+                for cgroup in &cgroups {
+                    crate::cgroup::remove(cgroup);
+                }
                 eprintln!(
                     "testbed: signal {sig}: removed {} namespace(s)",
                     names.len()
@@ -79,14 +106,18 @@ pub fn sweep_stale() {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(PREFIX) else {
-            continue;
-        };
-        let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        if let Ok(pid) = pid.parse::<u32>()
-            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-        {
+        if creator_is_gone(&name) {
             netns::delete(&name);
         }
     }
+}
+
+/// Whether `name` is a testbed's (`kpt<pid>x…`) whose process is gone.
+pub(crate) fn creator_is_gone(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(PREFIX) else {
+        return false;
+    };
+    let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    pid.parse::<u32>()
+        .is_ok_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
 }

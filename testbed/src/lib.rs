@@ -8,6 +8,7 @@
 //! end has an XDP program too; the cluster's bridge ports therefore carry a
 //! pass-everything program ([`xdp_pass`]).
 
+pub mod cgroup;
 pub mod cleanup;
 pub mod clients;
 pub mod cluster;

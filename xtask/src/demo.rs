@@ -62,9 +62,15 @@ pub fn run(agent: &Path, example: &Path) -> anyhow::Result<()> {
         tb.node_ns,
         example.display()
     );
+    // The socket hooks go on a cgroup of the demo's own, never the host's root.
+    let cgroup = testbed::cgroup::TestCgroup::new("demo")?;
     let child = Command::new("ip")
         .args(["netns", "exec", &tb.node_ns])
         .arg(agent)
+        .arg(format!(
+            "--ebpf-socket-lb-cgroup-path={}",
+            cgroup.path.display()
+        ))
         // The demo's datapath goes with it (a node's outlives the agent).
         .args([
             "--ebpf-detach-on-exit",

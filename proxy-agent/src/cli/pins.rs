@@ -57,6 +57,7 @@ impl PinnedMaps {
             ifaces: open(dir, names::IFACES)?.0,
             local_pod_cidrs: open(dir, names::LOCAL_POD_CIDRS)?.0,
             source_ranges: open(dir, names::SOURCE_RANGES)?.0,
+            sockets: open(dir, names::SOCKETS)?.0,
         };
         Ok(PinnedMaps {
             maps,

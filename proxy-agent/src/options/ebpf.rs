@@ -15,7 +15,7 @@
 //! xdpMode: auto               # auto | native | generic | disabled
 //! maps: {services: 262144, backends: 131072, conntrack: 0}   # conntrack 0 = from `conntrack.*`
 //! loadBalancing: {algorithm: random, maglevTableSize: 16381}
-//! socketLB: {enabled: true, hostNamespaceOnly: false, cgroupPath: ""}  # "" = the cgroup v2 root
+//! socketLB: {enabled: true, hostNamespaceOnly: true, cgroupPath: ""}  # "" = the cgroup v2 root
 //! pinning: {root: /sys/fs/bpf/kube-ebpf-proxy, detachOnExit: false}
 //! ```
 
@@ -141,10 +141,13 @@ pub struct SocketLb {
     /// `hostNamespaceOnly`.
     #[serde(default)]
     pub enabled: Option<bool>,
-    /// Balance only sockets of the node's own network namespace; pods keep
-    /// per-packet NAT (for service meshes that must see the service address).
-    #[serde(default, deserialize_with = "nullable")]
-    pub host_namespace_only: bool,
+    /// Balance only sockets of the node's own network namespace (the
+    /// default); pods keep per-packet NAT, which service meshes that must see
+    /// the service address need, and whose conntrack flush ends a pod's UDP
+    /// flows to a backend that left (the agent cannot reach sockets in pods'
+    /// namespaces to end them).
+    #[serde(default)]
+    pub host_namespace_only: Option<bool>,
     /// The cgroup v2 directory the hooks attach to; empty = the root of the
     /// cgroup v2 hierarchy, found from the mounts.
     #[serde(default, deserialize_with = "nullable")]
@@ -178,6 +181,9 @@ impl EbpfDatapathConfiguration {
     pub fn socket_lb_enabled(&self) -> bool {
         self.socket_lb.enabled.unwrap_or(true)
     }
+    pub fn socket_lb_host_namespace_only(&self) -> bool {
+        self.socket_lb.host_namespace_only.unwrap_or(true)
+    }
 }
 
 pub fn set_defaults(c: &mut EbpfDatapathConfiguration) {
@@ -201,6 +207,7 @@ pub fn set_defaults(c: &mut EbpfDatapathConfiguration) {
         c.load_balancing.maglev_table_size = DEFAULT_MAGLEV_TABLE;
     }
     c.socket_lb.enabled.get_or_insert(true);
+    c.socket_lb.host_namespace_only.get_or_insert(true);
     if c.pinning.root.is_empty() {
         c.pinning.root = PIN_ROOT.into();
     }

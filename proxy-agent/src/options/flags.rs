@@ -423,8 +423,8 @@ pub struct Flags {
     /// [ours] Socket-level balancing (cgroup connect/sendmsg/recvmsg/getpeername hooks) for the node's own processes, and for pods unless --ebpf-socket-lb-host-namespace-only.
     #[arg(long = "ebpf-socket-lb", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub ebpf_socket_lb: bool,
-    /// [ours] Socket-level balancing for the node's own network namespace only; pods keep per-packet NAT.
-    #[arg(long = "ebpf-socket-lb-host-namespace-only", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    /// [ours] Socket-level balancing for the node's own network namespace only; pods keep per-packet NAT (false: pods' sockets too).
+    #[arg(long = "ebpf-socket-lb-host-namespace-only", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub ebpf_socket_lb_host_namespace_only: bool,
     /// [ours] The cgroup v2 directory the socket hooks attach to (default: the cgroup v2 root, found from the mounts).
     #[arg(

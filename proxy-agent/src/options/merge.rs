@@ -296,7 +296,7 @@ fn ebpf_from_flags(p: &ParsedFlags, c: &mut EbpfDatapathConfiguration) {
         c.socket_lb.enabled = Some(f.ebpf_socket_lb);
     }
     if p.is_set("ebpf-socket-lb-host-namespace-only") {
-        c.socket_lb.host_namespace_only = f.ebpf_socket_lb_host_namespace_only;
+        c.socket_lb.host_namespace_only = Some(f.ebpf_socket_lb_host_namespace_only);
     }
     if p.is_set("ebpf-socket-lb-cgroup-path") {
         c.socket_lb.cgroup_path = f.ebpf_socket_lb_cgroup_path.clone();

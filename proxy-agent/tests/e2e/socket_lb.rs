@@ -7,8 +7,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
-    path::PathBuf,
+    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4},
     time::Duration,
 };
 
@@ -19,13 +18,17 @@ use proxy_agent::{
         self, KernelMaps, Programmer,
         maps::NodeMaps,
         node::NodeAddresses,
-        sockets::{SocketHooks, cgroup2_mount, netns_cookie},
+        sockets::{SocketHooks, netns_cookie},
+        stale_sockets::forget_and_terminate,
     },
 };
 use proxy_common::{Counter, DatapathConfig, config::flags};
 use testbed::{Cni, NODE_EXTERNAL_IP, ROUTED_GATEWAY, Testbed, netns, servers::IdentityServer};
 
-use crate::sock_client::{self, Op, Outcome, Place};
+use crate::{
+    sock_client::{self, Op, Outcome, Place, UdpStream},
+    support::TestCgroup,
+};
 
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
 const EMPTY_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 11);
@@ -36,33 +39,6 @@ const GUARDED_LB_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 2, 2);
 const NODE_PORT: u16 = 30080;
 const EMPTY_NODE_PORT: u16 = 30081;
 const TARGET: u16 = 8080;
-
-/// A cgroup v2 directory of this test's own, under the hierarchy's root;
-/// removed on drop (its client processes have exited by then).
-pub struct TestCgroup {
-    pub path: PathBuf,
-}
-
-impl TestCgroup {
-    pub fn new(tag: &str) -> Self {
-        let root = cgroup2_mount().expect("a cgroup v2 hierarchy");
-        let path = root.join(format!("kube-ebpf-proxy-test-{tag}-{}", std::process::id()));
-        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
-        TestCgroup { path }
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.path).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!("could not remove cgroup {}", self.path.display());
-    }
-}
 
 fn spn(name: &str, protocol: Protocol) -> ServicePortName {
     ServicePortName {
@@ -116,7 +92,7 @@ impl Fixture {
             ..DatapathConfig::default()
         };
         maps.put_config(&config).unwrap();
-        let cgroup = TestCgroup::new(tag);
+        let cgroup = TestCgroup::new(tag).expect("a test cgroup");
         let hooks = SocketHooks::attach(&mut ebpf, &cgroup.path, None).expect("attach the hooks");
         let mut fixture = Fixture {
             tb,
@@ -140,6 +116,7 @@ impl Fixture {
             primary: Some(NODE_EXTERNAL_IP),
             node_ports: vec![ROUTED_GATEWAY, NODE_EXTERNAL_IP],
             localhost_node_ports,
+            host: [ROUTED_GATEWAY, NODE_EXTERNAL_IP].into(),
         };
         self.programmer
             .set_node_addresses(&node, &self.state, &mut self.maps)
@@ -191,8 +168,17 @@ impl Drop for Fixture {
 /// empty: no endpoints; itp-local: internalTrafficPolicy Local, pod-a local;
 /// guarded: an LB IP whose source ranges hold no node address.
 fn services(tb: &Testbed) -> Vec<DesiredService> {
+    services_with_web_on(tb, &["pod-a", "pod-b"])
+}
+
+/// [`services`] with web's endpoints on `web_pods` only.
+fn services_with_web_on(tb: &Testbed, web_pods: &[&str]) -> Vec<DesiredService> {
     let a = tb.pod("pod-a").ip;
     let b = tb.pod("pod-b").ip;
+    let web_endpoints: Vec<Endpoint> = web_pods
+        .iter()
+        .map(|p| endpoint(tb.pod(p).ip, true))
+        .collect();
     let web = |protocol| DesiredService {
         node_port: Some(NODE_PORT),
         external_ips: vec![IpAddr::V4(EXTERNAL_IP)],
@@ -201,7 +187,7 @@ fn services(tb: &Testbed) -> Vec<DesiredService> {
             spn("web", protocol),
             vec![IpAddr::V4(CLUSTER_IP)],
             80,
-            vec![endpoint(a, true), endpoint(b, true)],
+            web_endpoints.clone(),
         )
     };
     let empty = |protocol| DesiredService {
@@ -369,4 +355,88 @@ fn pods_are_balanced_only_when_socket_lb_covers_them() {
     let got = identities(&pod, Op::Tcp, at(CLUSTER_IP, 80), 8);
     assert!(!got.is_empty());
     assert!(f.counter(Counter::SockTranslated) >= before + 8);
+}
+
+/// Runs `f` on a thread inside namespace `ns`, borrowing from the caller.
+fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setns on this scoped thread only.
+            assert_eq!(
+                unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) },
+                0
+            );
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// The identity of the next answer within `timeout`, skipping other lines.
+fn next_answer(stream: &UdpStream, timeout: Duration) -> Option<String> {
+    let deadline = std::time::Instant::now() + timeout;
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match stream.next(left)? {
+            line if line.starts_with("answer ") => {
+                return Some(line["answer ".len()..].to_string());
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+#[test]
+fn a_connected_udp_client_stops_reaching_a_removed_backend_within_a_second() {
+    let mut f = Fixture::new("stale-udp");
+    let stream = UdpStream::start(&f.host(), at(CLUSTER_IP, 80));
+    let first = next_answer(&stream, Duration::from_secs(5)).expect("the client gets answers");
+    let kept = if first == "pod-a" { "pod-b" } else { "pod-a" };
+    let services = services_with_web_on(&f.tb, &[kept]);
+    f.program(services);
+    let gone = f.programmer.take_gone_udp();
+    assert!(
+        gone.iter()
+            .any(|g| g.service == SocketAddrV4::new(CLUSTER_IP, 80)),
+        "{gone:?}"
+    );
+    let sockets = &mut f.maps.sockets;
+    let done = in_netns(&f.tb.node_ns, || forget_and_terminate(&gone, sockets)).unwrap();
+    assert_eq!(
+        done.destroyed, 1,
+        "the client's connected socket is destroyed"
+    );
+    // The removed pod still answers here, so a socket left alone would keep
+    // getting its answers; after the destruction the client reconnects.
+    let removed = std::time::Instant::now();
+    let mut saw_failure = false;
+    loop {
+        let line = stream
+            .next(Duration::from_secs(1))
+            .expect("the client keeps reporting");
+        if line.starts_with("failed") {
+            saw_failure = true;
+        } else if let Some(identity) = line.strip_prefix("answer ") {
+            if saw_failure {
+                assert_eq!(
+                    identity, kept,
+                    "after reconnecting, only the kept backend answers"
+                );
+                break;
+            }
+        }
+        assert!(
+            removed.elapsed() < Duration::from_secs(1),
+            "the client still talks to {first} a second after it left (last line: {line})"
+        );
+    }
+    for _ in 0..5 {
+        assert_eq!(
+            next_answer(&stream, Duration::from_secs(1)).as_deref(),
+            Some(kept)
+        );
+    }
 }

@@ -2,6 +2,8 @@
 //! Shared by the end-to-end tests: running the real agent binary inside a
 //! testbed's node namespace.
 
+pub use testbed::cgroup::TestCgroup;
+
 use std::{
     fs,
     net::SocketAddr,
@@ -11,10 +13,13 @@ use std::{
 };
 
 /// The agent process, started with `--manifests DIR` in namespace `ns`;
-/// SIGTERMed (then killed) on drop so no test leaves it running.
+/// SIGTERMed (then killed) on drop so no test leaves it running. Its socket
+/// hooks attach to a cgroup of its own, never the root, unless the test
+/// chooses with an `--ebpf-socket-lb…` flag.
 pub struct Agent {
     child: Option<Child>,
     pub log: PathBuf,
+    pub cgroup: Option<TestCgroup>,
 }
 
 impl Agent {
@@ -37,6 +42,11 @@ impl Agent {
         env: &[(&str, &std::ffi::OsStr)],
     ) -> Self {
         let log_file = fs::File::create(&log).unwrap();
+        let cgroup = (!extra.iter().any(|a| a.starts_with("--ebpf-socket-lb")))
+            .then(|| TestCgroup::new("agent").expect("a cgroup for the agent's socket hooks"));
+        let cgroup_flag = cgroup
+            .as_ref()
+            .map(|c| format!("--ebpf-socket-lb-cgroup-path={}", c.path.display()));
         let child = Command::new("ip")
             .args([
                 "netns",
@@ -49,6 +59,7 @@ impl Agent {
             ])
             .arg(manifests)
             .args(extra)
+            .args(cgroup_flag)
             .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -58,6 +69,7 @@ impl Agent {
         Self {
             child: Some(child),
             log,
+            cgroup,
         }
     }
 

@@ -114,6 +114,7 @@ fn node(config: DatapathConfig) -> Datapath {
                 primary: Some(NODE),
                 node_ports: vec![NODE],
                 localhost_node_ports: false,
+                host: Default::default(),
             },
             &DesiredState::default(),
             &mut dp.maps,

@@ -1896,6 +1896,7 @@ impl Fixture {
                 primary: Some(NODE),
                 node_ports: vec![NODE],
                 localhost_node_ports: false,
+                host: Default::default(),
             },
             external_interfaces: [("ext0".to_string(), ext)].into(),
         };

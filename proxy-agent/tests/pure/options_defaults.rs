@@ -145,7 +145,7 @@ const EBPF_DEFAULTS: &[(&str, &str)] = &[
     ("loadBalancing.algorithm", "random"),
     ("loadBalancing.maglevTableSize", "16381"),
     ("socketLB.enabled", "true"),
-    ("socketLB.hostNamespaceOnly", "false"),
+    ("socketLB.hostNamespaceOnly", "true"),
     ("socketLB.cgroupPath", "\"\""),
     ("pinning.root", "/sys/fs/bpf/kube-ebpf-proxy"),
     ("pinning.detachOnExit", "false"),

@@ -30,6 +30,65 @@ pub enum Op {
     UdpConnected,
 }
 
+/// A UDP client that keeps one connected socket and sends every 50 ms,
+/// reconnecting (a new socket) when the socket fails, as a resolver does;
+/// each answer or failure is one line on its stdout.
+pub struct UdpStream {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl UdpStream {
+    pub fn start(place: &Place, dst: SocketAddr) -> Self {
+        let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+            .args([
+                "--exact",
+                "sock_client::client_process",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(JOB_ENV, job(place, "Stream", dst))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting a client process");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(at) = line.find(RESULT) {
+                    let _ = tx.send(line[at + RESULT.len()..].to_string());
+                }
+            }
+        });
+        UdpStream { child, lines }
+    }
+
+    /// The next line within `timeout`: `answer <identity>` or `failed <error>`.
+    pub fn next(&self, timeout: Duration) -> Option<String> {
+        self.lines.recv_timeout(timeout).ok()
+    }
+}
+
+impl Drop for UdpStream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn job(place: &Place, op: &str, dst: SocketAddr) -> String {
+    format!(
+        "{}|/run/netns/{}|{op}|{dst}",
+        place.cgroup.display(),
+        place.netns
+    )
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// The server's identity, and the peer the application was shown
@@ -64,16 +123,11 @@ pub struct Place {
 
 /// Runs `op` against `dst` from a fresh child process in `place`.
 pub fn run(place: &Place, op: Op, dst: SocketAddr) -> Outcome {
-    let job = format!(
-        "{}|/run/netns/{}|{op:?}|{dst}",
-        place.cgroup.display(),
-        place.netns
-    );
+    let job = job(place, &format!("{op:?}"), dst);
     let out = Command::new(std::env::current_exe().expect("the test binary"))
         .args([
             "--exact",
             "sock_client::client_process",
-            "--ignored",
             "--nocapture",
             "--test-threads",
             "1",
@@ -119,11 +173,28 @@ fn parse(line: &str) -> Outcome {
     }
 }
 
-/// The child's side: does nothing unless started by [`run`].
+/// The child's side when started by [`run`]; in the ordinary test run, a
+/// check that every result line the child prints reads back as it was meant.
 #[test]
-#[ignore = "a client process the socket tests start in their cgroup"]
 fn client_process() {
     let Ok(job) = std::env::var(JOB_ENV) else {
+        let peer: SocketAddr = "198.19.0.10:80".parse().unwrap();
+        assert_eq!(
+            parse("answered 198.19.0.10:80 pod a"),
+            Outcome::Answered {
+                identity: "pod a".into(),
+                peer
+            }
+        );
+        assert_eq!(
+            parse("refused 30"),
+            Outcome::Refused {
+                elapsed: Duration::from_micros(30)
+            }
+        );
+        assert_eq!(parse("timeout"), Outcome::TimedOut);
+        assert!(matches!(parse("failed boom"), Outcome::Failed(_)));
+        assert!(matches!(parse("answered nonsense"), Outcome::Failed(_)));
         return;
     };
     let parts: Vec<&str> = job.split('|').collect();
@@ -143,6 +214,9 @@ fn client_process() {
         "setns"
     );
     let dst: SocketAddr = dst.parse().expect("destination");
+    if op == "Stream" {
+        stream(dst);
+    }
     let start = Instant::now();
     let result = match op {
         "Tcp" => tcp(dst),
@@ -197,4 +271,36 @@ fn udp_connected(dst: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
         sock.peer_addr()?,
         String::from_utf8_lossy(&buf[..n]).into_owned(),
     ))
+}
+
+/// [`UdpStream`]'s side: runs until killed.
+fn stream(dst: SocketAddr) -> ! {
+    use std::io::Write as _;
+    loop {
+        let failure = (|| -> std::io::Error {
+            let sock = match UdpSocket::bind("0.0.0.0:0").and_then(|s| s.connect(dst).map(|()| s)) {
+                Ok(sock) => sock,
+                Err(e) => return e,
+            };
+            let _ = sock.set_read_timeout(Some(Duration::from_millis(300)));
+            let mut buf = [0u8; 1500];
+            loop {
+                if let Err(e) = sock.send(b"who") {
+                    return e;
+                }
+                match sock.recv(&mut buf) {
+                    Ok(n) => println!("{RESULT}answer {}", String::from_utf8_lossy(&buf[..n])),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        println!("{RESULT}silence")
+                    }
+                    Err(e) => return e,
+                }
+                let _ = std::io::stdout().flush();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })();
+        println!("{RESULT}failed {failure}");
+        let _ = std::io::stdout().flush();
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

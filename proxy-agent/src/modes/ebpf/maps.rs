@@ -9,7 +9,7 @@ use aya::{
 use ipnet::Ipv4Net;
 use proxy_common::{
     Backend, BackendId, CtKey, CtValue, DatapathConfig, IfaceInfo, Ipv4Prefix, ServiceKey,
-    ServiceValue, SourceRange, maps as names,
+    ServiceValue, SockKey, SockValue, SourceRange, maps as names,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +101,8 @@ pub struct KernelMaps {
     pub ifaces: HashMap<MapData, u32, IfaceInfo>,
     pub local_pod_cidrs: LpmTrie<MapData, Ipv4Prefix, u8>,
     pub source_ranges: LpmTrie<MapData, SourceRange, u8>,
+    /// The socket hooks' choices (written only by the programs).
+    pub sockets: HashMap<MapData, SockKey, SockValue>,
 }
 
 impl KernelMaps {
@@ -114,6 +116,7 @@ impl KernelMaps {
             ifaces: take_map(ebpf, names::IFACES)?,
             local_pod_cidrs: take_map(ebpf, names::LOCAL_POD_CIDRS)?,
             source_ranges: take_map(ebpf, names::SOURCE_RANGES)?,
+            sockets: take_map(ebpf, names::SOCKETS)?,
         };
         Ok((maps, take_map(ebpf, names::STATS)?))
     }

@@ -14,6 +14,7 @@ mod programmer;
 mod proxier;
 mod run;
 pub mod sockets;
+pub mod stale_sockets;
 pub mod stats;
 pub mod test_run;
 

@@ -113,7 +113,7 @@ impl EbpfNodeSettings {
             localhost_node_ports: localhost_node_ports(opts),
             socket_lb: SocketLbSettings {
                 enabled: opts.ebpf.socket_lb_enabled(),
-                host_namespace_only: opts.ebpf.socket_lb.host_namespace_only,
+                host_namespace_only: opts.ebpf.socket_lb_host_namespace_only(),
                 host_netns_cookie: 0,
             },
         }
@@ -189,6 +189,9 @@ pub struct NodeAddresses {
     /// NodePorts are served on 127.0.0.1 to the node's own sockets too
     /// (`iptables.localhostNodePorts`, where nodePortAddresses allows loopback).
     pub localhost_node_ports: bool,
+    /// Every IPv4 address of the node's interfaces: endpoints there are
+    /// the node itself (hostNetwork pods).
+    pub host: BTreeSet<Ipv4Addr>,
 }
 
 /// Everything the datapath needs to know about this node.
@@ -253,6 +256,12 @@ pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
             primary,
             node_ports: node.node_port_ipv4().collect(),
             localhost_node_ports: settings.localhost_node_ports,
+            host: node
+                .interfaces()
+                .iter()
+                .flat_map(|i| i.ipv4.iter().copied())
+                .filter(|a| !a.is_loopback())
+                .collect(),
         },
         external_interfaces: roles.external,
     }

@@ -15,7 +15,10 @@ mod frontends;
 mod ids;
 mod markers;
 
-use std::collections::{BTreeSet, HashMap, HashSet, hash_map::Entry};
+use std::{
+    collections::{BTreeSet, HashMap, HashSet, hash_map::Entry},
+    net::Ipv4Addr,
+};
 
 use ipnet::Ipv4Net;
 use proxy_common::{
@@ -23,12 +26,13 @@ use proxy_common::{
 };
 
 use self::{
-    frontends::{EndpointSet, wanted_frontends, wanted_source_ranges},
+    frontends::{EndpointSet, has_endpoint_on, wanted_frontends, wanted_source_ranges},
     ids::Ids,
     markers::ClusterIpMarkers,
 };
 use super::maps::{MapError, ServiceMaps};
 use super::node::NodeAddresses;
+use super::stale_sockets::GoneUdp;
 use crate::model::{DesiredService, DesiredState, ServicePortName};
 
 pub use adopt::{AdoptStats, ServiceSnapshot};
@@ -68,6 +72,8 @@ struct SyncRun {
 
 pub struct Programmer {
     node: NodeAddresses,
+    /// UDP backends that left a frontend since [`Programmer::take_gone_udp`].
+    gone_udp: Vec<GoneUdp>,
     frontends: HashMap<ServiceKey, Frontend>,
     by_service: HashMap<ServicePortName, BTreeSet<ServiceKey>>,
     backends: HashMap<Backend, BackendId>,
@@ -106,6 +112,7 @@ impl Programmer {
     pub fn new() -> Self {
         Self {
             node: NodeAddresses::default(),
+            gone_udp: Vec::new(),
             frontends: HashMap::new(),
             by_service: HashMap::new(),
             backends: HashMap::new(),
@@ -165,11 +172,18 @@ impl Programmer {
         if *node == self.node {
             return Ok(self.totals(SyncStats::default()));
         }
+        // Endpoints on an address the node gained or lost change flags.
+        let moved: BTreeSet<Ipv4Addr> = self
+            .node
+            .host
+            .symmetric_difference(&node.host)
+            .copied()
+            .collect();
         self.node = node.clone();
         let ports: BTreeSet<ServicePortName> = state
             .services
             .values()
-            .filter(|svc| depends_on_node(svc))
+            .filter(|svc| depends_on_node(svc) || has_endpoint_on(svc, &moved))
             .map(|svc| svc.name.clone())
             .collect();
         self.sync_ports(state, &ports, maps)
@@ -240,7 +254,7 @@ impl Programmer {
         let mut new_backends = HashSet::new();
         for svc in ports.iter().filter_map(|p| state.services.get(p)) {
             for f in wanted_frontends(svc, &self.node) {
-                let backends = f.endpoints.backends(svc);
+                let backends = f.endpoints.backends(svc, &self.node.host);
                 let have = self
                     .frontends
                     .get(&f.key)
@@ -300,7 +314,7 @@ impl Programmer {
         for f in &wanted {
             if let Entry::Vacant(slot) = ids_by_set.entry(f.endpoints) {
                 let mut ids = Vec::new();
-                for backend in f.endpoints.backends(svc) {
+                for backend in f.endpoints.backends(svc, &self.node.host) {
                     ids.push(self.ensure_backend(&backend, maps, run)?);
                 }
                 slot.insert(ids);
@@ -533,18 +547,23 @@ impl Programmer {
     /// behind. Nothing like that exists here: the datapath rejects or drops a
     /// packet to a frontend without backends before creating any flow state.
     fn flush_gone_udp_flows(
-        &self,
+        &mut self,
         maps: &mut impl ServiceMaps,
         run: &mut SyncRun,
     ) -> Result<(), MapError> {
         let mut forward = HashSet::new();
         let mut reply = HashSet::new();
-        for g in run
+        let left: Vec<&GoneBackend> = run
             .gone
             .iter()
             .filter(|g| !self.still_serves(g.frontend, g.id))
-        {
+            .collect();
+        for g in left {
             let fe = g.frontend;
+            self.gone_udp.push(GoneUdp {
+                service: socket_addr(fe.addr_be, fe.port_be),
+                backend: socket_addr(g.backend.addr_be, g.backend.port_be),
+            });
             forward.insert((fe.addr_be, fe.port_be, fe.proto, g.id));
             reply.insert((
                 g.backend.addr_be,
@@ -574,6 +593,12 @@ impl Programmer {
             }
         })?;
         Ok(())
+    }
+
+    /// The UDP backends that left a frontend in the syncs since the last
+    /// call: the sockets the socket hooks pointed at them are the proxier's to end.
+    pub fn take_gone_udp(&mut self) -> Vec<GoneUdp> {
+        std::mem::take(&mut self.gone_udp)
     }
 
     fn still_serves(&self, frontend: ServiceKey, id: BackendId) -> bool {
@@ -663,3 +688,7 @@ fn stable_slots(current: &[BackendId], wanted: &[BackendId]) -> Vec<BackendId> {
 
 #[cfg(test)]
 mod tests;
+
+fn socket_addr(addr_be: u32, port_be: u16) -> std::net::SocketAddrV4 {
+    std::net::SocketAddrV4::new(Ipv4Addr::from(u32::from_be(addr_be)), u16::from_be(port_be))
+}

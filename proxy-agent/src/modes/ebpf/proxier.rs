@@ -6,6 +6,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     EbpfNodeSettings, KernelMaps, MapError, NodeFacts, NodeProgrammer, Programmer, node_facts,
+    stale_sockets,
 };
 use crate::{
     model::{DesiredState, NodeModel},
@@ -126,6 +127,30 @@ impl EbpfProxier {
         Ok(())
     }
 
+    /// Connected UDP sockets of this node the socket hooks pointed at a
+    /// backend that left: ended, so clients reconnect to a live one.
+    fn end_stale_udp_sockets(&mut self) {
+        let gone = self.programmer.take_gone_udp();
+        if gone.is_empty() || !self.settings.socket_lb.enabled {
+            return;
+        }
+        match stale_sockets::forget_and_terminate(&gone, &mut self.maps.sockets) {
+            Ok(done) if done.forgotten + done.destroyed > 0 => info!(
+                backends_gone = gone.len(),
+                socket_choices_forgotten = done.forgotten,
+                connected_sockets_destroyed = done.destroyed,
+                "ended UDP sockets pointed at backends that left"
+            ),
+            Ok(_) => {}
+            Err(e) => warn!(
+                error = %e,
+                "cannot end connected UDP sockets pointed at backends that left (sock_diag \
+                 SOCK_DESTROY needs CONFIG_INET_DIAG_DESTROY): they keep sending to the old \
+                 backend until the application reconnects"
+            ),
+        }
+    }
+
     fn apply_node_facts(&mut self, desired: &DesiredState) -> Result<(), MapError> {
         let facts = node_facts(&self.settings, &desired.node);
         if self.applied.as_ref() == Some(&facts) {
@@ -168,6 +193,7 @@ impl Proxier for EbpfProxier {
                 .sync_changed(desired, &changes.changed, &mut self.maps)?
         };
         self.conntrack_fill.check(&self.maps);
+        self.end_stale_udp_sockets();
         if !changes.full && changes.changed.is_empty() {
             debug!("datapath synced: no service changed");
             return Ok(());

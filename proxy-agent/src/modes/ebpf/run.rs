@@ -13,7 +13,7 @@ use super::{
     node::warn_if_snat_ports_overlap,
     object_maps,
     pin::{Found, PinError, PinLayout},
-    probe, stats,
+    probe, sockets, stats,
 };
 use crate::{
     cleanup::Report,
@@ -64,7 +64,11 @@ impl Mode for EbpfMode {
         let adopting = takeover != Takeover::Fresh;
         warn_if_snat_ports_overlap();
 
-        let settings = EbpfNodeSettings::from_options(opts);
+        let mut settings = EbpfNodeSettings::from_options(opts);
+        let mut ebpf = ebpf;
+        let mut socket_hooks =
+            sockets::start(&mut ebpf, opts, pins.as_ref(), &mut settings.socket_lb);
+        settings.localhost_node_ports &= socket_hooks.is_some();
         let proxier = if adopting {
             EbpfProxier::adopting(maps, settings.clone())
         } else {
@@ -97,10 +101,14 @@ impl Mode for EbpfMode {
                 _ => {
                     if let Some(pins) = pins {
                         attacher.unpin_links();
+                        if let Some(hooks) = socket_hooks.as_mut() {
+                            hooks.unpin();
+                        }
                         if let Err(e) = pins.remove_all() {
                             warn!(error = %e, "removing the pins");
                         }
                     }
+                    drop(socket_hooks.take());
                     let detached: Vec<&str> = attacher.pod_names().collect();
                     info!(detached = ?detached, ?counters, "programs detached and maps released");
                 }
@@ -249,11 +257,6 @@ fn warn_unimplemented(opts: &ProxyOptions) {
         warn!(
             "loadBalancing.algorithm {:?} is not implemented yet; balancing is random",
             ext.load_balancing.algorithm
-        );
-    }
-    if ext.socket_lb.enabled == Some(true) {
-        warn!(
-            "socketLB.enabled is not implemented yet; services are balanced by the TC programs only"
         );
     }
 }

@@ -24,7 +24,8 @@ use aya::{
 };
 use tracing::{info, warn};
 
-use super::{SOCKET_PROGRAMS, pin::PinLayout};
+use super::{SOCKET_PROGRAMS, load_socket_programs, node::SocketLbSettings, pin::PinLayout};
+use crate::options::ProxyOptions;
 
 /// The socket programs attached to one cgroup.
 pub struct SocketHooks {
@@ -93,6 +94,63 @@ impl SocketHooks {
             .filter_map(|l| l.pin.take())
             .filter(|p| std::fs::remove_file(p).is_ok())
             .count()
+    }
+}
+
+/// Socket-level balancing as configured: the hooks attached, or `None`
+/// after saying once, in the log, why the node's own processes are not
+/// served (`settings.enabled` is then cleared, so the datapath knows).
+pub fn start(
+    ebpf: &mut Ebpf,
+    opts: &ProxyOptions,
+    pins: Option<&PinLayout>,
+    settings: &mut SocketLbSettings,
+) -> Option<SocketHooks> {
+    let unserved = "connections from the node's own processes (the kubelet, hostNetwork pods) to \
+                    services are not translated, and localhost NodePorts are not served; pods and \
+                    clients outside the node are served by the TC programs";
+    if !settings.enabled {
+        if let Some(pins) = pins {
+            remove_pinned(pins);
+        }
+        warn!("socketLB.enabled is false: {unserved}");
+        return None;
+    }
+    let attached = (|| {
+        settings.host_netns_cookie = netns_cookie()
+            .context("reading this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14)")?;
+        load_socket_programs(ebpf).context(
+            "this kernel cannot run the socket hooks (cgroup connect4, sendmsg4, recvmsg4 and \
+             getpeername4 with bpf_set_retval: Linux 5.18)",
+        )?;
+        let cgroup = match opts.ebpf.socket_lb.cgroup_path.as_str() {
+            "" => cgroup2_mount()?,
+            path => PathBuf::from(path),
+        };
+        SocketHooks::attach(ebpf, &cgroup, pins)
+    })();
+    match attached {
+        Ok(hooks) => {
+            let pods = !settings.host_namespace_only;
+            info!(
+                cgroup = %hooks.cgroup().display(),
+                pods,
+                "socket-level balancing attached: the node's own processes{} reach services through \
+                 the socket hooks, with no per-packet NAT; the TC programs serve {}clients outside \
+                 the node, and whatever the hooks did not translate",
+                if pods { " and pods' sockets" } else { "" },
+                if pods { "" } else { "pods, " },
+            );
+            Some(hooks)
+        }
+        Err(e) => {
+            settings.enabled = false;
+            if let Some(pins) = pins {
+                remove_pinned(pins);
+            }
+            warn!(error = %format!("{e:#}"), "socket-level balancing is unavailable: {unserved}");
+            None
+        }
     }
 }
 

@@ -7,7 +7,10 @@ use std::{
 };
 
 use ipnet::{IpNet, Ipv4Net};
-use proxy_common::{Backend, FrontendKind, Scope, ServiceKey, ServiceValue, service::flags};
+use proxy_common::{
+    Backend, FrontendKind, Scope, ServiceKey, ServiceValue, backend::flags as backend_flags,
+    service::flags,
+};
 
 use crate::model::{DesiredService, Endpoint};
 use crate::modes::ebpf::node::NodeAddresses;
@@ -24,14 +27,24 @@ pub(super) enum EndpointSet {
 }
 
 impl EndpointSet {
-    pub(super) fn backends(self, svc: &DesiredService) -> Vec<Backend> {
+    /// The set's IPv4 backends; those on one of `host`'s addresses (the
+    /// node itself) are flagged so.
+    pub(super) fn backends(self, svc: &DesiredService, host: &BTreeSet<Ipv4Addr>) -> Vec<Backend> {
         let endpoints = match self {
             EndpointSet::Internal => svc.internal_endpoints(),
             EndpointSet::External => svc.external_endpoints(),
             EndpointSet::Cluster => &svc.cluster_endpoints,
         };
-        ipv4_backends(endpoints, svc.protocol.ip_proto())
+        ipv4_backends(endpoints, svc.protocol.ip_proto(), host)
     }
+}
+
+/// Whether one of `svc`'s endpoints is on one of `addrs`.
+pub(super) fn has_endpoint_on(svc: &DesiredService, addrs: &BTreeSet<Ipv4Addr>) -> bool {
+    svc.cluster_endpoints
+        .iter()
+        .chain(&svc.local_endpoints)
+        .any(|ep| matches!(ep.ip, IpAddr::V4(ip) if addrs.contains(&ip)))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,7 +169,7 @@ fn be(addr: Ipv4Addr) -> u32 {
 }
 
 /// The IPv4 endpoints as backends, deduplicated.
-fn ipv4_backends(endpoints: &[Endpoint], proto: u8) -> Vec<Backend> {
+fn ipv4_backends(endpoints: &[Endpoint], proto: u8, host: &BTreeSet<Ipv4Addr>) -> Vec<Backend> {
     let mut seen = BTreeSet::new();
     endpoints
         .iter()
@@ -165,7 +178,11 @@ fn ipv4_backends(endpoints: &[Endpoint], proto: u8) -> Vec<Backend> {
                 addr_be: be(ip),
                 port_be: ep.port.to_be(),
                 proto,
-                flags: 0,
+                flags: if host.contains(&ip) {
+                    backend_flags::HOST_LOCAL
+                } else {
+                    0
+                },
             }),
             IpAddr::V6(_) => None,
         })

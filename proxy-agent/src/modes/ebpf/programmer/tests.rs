@@ -244,6 +244,7 @@ fn node(addrs: &[[u8; 4]]) -> NodeAddresses {
         primary: addrs.first().map(|a| Ipv4Addr::from(*a)),
         node_ports: addrs.iter().map(|a| Ipv4Addr::from(*a)).collect(),
         localhost_node_ports: false,
+        host: Default::default(),
     }
 }
 

@@ -1,0 +1,233 @@
+//! Connected UDP sockets the socket hooks pointed at a backend that has
+//! since left the service: without kernel conntrack there is no entry to
+//! flush, and a connected socket's sends never meet the hooks again, so a
+//! client such as a DNS resolver would keep talking to a dead backend.
+//!
+//! After a sync, [`forget_and_terminate`] drops the per-socket choices of
+//! those backends (so unconnected sends choose again) and destroys, with
+//! sock_diag's SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY), the connected UDP
+//! sockets the hooks translated for them: the application's next receive
+//! or send fails with ECONNABORTED and it opens a new socket, as it would
+//! after an ICMP error. It sees sockets of the agent's own network namespace,
+//! the node's; pods' sockets are in theirs (see `hostNamespaceOnly`).
+
+use std::{io, net::SocketAddrV4};
+
+use aya::maps::{HashMap, MapData};
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_sock_diag::{
+    SockDiagMessage,
+    constants::{AF_INET, IPPROTO_UDP},
+    inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
+    message::SockDiagDestroy,
+};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
+use proxy_common::{SockDirection, SockKey, SockValue, proto};
+
+/// A backend that left a UDP service frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GoneUdp {
+    pub service: SocketAddrV4,
+    pub backend: SocketAddrV4,
+}
+
+/// What [`forget_and_terminate`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Terminated {
+    /// Per-socket backend choices dropped.
+    pub forgotten: usize,
+    /// Connected sockets destroyed.
+    pub destroyed: usize,
+}
+
+pub fn forget_and_terminate(
+    gone: &[GoneUdp],
+    sockets: &mut HashMap<MapData, SockKey, SockValue>,
+) -> io::Result<Terminated> {
+    let mut done = Terminated::default();
+    let doomed: Vec<SockKey> = sockets
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(k, v)| k.direction == SockDirection::Forward as u8 && was_gone(gone, k, v))
+        .map(|(k, _)| k)
+        .collect();
+    for key in doomed {
+        if sockets.remove(&key).is_ok() {
+            done.forgotten += 1;
+        }
+    }
+    let mut diag = Diag::open()?;
+    for id in diag.udp_sockets()? {
+        let IpAddrPort(addr, port) = IpAddrPort::destination(&id);
+        let Some(addr) = addr else { continue };
+        let key = SockKey::new(
+            cookie(&id.cookie),
+            u32::from(addr).to_be(),
+            port.to_be(),
+            proto::UDP,
+            SockDirection::Reverse,
+        );
+        // Only sockets the hooks pointed there, for a service it left.
+        let Ok(service) = sockets.get(&key, 0) else {
+            continue;
+        };
+        let pair = GoneUdp {
+            service: SocketAddrV4::new(
+                u32::from_be(service.addr_be).into(),
+                u16::from_be(service.port_be),
+            ),
+            backend: SocketAddrV4::new(addr, port),
+        };
+        if gone.contains(&pair) {
+            diag.destroy(id)?;
+            let _ = sockets.remove(&key);
+            done.destroyed += 1;
+        }
+    }
+    Ok(done)
+}
+
+/// Whether a socket's kept choice (`key`: the service, `value`: the backend) is gone.
+fn was_gone(gone: &[GoneUdp], key: &SockKey, value: &SockValue) -> bool {
+    key.proto == proto::UDP
+        && gone.iter().any(|g| {
+            u32::from(*g.service.ip()).to_be() == key.addr_be
+                && g.service.port().to_be() == key.port_be
+                && u32::from(*g.backend.ip()).to_be() == value.addr_be
+                && g.backend.port().to_be() == value.port_be
+        })
+}
+
+struct IpAddrPort(Option<std::net::Ipv4Addr>, u16);
+
+impl IpAddrPort {
+    fn destination(id: &SocketId) -> Self {
+        match id.destination_address {
+            std::net::IpAddr::V4(a) => IpAddrPort(Some(a), id.destination_port),
+            std::net::IpAddr::V6(_) => IpAddrPort(None, 0),
+        }
+    }
+}
+
+/// sock_diag's cookie: two native-endian 32-bit halves, low first.
+fn cookie(bytes: &[u8; 8]) -> u64 {
+    let low = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    let high = u32::from_ne_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    u64::from(high) << 32 | u64::from(low)
+}
+
+/// A NETLINK_SOCK_DIAG socket of this thread's network namespace.
+struct Diag {
+    socket: Socket,
+    sequence: u32,
+    buf: Vec<u8>,
+}
+
+impl Diag {
+    fn open() -> io::Result<Self> {
+        let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
+        socket.bind_auto()?;
+        socket.connect(&SocketAddr::new(0, 0))?;
+        Ok(Diag {
+            socket,
+            sequence: 0,
+            buf: vec![0; 64 << 10],
+        })
+    }
+
+    fn request(id: SocketId) -> SockDiagMessage {
+        SockDiagMessage::InetRequest(InetRequest {
+            family: AF_INET,
+            protocol: IPPROTO_UDP,
+            extensions: ExtensionFlags::empty(),
+            states: StateFlags::all(),
+            socket_id: id,
+        })
+    }
+
+    /// Every IPv4 UDP socket's id (connected ones carry their peer).
+    fn udp_sockets(&mut self) -> io::Result<Vec<SocketId>> {
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        let sequence = self.send(header, Self::request(SocketId::new_v4()))?;
+        let mut ids = Vec::new();
+        loop {
+            let len = self.socket.recv(&mut &mut self.buf[..], 0)?;
+            let mut offset = 0;
+            while offset < len {
+                let message =
+                    NetlinkMessage::<SockDiagMessage>::deserialize(&self.buf[offset..len])
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                let size = message.header.length as usize;
+                if message.header.sequence_number == sequence {
+                    match message.payload {
+                        NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
+                            ids.push(r.header.socket_id)
+                        }
+                        NetlinkPayload::Done(_) => return Ok(ids),
+                        NetlinkPayload::Error(e) => return Err(e.to_io()),
+                        _ => {}
+                    }
+                }
+                if size == 0 {
+                    break;
+                }
+                offset += size;
+            }
+        }
+    }
+
+    fn destroy(&mut self, id: SocketId) -> io::Result<()> {
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_ACK;
+        let mut message = NetlinkMessage::new(
+            header,
+            NetlinkPayload::InnerMessage(SockDiagDestroy::new(Self::request(id))),
+        );
+        self.sequence = self.sequence.wrapping_add(1);
+        message.header.sequence_number = self.sequence;
+        message.finalize();
+        let mut bytes = vec![0; message.buffer_len()];
+        message.serialize(&mut bytes);
+        self.socket.send(&bytes, 0)?;
+        let len = self.socket.recv(&mut &mut self.buf[..], 0)?;
+        let ack = NetlinkMessage::<SockDiagMessage>::deserialize(&self.buf[..len])
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        match ack.payload {
+            // The socket closed meanwhile: nothing left to do.
+            NetlinkPayload::Error(e)
+                if e.code.is_some() && e.to_io().raw_os_error() != Some(libc::ENOENT) =>
+            {
+                Err(e.to_io())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn send(&mut self, header: NetlinkHeader, request: SockDiagMessage) -> io::Result<u32> {
+        self.sequence = self.sequence.wrapping_add(1);
+        let mut message = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(request));
+        message.header.sequence_number = self.sequence;
+        message.finalize();
+        let mut bytes = vec![0; message.buffer_len()];
+        message.serialize(&mut bytes);
+        self.socket.send(&bytes, 0)?;
+        Ok(self.sequence)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_read_as_the_kernel_writes_them() {
+        let c: u64 = 0x0000_0012_3456_789a;
+        let mut bytes = [0u8; 8];
+        bytes[..4].copy_from_slice(&(c as u32).to_ne_bytes());
+        bytes[4..].copy_from_slice(&((c >> 32) as u32).to_ne_bytes());
+        assert_eq!(cookie(&bytes), c);
+    }
+}
