@@ -28,6 +28,16 @@ impl TestCgroup {
     }
 }
 
+impl TestCgroup {
+    /// The path as a process in another mount namespace sees it: `ip netns
+    /// exec` mounts a fresh /sys, without the cgroup hierarchy, so the
+    /// agent it starts reaches the cgroup through this process's root.
+    pub fn seen_from_other_mount_namespaces(&self) -> PathBuf {
+        let inside = self.path.strip_prefix("/").unwrap_or(&self.path);
+        PathBuf::from(format!("/proc/{}/root", std::process::id())).join(inside)
+    }
+}
+
 impl Drop for TestCgroup {
     fn drop(&mut self) {
         cleanup::release_cgroup(&self.path);

@@ -46,7 +46,7 @@ pub enum NodeId {
 impl NodeId {
     pub const ALL: [NodeId; 2] = [NodeId::A, NodeId::B];
 
-    fn index(self) -> usize {
+    pub fn index(self) -> usize {
         match self {
             NodeId::A => 0,
             NodeId::B => 1,

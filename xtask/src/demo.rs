@@ -69,7 +69,7 @@ pub fn run(agent: &Path, example: &Path) -> anyhow::Result<()> {
         .arg(agent)
         .arg(format!(
             "--ebpf-socket-lb-cgroup-path={}",
-            cgroup.path.display()
+            cgroup.seen_from_other_mount_namespaces().display()
         ))
         // The demo's datapath goes with it (a node's outlives the agent).
         .args([

@@ -40,14 +40,14 @@ const ITP_REMOTE_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 16);
 const ALLOWED_EXTRA: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
 const DENIED_SOURCE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
 
-fn node_yaml(name: &str, ip: Ipv4Addr, pod_cidr: &str) -> String {
+pub(crate) fn node_yaml(name: &str, ip: Ipv4Addr, pod_cidr: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\nspec: {{podCIDR: {pod_cidr}, podCIDRs: [{pod_cidr}]}}\nstatus:\n  addresses:\n    - {{type: InternalIP, address: {ip}}}\n"
     )
 }
 
 #[allow(clippy::too_many_arguments)]
-fn service_yaml(
+pub(crate) fn service_yaml(
     name: &str,
     cluster_ip: &str,
     node_port: Option<u16>,
@@ -92,7 +92,7 @@ fn service_yaml(
     s
 }
 
-fn slice_yaml(service: &str, endpoints: &[(Ipv4Addr, &str)]) -> String {
+pub(crate) fn slice_yaml(service: &str, endpoints: &[(Ipv4Addr, &str)]) -> String {
     let mut s = format!(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-1\n  namespace: e2e\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: IPv4\nports:\n  - {{name: tcp, protocol: TCP, port: {BACKEND_PORT}}}\n  - {{name: udp, protocol: UDP, port: {BACKEND_PORT}}}\nendpoints:\n"
     );

@@ -15,7 +15,7 @@ use std::{
 /// The agent process, started with `--manifests DIR` in namespace `ns`;
 /// SIGTERMed (then killed) on drop so no test leaves it running. Its socket
 /// hooks attach to a cgroup of its own, never the root, unless the test
-/// chooses with an `--ebpf-socket-lb…` flag.
+/// names one or turns them off.
 pub struct Agent {
     child: Option<Child>,
     pub log: PathBuf,
@@ -42,11 +42,17 @@ impl Agent {
         env: &[(&str, &std::ffi::OsStr)],
     ) -> Self {
         let log_file = fs::File::create(&log).unwrap();
-        let cgroup = (!extra.iter().any(|a| a.starts_with("--ebpf-socket-lb")))
+        let chosen = |a: &&&str| {
+            a.starts_with("--ebpf-socket-lb-cgroup-path") || a.starts_with("--ebpf-socket-lb=")
+        };
+        let cgroup = (!extra.iter().any(|a| chosen(&a)))
             .then(|| TestCgroup::new("agent").expect("a cgroup for the agent's socket hooks"));
-        let cgroup_flag = cgroup
-            .as_ref()
-            .map(|c| format!("--ebpf-socket-lb-cgroup-path={}", c.path.display()));
+        let cgroup_flag = cgroup.as_ref().map(|c| {
+            format!(
+                "--ebpf-socket-lb-cgroup-path={}",
+                c.seen_from_other_mount_namespaces().display()
+            )
+        });
         let child = Command::new("ip")
             .args([
                 "netns",

@@ -159,7 +159,8 @@ fn pin_over(link: FdLink, path: &Path) -> anyhow::Result<FdLink> {
     let dir = path.parent().context("a link pin has a directory")?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let name = path.file_name().context("a link pin has a name")?;
-    let staging = dir.join(format!(".{}.new", name.to_string_lossy()));
+    // A BPF filesystem refuses names with a dot.
+    let staging = dir.join(format!("new-{}", name.to_string_lossy()));
     let _ = std::fs::remove_file(&staging);
     let pinned = link
         .pin(&staging)
