@@ -122,6 +122,7 @@ fn online_explain_answers_from_the_running_agents_pinned_maps() {
         "LOCAL_POD_CIDRS",
         "SERVICES",
         "SOURCE_RANGES",
+        "SOCKETS",
         "STATS",
     ] {
         assert!(pins.iter().any(|p| p == map), "{map} pinned: {pins:?}");
@@ -166,6 +167,17 @@ fn online_explain_answers_from_the_running_agents_pinned_maps() {
         &packet("tcp", DENIED, RANGED_LB, 80, "outside"),
     );
     assert_eq!(v["reason"], "drop_source_range", "{v:#}");
+    // The node's own connection: the socket hook of a private load, run
+    // where `ip netns exec` leaves no cgroup v2 mount (explain mounts one).
+    let v = online_json(
+        &ns,
+        &pin_dir,
+        &packet("udp", NODE_A, REMOTE_VIP, 80, "host"),
+    );
+    assert_forwarded(&v, WEB_B, false);
+    assert_eq!(v["exit"], "socket", "{v:#}");
+    let v = online_json(&ns, &pin_dir, &packet("tcp", NODE_A, EMPTY_VIP, 80, "host"));
+    assert_eq!(v["reject"], "connection_refused", "{v:#}");
     let mut flows = packet("tcp", POD_A, TRIO_VIP, 80, "pod");
     flows.extend(["--flows".into(), "300".into()]);
     let v = online_json(&ns, &pin_dir, &flows);

@@ -522,3 +522,59 @@ fn kube_proxy_flags_still_parse_flat_next_to_the_subcommand() {
         "not taken for the subcommand"
     );
 }
+
+#[test]
+fn the_nodes_own_connections_are_explained_through_the_socket_hook() {
+    let o = Offline::new();
+    let frontends = [
+        (REMOTE_VIP, 80, "ClusterIP"),
+        (NODE_A, REMOTE_NODEPORT, "NodePort"),
+        (Ipv4Addr::LOCALHOST, REMOTE_NODEPORT, "NodePort"),
+        (REMOTE_LB, 80, "LoadBalancer"),
+        (REMOTE_EXTERNAL_IP, 80, "ExternalIP"),
+        // eTP Local: the node's own clients go to any endpoint, as upstream.
+        (NODE_A, LOCAL_NODEPORT, "NodePort"),
+    ];
+    for (dst, port, kind) in frontends {
+        for proto in ["tcp", "udp"] {
+            let v = o.json(&refs(&packet(proto, NODE_A, dst, port, "host")));
+            assert_forwarded(&v, WEB_B, false);
+            assert_eq!(v["exit"], "socket", "{v:#}");
+            assert_eq!(v["frontend"]["kind"], kind);
+            assert_eq!(v["steps"][0]["program"], "sock_connect4");
+            assert_eq!(v["steps"][0]["action"], "SOCK_ALLOW");
+            assert_eq!(v["counters"]["sock_translated"], 1);
+            assert_eq!(v["counters"]["new_flow"], Value::Null, "no per-packet NAT");
+        }
+    }
+    for (dst, port) in [(EMPTY_VIP, 80), (NODE_A, EMPTY_NODEPORT), (REMOTE_VIP, 81)] {
+        let v = o.json(&refs(&packet("tcp", NODE_A, dst, port, "host")));
+        assert_eq!(v["verdict"], "rejected", "{dst}:{port}: {v:#}");
+        assert_eq!(v["reject"], "connection_refused");
+        assert_eq!(v["reason"], "sock_refused");
+        assert_eq!(v["steps"][0]["action"], "SOCK_REFUSE");
+    }
+    let v = o.json(&refs(&packet(
+        "tcp",
+        NODE_A,
+        Ipv4Addr::new(198, 19, 9, 9),
+        80,
+        "host",
+    )));
+    assert_eq!(v["verdict"], "passed", "{v:#}");
+    let text = o.text(&refs(&packet("tcp", NODE_A, REMOTE_VIP, 80, "host")));
+    assert!(
+        text.starts_with(&format!("forwarded to endpoint {}", endpoint(WEB_B)))
+            && text.contains("connected there by the socket hook: no per-packet NAT"),
+        "{text}"
+    );
+    let flows = o.json(&refs(
+        &[
+            packet("tcp", NODE_A, TRIO_VIP, 80, "host"),
+            vec!["--flows".into(), "30".into()],
+        ]
+        .concat(),
+    ));
+    assert_eq!(flows["verdicts"]["forwarded"], 30, "{flows:#}");
+    assert_eq!(flows["endpoints"].as_array().unwrap().len(), 3, "{flows:#}");
+}

@@ -13,6 +13,7 @@
 
 pub mod args;
 pub mod frontend;
+mod host;
 mod offline;
 mod online;
 pub mod probe;
@@ -41,7 +42,7 @@ pub fn main(args: ExplainArgs) -> ExitCode {
 
 /// The rendered answer.
 pub fn run(args: &Args) -> anyhow::Result<String> {
-    let (datapath, names, mode) = match &args.source {
+    let (mut datapath, names, mode) = match &args.source {
         Source::Offline(offline) => {
             let (datapath, names) = offline::prepare(offline)?;
             (datapath, names, "offline")
@@ -55,7 +56,7 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
     let front = frontend::lookup(&datapath.maps, &names, probe);
     match args.flows {
         None => {
-            let trace = trace::run(&datapath, probe)?;
+            let trace = trace::run(&mut datapath, probe)?;
             let verdict = verdict::classify(probe, &trace);
             let report = report::Single::new(mode, probe, front.as_ref(), &trace, &verdict);
             render(&report, args.output, report::Single::text)
@@ -64,7 +65,7 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
             let mut tally = report::Flows::new(mode, probe, front.as_ref());
             for sport in probe::source_ports(probe.sport, n) {
                 let flow = probe.with_sport(sport);
-                let trace = trace::run(&datapath, &flow)?;
+                let trace = trace::run(&mut datapath, &flow)?;
                 tally.add(&verdict::classify(&flow, &trace));
             }
             let tally = tally.finish();

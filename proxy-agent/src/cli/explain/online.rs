@@ -100,7 +100,8 @@ fn arrival_interface(
 ) -> anyhow::Result<(u32, bool)> {
     let routed = route_device(probe.src)?;
     let index = match probe.origin {
-        Origin::Pod => routed.unwrap_or(1),
+        // The node's own connections meet the socket hook, no interface.
+        Origin::Pod | Origin::Host => routed.unwrap_or(1),
         Origin::Outside => {
             let mut external: Vec<u32> = ifaces
                 .iter()

@@ -38,6 +38,9 @@ pub enum Origin {
     /// On an external interface: `xdp_from_netdev`, then `tc_from_netdev`
     /// when XDP passes it on.
     Outside,
+    /// A connection of the node itself (the kubelet, a hostNetwork pod):
+    /// the socket hook `sock_connect4`.
+    Host,
 }
 
 impl Origin {
@@ -45,6 +48,7 @@ impl Origin {
         match self {
             Origin::Pod => "pod",
             Origin::Outside => "outside",
+            Origin::Host => "host",
         }
     }
 }

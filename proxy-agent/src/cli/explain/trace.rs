@@ -46,6 +46,13 @@ pub struct Step {
 impl Step {
     /// The return code's name.
     pub fn action(&self) -> &'static str {
+        if self.program == super::host::PROGRAM {
+            return if self.code == 1 {
+                "SOCK_ALLOW"
+            } else {
+                "SOCK_REFUSE"
+            };
+        }
         if self.xdp {
             match self.code {
                 XDP_ABORTED => "XDP_ABORTED",
@@ -92,14 +99,24 @@ impl Trace {
 }
 
 /// Runs `probe` through the programs of its origin: `tc_from_pod`, or
-/// `xdp_from_netdev` and, when XDP passes the packet on, `tc_from_netdev`.
-pub fn run(dp: &Datapath, probe: &Probe) -> anyhow::Result<Trace> {
+/// `xdp_from_netdev` and, when XDP passes the packet on, `tc_from_netdev`,
+/// or for the node's own connections the socket hook ([`super::host`]).
+pub fn run(dp: &mut Datapath, probe: &Probe) -> anyhow::Result<Trace> {
     let before = counters(&dp.stats);
     let mut steps = Vec::new();
     let mut packet = probe.bytes();
     let tc = match probe.origin {
         Origin::Pod => (Hook::FromPod, PROG_FROM_POD, dp.pod_ifindex),
         Origin::Outside => (Hook::FromNetdev, PROG_FROM_NETDEV, dp.external_ifindex),
+        Origin::Host => {
+            let outcome = super::host::run(dp, probe)?;
+            return Ok(Trace::new(
+                vec![outcome.step],
+                outcome.output,
+                &before,
+                &dp.stats,
+            ));
+        }
     };
     let mut finished = false;
     if probe.origin == Origin::Outside && dp.xdp {
@@ -121,16 +138,28 @@ pub fn run(dp: &Datapath, probe: &Probe) -> anyhow::Result<Trace> {
         });
         packet = out.packet;
     }
-    let after = counters(&dp.stats);
-    Ok(Trace {
-        steps,
-        output: packet,
-        counters: Counter::ALL
-            .iter()
-            .zip(before.iter().zip(after))
-            .filter_map(|(c, (b, a))| (a > *b).then_some((*c, a - b)))
-            .collect(),
-    })
+    Ok(Trace::new(steps, packet, &before, &dp.stats))
+}
+
+impl Trace {
+    /// The counters that moved since `before` was read.
+    fn new(
+        steps: Vec<Step>,
+        output: Vec<u8>,
+        before: &[u64],
+        stats: &PerCpuArray<MapData, u64>,
+    ) -> Self {
+        let after = counters(stats);
+        Trace {
+            steps,
+            output,
+            counters: Counter::ALL
+                .iter()
+                .zip(before.iter().zip(after))
+                .filter_map(|(c, (b, a))| (a > *b).then_some((*c, a - b)))
+                .collect(),
+        }
+    }
 }
 
 /// Every counter summed over the CPUs, in [`Counter::ALL`] order.

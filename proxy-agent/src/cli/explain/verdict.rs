@@ -6,7 +6,7 @@ use std::net::SocketAddrV4;
 use proxy_common::{Counter, proto};
 
 use super::{
-    probe::Probe,
+    probe::{Origin, Probe},
     trace::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, Trace, XDP_ABORTED, XDP_DROP, XDP_TX},
 };
 use crate::cli::packet::{ETH_HLEN, Frame};
@@ -40,6 +40,8 @@ pub enum Exit {
     FibRedirect,
     /// Handed to the kernel's routing (local destination, no route, TTL 1).
     Kernel,
+    /// The socket hook pointed the connection at the endpoint itself.
+    Socket,
 }
 
 impl Exit {
@@ -48,6 +50,7 @@ impl Exit {
             Exit::XdpTx => "xdp_tx",
             Exit::FibRedirect => "fib_redirect",
             Exit::Kernel => "kernel",
+            Exit::Socket => "socket",
         }
     }
 
@@ -56,6 +59,7 @@ impl Exit {
             Exit::XdpTx => "sent back out of the arrival interface by XDP",
             Exit::FibRedirect => "redirected to the FIB's next hop",
             Exit::Kernel => "handed to the kernel's routing",
+            Exit::Socket => "connected there by the socket hook: no per-packet NAT",
         }
     }
 }
@@ -64,6 +68,8 @@ impl Exit {
 pub enum Reply {
     TcpReset,
     IcmpPortUnreachable,
+    /// The socket hook failed the connect or send itself.
+    ConnectionRefused,
 }
 
 impl Reply {
@@ -71,6 +77,7 @@ impl Reply {
         match self {
             Reply::TcpReset => "tcp_reset",
             Reply::IcmpPortUnreachable => "icmp_port_unreachable",
+            Reply::ConnectionRefused => "connection_refused",
         }
     }
 
@@ -78,6 +85,7 @@ impl Reply {
         match self {
             Reply::TcpReset => "a TCP RST",
             Reply::IcmpPortUnreachable => "an ICMP port unreachable",
+            Reply::ConnectionRefused => "connect() or send() failing with ECONNREFUSED",
         }
     }
 }
@@ -119,6 +127,9 @@ impl Verdict {
 const REJECTS: [Counter; 2] = [Counter::RejectNoEndpoints, Counter::RejectUnknownPort];
 
 pub fn classify(probe: &Probe, trace: &Trace) -> Verdict {
+    if probe.origin == Origin::Host {
+        return classify_host(probe, trace);
+    }
     let Some(last) = trace.steps.last() else {
         return Verdict::Passed;
     };
@@ -177,6 +188,29 @@ pub fn classify(probe: &Probe, trace: &Trace) -> Verdict {
     }
 }
 
+/// The socket hook either pointed the connection at an endpoint, refused
+/// it, or left it alone (no service: nothing to translate).
+fn classify_host(probe: &Probe, trace: &Trace) -> Verdict {
+    if trace.moved(Counter::SockRefused) > 0 {
+        return Verdict::Rejected {
+            reply: Reply::ConnectionRefused,
+            reason: Some(Counter::SockRefused),
+        };
+    }
+    if trace.moved(Counter::SockTranslated) == 0 {
+        return Verdict::Passed;
+    }
+    let input = probe.frame();
+    let out = Frame::parse(&trace.output).unwrap_or(input);
+    Verdict::Forwarded {
+        flow: Flow::New,
+        to: SocketAddrV4::new(out.dst, out.dport),
+        from: SocketAddrV4::new(input.src, input.sport),
+        masqueraded: false,
+        exit: Exit::Socket,
+    }
+}
+
 /// The first drop counter that moved; else a reject counter (a reset is
 /// never answered, so a reject of one is a drop).
 fn drop_reason(trace: &Trace) -> Option<Counter> {
@@ -205,6 +239,11 @@ pub fn describe(reason: Counter) -> &'static str {
         Counter::DropRejectFailed => "a reject could not be built",
         Counter::RejectNoEndpoints => "the service has no endpoints",
         Counter::RejectUnknownPort => "the cluster IP serves no service on this port",
+        Counter::SockRefused => {
+            "no endpoint may serve the node's own connection (the service has none, or none on \
+             this node under a Local traffic policy, or the source ranges leave out the node), \
+             or the cluster IP serves no service on this port"
+        }
         _ => "",
     }
 }

@@ -1,0 +1,245 @@
+//! `--from host`: a connection the node itself opens meets the socket
+//! hooks, not a packet program, and BPF_PROG_TEST_RUN cannot run those. So
+//! the private load's own `sock_connect4` is attached, for the moment of the
+//! probe, to a cgroup made for it; this process joins that cgroup just long
+//! enough to create one socket, in a network namespace of its own thread that
+//! holds nothing but a loopback that is down, and connects it. The hook
+//! decides before any route is looked up; the route lookup then fails, so
+//! nothing is ever sent. The backend it chose is read from the private
+//! `SOCKETS` map by the socket's cookie; the live maps are never touched.
+
+use std::{
+    io,
+    net::{Ipv4Addr, SocketAddrV4},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, bail};
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use proxy_common::{SockDirection, config::flags};
+
+use super::{
+    probe::{Probe, Proto},
+    trace::{Datapath, Step},
+};
+use crate::{
+    cli::packet::Frame,
+    modes::ebpf::{
+        load_socket_programs,
+        maps::NodeMaps as _,
+        sockets::{cgroup2_mount, netns_cookie},
+    },
+};
+
+pub const PROGRAM: &str = "sock_connect4";
+
+/// What the hook did with the connection.
+pub struct Outcome {
+    pub step: Step,
+    /// The packet the connection's first segment would be: to the backend
+    /// when the hook chose one, else to the address asked for.
+    pub output: Vec<u8>,
+}
+
+pub fn run(dp: &mut Datapath, probe: &Probe) -> anyhow::Result<Outcome> {
+    let loaded = dp.ebpf.program(PROGRAM).is_some_and(|p| p.fd().is_ok());
+    if !loaded {
+        load_socket_programs(&mut dp.ebpf)?;
+    }
+    let cgroup = ProbeCgroup::new()?;
+    let prog: &mut CgroupSockAddr = dp
+        .ebpf
+        .program_mut(PROGRAM)
+        .context("the socket program is missing")?
+        .try_into()?;
+    let dir = std::fs::File::open(&cgroup.path)
+        .with_context(|| format!("opening {}", cgroup.path.display()))?;
+    let link = prog
+        .attach(&dir, CgroupAttachMode::Single)
+        .context("attaching the connect hook to the probe's cgroup")?;
+    let maps = &mut dp.maps;
+    let connected = std::thread::scope(|s| {
+        s.spawn(|| -> anyhow::Result<(u64, Option<io::Error>)> {
+            // SAFETY: affects only this scoped thread, which ends with the probe.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error())
+                    .context("entering a private network namespace");
+            }
+            let mut config = maps.config.get(&0, 0).unwrap_or_default();
+            config.host_netns_cookie = netns_cookie().context("reading the namespace cookie")?;
+            config.flags |= flags::SOCKET_LB_HOST;
+            maps.put_config(&config)?;
+            let socket = cgroup.socket_inside(probe.proto)?;
+            let cookie = socket_cookie(&socket)?;
+            Ok((
+                cookie,
+                connect(&socket, SocketAddrV4::new(probe.dst, probe.dport)).err(),
+            ))
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the probe thread panicked"))?
+    });
+    let _ = prog.detach(link);
+    let (cookie, error) = connected?;
+
+    let chosen = dp
+        .maps
+        .sockets
+        .iter()
+        .filter_map(Result::ok)
+        .find(|(k, _)| k.cookie == cookie && k.direction == SockDirection::Reverse as u8)
+        .map(|(k, _)| {
+            SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(k.addr_be)),
+                u16::from_be(k.port_be),
+            )
+        });
+    let refused = error
+        .as_ref()
+        .is_some_and(|e| e.raw_os_error() == Some(libc::ECONNREFUSED));
+    let mut frame: Frame = probe.frame();
+    if let Some(backend) = chosen {
+        frame.dst = *backend.ip();
+        frame.dport = backend.port();
+    }
+    Ok(Outcome {
+        step: Step {
+            program: PROGRAM,
+            xdp: false,
+            code: if refused { 0 } else { 1 },
+        },
+        output: frame.build(b""),
+    })
+}
+
+fn connect(socket: &OwnedFd, dst: SocketAddrV4) -> io::Result<()> {
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: dst.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*dst.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `addr` is a valid sockaddr_in of the size given.
+    let rc = unsafe {
+        libc::connect(
+            socket.as_raw_fd(),
+            (&raw const addr).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn socket_cookie(socket: &OwnedFd) -> io::Result<u64> {
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` outlive the call and have the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&raw mut cookie).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// A cgroup v2 directory for one probe, under the hierarchy's root (mounted
+/// for the probe on a temporary directory where this mount namespace has
+/// none, as under `ip netns exec`); removed, and unmounted, on drop.
+struct ProbeCgroup {
+    path: PathBuf,
+    /// The cgroup this process came from, to go back to.
+    home: PathBuf,
+    mounted: Option<PathBuf>,
+}
+
+impl ProbeCgroup {
+    fn new() -> anyhow::Result<Self> {
+        let (root, mounted) = match cgroup2_mount() {
+            Ok(root) => (root, None),
+            Err(_) => {
+                let dir = std::env::temp_dir().join(format!(
+                    "kube-ebpf-proxy-explain-cgroup2-{}",
+                    std::process::id()
+                ));
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                let status = std::process::Command::new("mount")
+                    .args(["-t", "cgroup2", "none"])
+                    .arg(&dir)
+                    .status()
+                    .context("running mount")?;
+                if !status.success() {
+                    let _ = std::fs::remove_dir(&dir);
+                    bail!("no cgroup v2 hierarchy is mounted, and mounting one failed");
+                }
+                (dir.clone(), Some(dir))
+            }
+        };
+        let home = root.join(own_cgroup()?.trim_start_matches('/'));
+        let path = root.join(format!("kube-ebpf-proxy-explain-{}", std::process::id()));
+        std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(ProbeCgroup {
+            path,
+            home,
+            mounted,
+        })
+    }
+
+    /// A socket created while this process is in the probe's cgroup.
+    fn socket_inside(&self, proto: Proto) -> anyhow::Result<OwnedFd> {
+        let kind = match proto {
+            Proto::Tcp => libc::SOCK_STREAM | libc::SOCK_NONBLOCK,
+            Proto::Udp => libc::SOCK_DGRAM,
+        };
+        join(&self.path)?;
+        // SAFETY: plain socket(2); the descriptor is owned right away.
+        let fd = unsafe { libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, 0) };
+        let created = io::Error::last_os_error();
+        join(&self.home)?;
+        if fd < 0 {
+            return Err(created).context("creating the probe's socket");
+        }
+        // SAFETY: `fd` is a new descriptor nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+impl Drop for ProbeCgroup {
+    fn drop(&mut self) {
+        let _ = join(&self.home);
+        let _ = std::fs::remove_dir(&self.path);
+        if let Some(dir) = self.mounted.take() {
+            let _ = std::process::Command::new("umount").arg(&dir).status();
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+}
+
+/// Moves this whole process into `cgroup` ("0" names the writer).
+fn join(cgroup: &Path) -> anyhow::Result<()> {
+    std::fs::write(cgroup.join("cgroup.procs"), "0")
+        .with_context(|| format!("joining cgroup {}", cgroup.display()))
+}
+
+/// This process's cgroup v2 path, from `/proc/self/cgroup` ("0::/path").
+fn own_cgroup() -> anyhow::Result<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_owned)
+        .context("this process has no cgroup v2 membership")
+}
