@@ -76,7 +76,13 @@ pub fn forward(ctx: &SockAddrContext) -> i32 {
     // SAFETY: the helper accepts this program type's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let sticky = SockKey::new(cookie, addr_be, port_be, proto, SockDirection::Forward);
-    let chosen = match kept_backend(&sticky) {
+    // A TCP socket connects once; only UDP sends come back to the hook.
+    let kept = if proto == proto::UDP {
+        kept_backend(&sticky)
+    } else {
+        None
+    };
+    let chosen = match kept {
         Some(kept) => Some(kept),
         None => match flow::pick(key, &frontend, true) {
             Ok(Pick::Backend(id, b)) => Some((id, b.addr_be, b.port_be)),

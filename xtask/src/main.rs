@@ -48,7 +48,7 @@ enum Task {
     },
     /// Build a testbed, run the agent on the example Service and show balancing. Needs root.
     Demo,
-    /// Run the benchmarks (sync engine; per-packet cost of the eBPF programs) and print their figures. Needs root.
+    /// Run the benchmarks (sync engine; per-packet cost of the eBPF programs; connections per second through the socket hooks) and print their figures. Needs root.
     Bench,
     /// Fuzz every datapath program through BPF_PROG_TEST_RUN against an oracle of the services and flows, and print the figures. Needs root.
     Fuzz {
@@ -113,7 +113,14 @@ fn run(task: Task) -> anyhow::Result<()> {
             require_root()?;
             let status = cargo()
                 .args(["bench", "--package", "proxy-agent"])
-                .args(["--bench", "model", "--bench", "datapath"])
+                .args([
+                    "--bench",
+                    "model",
+                    "--bench",
+                    "datapath",
+                    "--bench",
+                    "socket_lb",
+                ])
                 // The datapath bench needs the eBPF object embedded.
                 .env_remove("AYA_BUILD_SKIP")
                 .status()
