@@ -24,7 +24,7 @@ proxy-agent explain --manifests DIR [--config FILE] [--ebpf-config FILE]
                            [--hostname-override NODE] [--local-address IP ...] PACKET
        proxy-agent explain --online [--pin-dir DIR] PACKET
 
-PACKET: --src IP --dst IP --dport N [--sport N] --proto tcp|udp --from pod|outside
+PACKET: --src IP --dst IP --dport N [--sport N] --proto tcp|udp --from pod|outside|host
         [--flows N] [--output text|json]";
 
 /// Explains what the eBPF datapath does with one packet (or N new flows)
