@@ -507,3 +507,172 @@ fn host_clients_follow_services_up_and_down_and_leave_removed_udp_backends() {
         },
     );
 }
+
+/// One node (testbed), the `web` service on its two pods, an agent whose
+/// socket hooks go on `cgroup` (a path as the agent sees it) and pin under `root`.
+fn single_node_agent(
+    tb: &testbed::Testbed,
+    dir: &std::path::Path,
+    run: &str,
+    extra: &[&str],
+) -> Agent {
+    let pods: Vec<(Ipv4Addr, &str)> = tb.pods.iter().map(|p| (p.ip, "node-a")).collect();
+    fs::write(
+        dir.join("node.yaml"),
+        node_yaml("node-a", testbed::NODE_EXTERNAL_IP, "198.18.1.0/24"),
+    )
+    .unwrap();
+    fs::write(
+        dir.join("web-svc.yaml"),
+        service_yaml(
+            "web",
+            &WEB_VIP.to_string(),
+            Some(WEB_NODE_PORT),
+            "Cluster",
+            None,
+            None,
+            &[],
+        ),
+    )
+    .unwrap();
+    fs::write(dir.join("web-slice.yaml"), slice_yaml("web", &pods)).unwrap();
+    Agent::start_as(
+        &tb.node_ns,
+        "node-a",
+        dir,
+        dir.join(format!("{run}.log")),
+        extra,
+    )
+}
+
+#[test]
+fn the_socket_hooks_outlive_the_agent_and_are_taken_over_without_a_gap() {
+    let tb = testbed::Testbed::new(testbed::Cni::Routed, &["web-a", "web-b"]).unwrap();
+    let _servers: Vec<_> = tb
+        .pods
+        .iter()
+        .map(|p| IdentityServer::start(&p.ns, &p.name, 8080).unwrap())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let bpffs = BpfFs::new();
+    let root = bpffs.dir.join("kube-ebpf-proxy");
+    let cgroup = testbed::cgroup::TestCgroup::new("restart").unwrap();
+    let flags = [
+        "--ebpf-pin-root".to_string(),
+        root.display().to_string(),
+        format!(
+            "--ebpf-socket-lb-cgroup-path={}",
+            cgroup.seen_from_other_mount_namespaces().display()
+        ),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let host = Place {
+        cgroup: cgroup.path.clone(),
+        netns: tb.node_ns.clone(),
+    };
+    let web = at(WEB_VIP, 80);
+    let attached = || {
+        let out = std::process::Command::new("bpftool")
+            .args(["cgroup", "show"])
+            .arg(&cgroup.path)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("sock_"))
+            .count()
+    };
+
+    let mut agent = single_node_agent(&tb, dir.path(), "first", &flags);
+    wait_for(
+        Duration::from_secs(20),
+        "the host to reach the service",
+        || sock_client::run(&host, Op::Tcp, web).identity().map(|_| ()),
+    );
+    assert_eq!(attached(), 4, "connect4, sendmsg4, recvmsg4, getpeername4");
+    agent.kill();
+    // No agent: the pinned hooks keep serving the node.
+    for op in [Op::Tcp, Op::Udp] {
+        let got = sock_client::run(&host, op, web);
+        assert!(
+            got.identity().is_some(),
+            "{op:?} with no agent running: {got:?}"
+        );
+    }
+    let second = single_node_agent(&tb, dir.path(), "second", &flags);
+    wait_for(
+        Duration::from_secs(20),
+        "the second agent to take over",
+        || {
+            second
+                .log_text()
+                .contains("socket-level balancing attached")
+                .then_some(())
+        },
+    );
+    assert_eq!(
+        attached(),
+        4,
+        "the old hooks were detached as the new ones came: {}",
+        second.log_text()
+    );
+    let got = host_identities_single(&host, web, 12);
+    assert_eq!(got, set(&["web-a", "web-b"]));
+    drop(second);
+    drop(bpffs);
+}
+
+#[test]
+fn where_the_socket_hooks_cannot_run_the_agent_says_so_and_serves_the_rest() {
+    let tb = testbed::Testbed::new(testbed::Cni::Routed, &["web-a", "client"]).unwrap();
+    let _server = IdentityServer::start(&tb.pod("web-a").ns, "web-a", 8080).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (run, flag, says) in [
+        (
+            "no-cgroup",
+            "--ebpf-socket-lb-cgroup-path=/nonexistent/cgroup",
+            "socket-level balancing is unavailable",
+        ),
+        (
+            "disabled",
+            "--ebpf-socket-lb=false",
+            "socketLB.enabled is false",
+        ),
+    ] {
+        let agent = single_node_agent(&tb, dir.path(), run, &[flag]);
+        wait_for(
+            Duration::from_secs(20),
+            "pods to be served by the TC path",
+            || {
+                let to = SocketAddrV4::new(WEB_VIP, 80);
+                match tcp_connect_outcome(&tb.pod("client").ns, None, to, TIMEOUT) {
+                    ConnectOutcome::Connected { .. } => Some(()),
+                    _ => None,
+                }
+            },
+        );
+        let log = agent.log_text();
+        let line = log
+            .lines()
+            .find(|l| l.contains(says))
+            .unwrap_or_else(|| panic!("{run}: {log}"));
+        assert!(
+            line.contains("the node's own processes") && line.contains("not translated"),
+            "{run}: the warning says what is not served: {line}"
+        );
+        if run == "no-cgroup" {
+            assert!(line.contains("/nonexistent/cgroup"), "{line}");
+        }
+        assert_eq!(log.matches(says).count(), 1, "{run}: said once");
+    }
+}
+
+fn host_identities_single(place: &Place, dst: SocketAddr, tries: usize) -> BTreeSet<String> {
+    (0..tries)
+        .filter_map(|_| {
+            sock_client::run(place, Op::Tcp, dst)
+                .identity()
+                .map(String::from)
+        })
+        .collect()
+}
