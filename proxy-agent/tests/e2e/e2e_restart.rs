@@ -56,13 +56,13 @@ spec:
     .unwrap();
 }
 
-/// Makes the pinned datapath look as an agent of the previous map ABI (3)
-/// left it: its maps under `v3/`, with the 48-byte CONFIG of that version
-/// holding the same settings. The programs keep running on the maps they
-/// hold, exactly as an old agent's would.
+/// Makes the pinned datapath look as an agent of the previous map ABI (4)
+/// left it: its maps under `v4/`, with the 72-byte CONFIG of that version
+/// holding the same settings and no SOCKETS map. The programs keep running
+/// on the maps they hold, exactly as an old agent's would.
 fn pin_as_previous_abi(pins: &BpfFs) {
     use aya::maps::{Array, Map, MapData};
-    use proxy_agent::modes::ebpf::migrate::v3;
+    use proxy_agent::modes::ebpf::migrate::v4;
     use proxy_common::{ABI_VERSION, DatapathConfig};
 
     let root = pins.dir.join("kube-ebpf-proxy");
@@ -70,16 +70,20 @@ fn pin_as_previous_abi(pins: &BpfFs) {
     let current = root.join(format!("v{ABI_VERSION}/maps/CONFIG"));
     let config: Array<MapData, DatapathConfig> = open(&current).try_into().unwrap();
     let c = config.get(&0, 0).unwrap();
-    fs::rename(root.join(format!("v{ABI_VERSION}")), root.join("v3")).unwrap();
-    let old = root.join("v3/maps/CONFIG");
+    fs::rename(root.join(format!("v{ABI_VERSION}")), root.join("v4")).unwrap();
+    fs::remove_file(root.join("v4/maps/SOCKETS")).unwrap();
+    let old = root.join("v4/maps/CONFIG");
     fs::remove_file(&old).unwrap();
-    pins.pin_map_of(&old, "array", 4, 48, 1);
-    let mut config: Array<MapData, v3::DatapathConfig> = open(&old).try_into().unwrap();
-    let previous = v3::DatapathConfig {
+    pins.pin_map_of(&old, "array", 4, 72, 1);
+    let mut config: Array<MapData, v4::DatapathConfig> = open(&old).try_into().unwrap();
+    let previous = v4::DatapathConfig {
         tcp_established_ns: c.tcp_established_ns,
         tcp_closing_ns: c.tcp_closing_ns,
         udp_ns: c.udp_ns,
         udp_stream_ns: c.udp_stream_ns,
+        tcp_syn_sent_ns: c.tcp_syn_sent_ns,
+        tcp_time_wait_ns: c.tcp_time_wait_ns,
+        tcp_close_ns: c.tcp_close_ns,
         masquerade_addr_be: c.masquerade_addr_be,
         flags: c.flags,
         snat_port_min: c.snat_port_min,

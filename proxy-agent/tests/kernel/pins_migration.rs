@@ -1,6 +1,7 @@
 //! Starting over a pinned datapath, in the real kernel: maps of this ABI are
-//! taken over as they are; maps of the previous ABI (version 3, whose CONFIG
-//! was 24 bytes shorter) are migrated so an established flow keeps its
+//! taken over as they are; maps of the previous ABIs (version 4, without the
+//! SOCKETS map and with an 8 bytes shorter CONFIG, and version 3, whose
+//! CONFIG was 32 bytes shorter) are migrated so an established flow keeps its
 //! backend; an unknown version or a layout that does not match is refused,
 //! naming what it found, and the pins are left as they were. Needs root.
 
@@ -15,8 +16,12 @@ use crate::{
 use proxy_agent::{
     cli::packet::{Frame, tcp_flags},
     modes::ebpf::{
-        MapSizes, Opened, Programmer, Takeover, maps::NodeMaps, migrate::v3, open_pinned,
-        pin::PinLayout, test_run,
+        MapSizes, Opened, Programmer, Takeover,
+        maps::NodeMaps,
+        migrate::{v3, v4},
+        open_pinned,
+        pin::PinLayout,
+        test_run,
     },
 };
 use proxy_common::{ABI_VERSION, Counter, CtKey, CtValue, DatapathConfig};
@@ -68,7 +73,18 @@ fn error_of(result: anyhow::Result<Opened>) -> String {
 }
 
 #[test]
-fn maps_of_the_previous_abi_are_migrated_and_established_flows_keep_their_backend() {
+fn maps_of_abi_4_are_migrated_and_established_flows_keep_their_backend() {
+    migrates_from(4);
+}
+
+#[test]
+fn maps_of_abi_3_are_migrated_and_established_flows_keep_their_backend() {
+    migrates_from(3);
+}
+
+/// Pins of this version, dressed up as `version`'s (its directory, its
+/// CONFIG layout, no SOCKETS map), migrated by the next start.
+fn migrates_from(version: u32) {
     let fs = BpfFs::new();
     let layout = PinLayout::new(root(&fs));
 
@@ -83,49 +99,36 @@ fn maps_of_the_previous_abi_are_migrated_and_established_flows_keep_their_backen
     assert_eq!(flows, 2, "forward and reply entries");
     drop(first);
 
-    // Dress the pins up as version 3: the same maps under v3/, with the
-    // 48-byte CONFIG of that version.
-    let v3_dir = root(&fs).join("v3/maps");
+    // Dress the pins up as `version`: the same maps under v<version>/, with
+    // that version's CONFIG and without the map it did not have.
+    let old_dir = root(&fs).join(format!("v{version}/maps"));
     std::fs::rename(
         root(&fs).join(format!("v{ABI_VERSION}")),
-        root(&fs).join("v3"),
+        root(&fs).join(format!("v{version}")),
     )
     .unwrap();
-    std::fs::remove_file(v3_dir.join("CONFIG")).unwrap();
-    fs.pin_map_of(&v3_dir.join("CONFIG"), "array", 4, 48, 1);
-    let old = v3::DatapathConfig {
-        tcp_established_ns: 7_200_000_000_000,
-        tcp_closing_ns: 60_000_000_000,
-        udp_ns: 30_000_000_000,
-        udp_stream_ns: 120_000_000_000,
-        masquerade_addr_be: u32::from(Ipv4Addr::new(198, 18, 0, 1)).to_be(),
-        flags: 1,
-        snat_port_min: 61_000,
-        snat_port_max: 65_535,
-        _pad: 0,
-    };
-    let mut config: Array<MapData, v3::DatapathConfig> =
-        Map::from_map_data(MapData::from_pin(v3_dir.join("CONFIG")).unwrap())
-            .unwrap()
-            .try_into()
-            .unwrap();
-    config.set(0, old, 0).unwrap();
-    drop(config);
-
-    // The new agent migrates them.
-    let mut second = open_pinned(&layout, sizes()).unwrap();
-    assert_eq!(
-        second.takeover,
-        Takeover::Migrate {
-            version: 3,
-            dir: v3_dir.clone()
-        }
-    );
-    assert!(!root(&fs).join("v3").exists(), "the old pins are removed");
-    assert!(layout.maps_dir().join("CONFIG").exists());
-    let migrated = second.maps.config.get(&0, 0).unwrap();
-    assert_eq!(
-        migrated,
+    std::fs::remove_file(old_dir.join("CONFIG")).unwrap();
+    std::fs::remove_file(old_dir.join("SOCKETS")).unwrap();
+    let masquerade_addr_be = u32::from(Ipv4Addr::new(198, 18, 0, 1)).to_be();
+    let expected = if version == 3 {
+        fs.pin_map_of(&old_dir.join("CONFIG"), "array", 4, 48, 1);
+        let mut config: Array<MapData, v3::DatapathConfig> =
+            Map::from_map_data(MapData::from_pin(old_dir.join("CONFIG")).unwrap())
+                .unwrap()
+                .try_into()
+                .unwrap();
+        let old = v3::DatapathConfig {
+            tcp_established_ns: 7_200_000_000_000,
+            tcp_closing_ns: 60_000_000_000,
+            udp_ns: 30_000_000_000,
+            udp_stream_ns: 120_000_000_000,
+            masquerade_addr_be,
+            flags: 1,
+            snat_port_min: 61_000,
+            snat_port_max: 65_535,
+            _pad: 0,
+        };
+        config.set(0, old, 0).unwrap();
         DatapathConfig {
             tcp_established_ns: old.tcp_established_ns,
             tcp_closing_ns: old.tcp_closing_ns,
@@ -137,7 +140,65 @@ fn maps_of_the_previous_abi_are_migrated_and_established_flows_keep_their_backen
             snat_port_max: old.snat_port_max,
             ..DatapathConfig::default()
         }
+    } else {
+        fs.pin_map_of(&old_dir.join("CONFIG"), "array", 4, 72, 1);
+        let mut config: Array<MapData, v4::DatapathConfig> =
+            Map::from_map_data(MapData::from_pin(old_dir.join("CONFIG")).unwrap())
+                .unwrap()
+                .try_into()
+                .unwrap();
+        let old = v4::DatapathConfig {
+            tcp_established_ns: 7_200_000_000_000,
+            tcp_closing_ns: 60_000_000_000,
+            udp_ns: 30_000_000_000,
+            udp_stream_ns: 120_000_000_000,
+            tcp_syn_sent_ns: 1_000_000_000,
+            tcp_time_wait_ns: 2_000_000_000,
+            tcp_close_ns: 3_000_000_000,
+            masquerade_addr_be,
+            flags: 3,
+            snat_port_min: 62_000,
+            snat_port_max: 65_000,
+            _pad: 0,
+        };
+        config.set(0, old, 0).unwrap();
+        DatapathConfig {
+            tcp_established_ns: 7_200_000_000_000,
+            tcp_closing_ns: 60_000_000_000,
+            udp_ns: 30_000_000_000,
+            udp_stream_ns: 120_000_000_000,
+            tcp_syn_sent_ns: 1_000_000_000,
+            tcp_time_wait_ns: 2_000_000_000,
+            tcp_close_ns: 3_000_000_000,
+            masquerade_addr_be,
+            flags: 3,
+            snat_port_min: 62_000,
+            snat_port_max: 65_000,
+            _pad: 0,
+            host_netns_cookie: 0,
+        }
+    };
+
+    // The new agent migrates them.
+    let mut second = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(
+        second.takeover,
+        Takeover::Migrate {
+            version,
+            dir: old_dir.clone()
+        }
     );
+    assert!(
+        !root(&fs).join(format!("v{version}")).exists(),
+        "the old pins are removed"
+    );
+    assert!(
+        layout.maps_dir().join("SOCKETS").exists(),
+        "the new map is pinned"
+    );
+    assert!(layout.maps_dir().join("CONFIG").exists());
+    let migrated = second.maps.config.get(&0, 0).unwrap();
+    assert_eq!(migrated, expected);
     assert_eq!(conntrack_entries(&second), flows);
     let next = send(&second, Frame::tcp(CLIENT, 40000, VIP, 80), tcp_flags::ACK);
     assert_eq!(next.dst, backend, "the established flow keeps its backend");
