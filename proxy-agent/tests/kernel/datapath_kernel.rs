@@ -130,6 +130,34 @@ fn reply_from_the_backend_is_reverse_translated_to_the_vip() {
     ]);
 }
 
+#[test]
+fn tc_from_host_translates_replies_of_live_flows_and_nothing_else() {
+    // BPF_PROG_TEST_RUN gives its skb a socket, as the node's own sockets'
+    // packets have: the reply of a live flow (a hostNetwork endpoint's)
+    // gets the frontend back as its source; a packet of no flow passes.
+    play(vec![
+        send(
+            FromPod,
+            pkt(Frame::tcp(CLIENT, 40003, VIP, 80), b"ping"),
+            TC_ACT_OK,
+            [],
+        ),
+        send(
+            ebpf::test_run::Hook::FromHost,
+            In::Reply(b"pong"),
+            TC_ACT_OK,
+            [Rewritten(Frame::tcp(VIP, 80, CLIENT, 40003))],
+        ),
+        send(
+            ebpf::test_run::Hook::FromHost,
+            pkt(Frame::tcp(BACKENDS[0], 8080, CLIENT, 40999), b"pong"),
+            TC_ACT_OK,
+            [Unchanged],
+        ),
+        counters([(Counter::HostReply, 1), (Counter::ReplyNat, 0)]),
+    ]);
+}
+
 /// `frame` with `payload` and a UDP checksum of 0 (none).
 fn without_udp_checksum(frame: Frame, payload: &[u8]) -> In {
     let mut p = frame.build(payload);

@@ -1953,6 +1953,7 @@ fn program_name(hook: Hook) -> &'static str {
         Hook::FromPod => "tc_from_pod",
         Hook::FromNetdev => "tc_from_netdev",
         Hook::Xdp => "xdp_from_netdev",
+        Hook::FromHost => "tc_from_host",
     }
 }
 

@@ -59,7 +59,7 @@ impl Datapath {
 
     pub fn run(&self, hook: Hook, pkt: &[u8]) -> test_run::Outcome {
         let ifindex = match hook {
-            Hook::FromPod => self.pod_ifindex,
+            Hook::FromPod | Hook::FromHost => self.pod_ifindex,
             Hook::FromNetdev | Hook::Xdp => self.ext_ifindex,
         };
         test_run::run(&self.ebpf, hook, pkt, ifindex, 1).expect("BPF_PROG_TEST_RUN")

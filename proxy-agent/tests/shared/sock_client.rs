@@ -40,15 +40,7 @@ pub struct UdpStream {
 
 impl UdpStream {
     pub fn start(place: &Place, dst: SocketAddr) -> Self {
-        let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-            .args([
-                "--exact",
-                "sock_client::client_process",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(JOB_ENV, job(place, "Stream", dst))
+        let mut child = client_command(place, "Stream", dst)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("starting a client process");
@@ -81,12 +73,26 @@ impl Drop for UdpStream {
     }
 }
 
-fn job(place: &Place, op: &str, dst: SocketAddr) -> String {
-    format!(
-        "{}|/run/netns/{}|{op}|{dst}",
-        place.cgroup.display(),
-        place.netns
-    )
+/// This test binary again, running only [`client_process`] with the job.
+fn client_command(place: &Place, op: &str, dst: SocketAddr) -> Command {
+    let mut command = Command::new(std::env::current_exe().expect("the test binary"));
+    command
+        .args([
+            "--exact",
+            "sock_client::client_process",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(
+            JOB_ENV,
+            format!(
+                "{}|/run/netns/{}|{op}|{dst}",
+                place.cgroup.display(),
+                place.netns
+            ),
+        );
+    command
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,16 +129,7 @@ pub struct Place {
 
 /// Runs `op` against `dst` from a fresh child process in `place`.
 pub fn run(place: &Place, op: Op, dst: SocketAddr) -> Outcome {
-    let job = job(place, &format!("{op:?}"), dst);
-    let out = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--exact",
-            "sock_client::client_process",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(JOB_ENV, job)
+    let out = client_command(place, &format!("{op:?}"), dst)
         .output()
         .expect("starting a client process");
     let stdout = String::from_utf8_lossy(&out.stdout);

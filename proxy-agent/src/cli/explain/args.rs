@@ -340,8 +340,8 @@ mod tests {
             "--proto: \"icmp\" must be tcp or udp"
         );
         assert_eq!(
-            err("--manifests m --src 10.0.0.1 --dst 10.0.0.2 --dport 80 --proto tcp --from node"),
-            "--from: \"node\" must be pod or outside"
+            err("--manifests m --src 10.0.0.1 --dst 10.0.0.2 --dport 80 --proto tcp --from moon"),
+            "--from: \"moon\" must be pod, outside or host"
         );
         assert_eq!(
             err("--manifests m --src 10.0.0.1 --dst 10.0.0.2 --dport 80 --proto tcp"),

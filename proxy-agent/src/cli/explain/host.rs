@@ -28,7 +28,7 @@ use crate::{
     modes::ebpf::{
         load_socket_programs,
         maps::NodeMaps as _,
-        sockets::{cgroup2_mount, netns_cookie},
+        sockets::{cgroup2_mount, netns_cookie, socket_option_u64},
     },
 };
 
@@ -71,7 +71,7 @@ pub fn run(dp: &mut Datapath, probe: &Probe) -> anyhow::Result<Outcome> {
             config.flags |= flags::SOCKET_LB_HOST;
             maps.put_config(&config)?;
             let socket = cgroup.socket_inside(probe.proto)?;
-            let cookie = socket_cookie(&socket)?;
+            let cookie = socket_option_u64(socket.as_raw_fd(), libc::SO_COOKIE)?;
             Ok((
                 cookie,
                 connect(&socket, SocketAddrV4::new(probe.dst, probe.dport)).err(),
@@ -135,25 +135,6 @@ fn connect(socket: &OwnedFd, dst: SocketAddrV4) -> io::Result<()> {
     } else {
         Err(io::Error::last_os_error())
     }
-}
-
-fn socket_cookie(socket: &OwnedFd) -> io::Result<u64> {
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: `cookie` and `len` outlive the call and have the sizes given.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_COOKIE,
-            (&raw mut cookie).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cookie)
 }
 
 /// A cgroup v2 directory for one probe, under the hierarchy's root (mounted

@@ -40,6 +40,7 @@ pub enum Origin {
     Outside,
     /// A connection of the node itself (the kubelet, a hostNetwork pod):
     /// the socket hook `sock_connect4`.
+    #[value(alias = "node")]
     Host,
 }
 

@@ -237,22 +237,27 @@ fn unescape(field: &str) -> String {
 pub fn netns_cookie() -> io::Result<u64> {
     let socket =
         std::net::UdpSocket::bind("0.0.0.0:0").or_else(|_| std::net::UdpSocket::bind("[::]:0"))?;
-    let mut cookie: u64 = 0;
+    socket_option_u64(socket.as_raw_fd(), libc::SO_NETNS_COOKIE)
+}
+
+/// A 64-bit SOL_SOCKET option of `fd` (SO_COOKIE, SO_NETNS_COOKIE).
+pub fn socket_option_u64(fd: std::os::fd::RawFd, option: libc::c_int) -> io::Result<u64> {
+    let mut value: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: `cookie` and `len` outlive the call and have the sizes given.
+    // SAFETY: `value` and `len` outlive the call and have the sizes given.
     let rc = unsafe {
         libc::getsockopt(
-            socket.as_raw_fd(),
+            fd,
             libc::SOL_SOCKET,
-            libc::SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
+            option,
+            (&raw mut value).cast(),
             &mut len,
         )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(cookie)
+    Ok(value)
 }
 
 #[cfg(test)]

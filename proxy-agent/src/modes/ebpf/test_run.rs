@@ -9,7 +9,7 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 
-use super::{PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP};
+use super::{PROG_FROM_HOST, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP};
 
 /// Which program sees the packet: where it arrives on the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +20,9 @@ pub enum Hook {
     FromNetdev,
     /// XDP on an external interface.
     Xdp,
+    /// TC egress (`tc_from_host`). A test run's skb carries a socket, as
+    /// the node's own packets do (a forwarded packet's does not).
+    FromHost,
 }
 
 /// The program's return code, the packet as the program left it, and how
@@ -67,11 +70,11 @@ pub fn run(
         ..TestRunOptions::new()
     };
     let result = match hook {
-        Hook::FromPod | Hook::FromNetdev => {
-            let name = if hook == Hook::FromPod {
-                PROG_FROM_POD
-            } else {
-                PROG_FROM_NETDEV
+        Hook::FromPod | Hook::FromNetdev | Hook::FromHost => {
+            let name = match hook {
+                Hook::FromPod => PROG_FROM_POD,
+                Hook::FromNetdev => PROG_FROM_NETDEV,
+                _ => PROG_FROM_HOST,
             };
             let prog: &SchedClassifier = ebpf
                 .program(name)
