@@ -875,6 +875,7 @@ fn node_facts(ifaces: Ifaces) -> anyhow::Result<NodeFacts> {
     let addresses = NodeAddresses {
         primary: Some(NODE_IP),
         node_ports: vec![NODE_IP],
+        ..NodeAddresses::default()
     };
     Ok(NodeFacts {
         config: DatapathConfig {
