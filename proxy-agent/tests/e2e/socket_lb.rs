@@ -419,14 +419,14 @@ fn a_connected_udp_client_stops_reaching_a_removed_backend_within_a_second() {
             .expect("the client keeps reporting");
         if line.starts_with("failed") {
             saw_failure = true;
-        } else if let Some(identity) = line.strip_prefix("answer ") {
-            if saw_failure {
-                assert_eq!(
-                    identity, kept,
-                    "after reconnecting, only the kept backend answers"
-                );
-                break;
-            }
+        } else if let Some(identity) = line.strip_prefix("answer ")
+            && saw_failure
+        {
+            assert_eq!(
+                identity, kept,
+                "after reconnecting, only the kept backend answers"
+            );
+            break;
         }
         assert!(
             removed.elapsed() < Duration::from_secs(1),

@@ -75,7 +75,7 @@ pub fn source_range_key(service_id: u32, range: Ipv4Net) -> Key<SourceRange> {
     Key::new(
         32 + u32::from(range.prefix_len()),
         SourceRange {
-            service_be: u32::from(service_id).to_be(),
+            service_be: service_id.to_be(),
             addr_be: u32::from(range.addr()).to_be(),
         },
     )

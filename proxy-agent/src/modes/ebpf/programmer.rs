@@ -355,7 +355,7 @@ impl Programmer {
         if let Some(id) = self.service_ids.get(spn).copied() {
             self.remove_source_ranges(id, &BTreeSet::new(), maps, run)?;
             self.service_ids.remove(spn);
-            self.service_id_pool.give_back(u32::from(id));
+            self.service_id_pool.give_back(id);
         }
         self.by_service.remove(spn);
         Ok(())
