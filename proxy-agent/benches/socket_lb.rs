@@ -19,7 +19,6 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    path::Path,
     time::Instant,
 };
 
@@ -29,7 +28,7 @@ use proxy_agent::{
     modes::ebpf::{
         self, KernelMaps, Programmer,
         maps::NodeMaps as _,
-        sockets::{SocketHooks, netns_cookie},
+        sockets::{SocketHooks, join_cgroup, netns_cookie, own_cgroup},
     },
 };
 use proxy_common::{Counter, DatapathConfig, config::flags};
@@ -110,7 +109,7 @@ fn run() -> anyhow::Result<()> {
     let cgroup = TestCgroup::new("bench")?;
     let hooks = SocketHooks::attach(&mut ebpf, &cgroup.path, None)?;
 
-    let home = own_cgroup()?;
+    let home = own_cgroup(&testbed::cgroup::cgroup2_root()?)?;
     let node_ns = tb.node_ns.clone();
     let cgroup_path = cgroup.path.clone();
     let mut rates: Vec<(Way, Vec<f64>)> = Way::ALL.iter().map(|w| (*w, Vec::new())).collect();
@@ -131,11 +130,11 @@ fn run() -> anyhow::Result<()> {
             };
             let home = home.clone();
             let rate = netns::run_in(&node_ns, move || -> anyhow::Result<f64> {
-                join(&into)?;
+                join_cgroup(&into)?;
                 let started = Instant::now();
                 let result = (0..PER_ROUND).try_for_each(|_| connect_and_reset(dst));
                 let elapsed = started.elapsed();
-                join(&home)?;
+                join_cgroup(&home)?;
                 result?;
                 Ok(PER_ROUND as f64 / elapsed.as_secs_f64())
             })??;
@@ -239,23 +238,6 @@ fn socket_linger_zero(conn: &TcpStream) -> std::io::Result<()> {
 
 fn counter(stats: &aya::maps::PerCpuArray<aya::maps::MapData, u64>, c: Counter) -> u64 {
     stats.get(&(c as u32), 0).map_or(0, |v| v.iter().sum())
-}
-
-/// Moves this whole process into `cgroup`.
-fn join(cgroup: &Path) -> anyhow::Result<()> {
-    std::fs::write(cgroup.join("cgroup.procs"), "0")
-        .with_context(|| format!("joining {}", cgroup.display()))
-}
-
-/// This process's cgroup directory on the cgroup v2 mount.
-fn own_cgroup() -> anyhow::Result<std::path::PathBuf> {
-    let root = testbed::cgroup::cgroup2_root()?;
-    let text = std::fs::read_to_string("/proc/self/cgroup")?;
-    let own = text
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .context("no cgroup v2 membership")?;
-    Ok(root.join(own.trim_start_matches('/')))
 }
 
 /// The server's socket, with a backlog deep enough that a burst of

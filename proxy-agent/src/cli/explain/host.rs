@@ -12,7 +12,7 @@ use std::{
     io,
     net::{Ipv4Addr, SocketAddrV4},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-    path::{Path, PathBuf},
+    path::PathBuf,
 };
 
 use anyhow::{Context as _, bail};
@@ -28,7 +28,7 @@ use crate::{
     modes::ebpf::{
         load_socket_programs,
         maps::NodeMaps as _,
-        sockets::{cgroup2_mount, netns_cookie, socket_option_u64},
+        sockets::{cgroup2_mount, join_cgroup, netns_cookie, own_cgroup, socket_option_u64},
     },
 };
 
@@ -170,7 +170,7 @@ impl ProbeCgroup {
                 (dir.clone(), Some(dir))
             }
         };
-        let home = root.join(own_cgroup()?.trim_start_matches('/'));
+        let home = own_cgroup(&root)?;
         let path = root.join(format!("kube-ebpf-proxy-explain-{}", std::process::id()));
         std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(ProbeCgroup {
@@ -186,11 +186,11 @@ impl ProbeCgroup {
             Proto::Tcp => libc::SOCK_STREAM | libc::SOCK_NONBLOCK,
             Proto::Udp => libc::SOCK_DGRAM,
         };
-        join(&self.path)?;
+        join_cgroup(&self.path)?;
         // SAFETY: plain socket(2); the descriptor is owned right away.
         let fd = unsafe { libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, 0) };
         let created = io::Error::last_os_error();
-        join(&self.home)?;
+        join_cgroup(&self.home)?;
         if fd < 0 {
             return Err(created).context("creating the probe's socket");
         }
@@ -201,26 +201,11 @@ impl ProbeCgroup {
 
 impl Drop for ProbeCgroup {
     fn drop(&mut self) {
-        let _ = join(&self.home);
+        let _ = join_cgroup(&self.home);
         let _ = std::fs::remove_dir(&self.path);
         if let Some(dir) = self.mounted.take() {
             let _ = std::process::Command::new("umount").arg(&dir).status();
             let _ = std::fs::remove_dir(&dir);
         }
     }
-}
-
-/// Moves this whole process into `cgroup` ("0" names the writer).
-fn join(cgroup: &Path) -> anyhow::Result<()> {
-    std::fs::write(cgroup.join("cgroup.procs"), "0")
-        .with_context(|| format!("joining cgroup {}", cgroup.display()))
-}
-
-/// This process's cgroup v2 path, from `/proc/self/cgroup` ("0::/path").
-fn own_cgroup() -> anyhow::Result<String> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::to_owned)
-        .context("this process has no cgroup v2 membership")
 }

@@ -55,7 +55,7 @@ impl Mode for EbpfMode {
             conntrack: conntrack_params(&opts.config, &opts.ebpf, cpus).max_entries,
         };
         let Opened {
-            ebpf,
+            mut ebpf,
             maps,
             counters,
             pins,
@@ -65,7 +65,6 @@ impl Mode for EbpfMode {
         warn_if_snat_ports_overlap();
 
         let mut settings = EbpfNodeSettings::from_options(opts);
-        let mut ebpf = ebpf;
         let mut socket_hooks =
             sockets::start(&mut ebpf, opts, pins.as_ref(), &mut settings.socket_lb);
         settings.localhost_node_ports &= socket_hooks.is_some();

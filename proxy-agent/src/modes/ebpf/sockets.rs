@@ -196,6 +196,23 @@ pub fn cgroup2_mount() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// This process's cgroup directory on the cgroup v2 hierarchy mounted at
+/// `root` (its path from `/proc/self/cgroup`, "0::/path").
+pub fn own_cgroup(root: &Path) -> anyhow::Result<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
+    let own = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .context("this process has no cgroup v2 membership")?;
+    Ok(root.join(own.trim_start_matches('/')))
+}
+
+/// Moves this whole process into `cgroup` ("0" names the writer).
+pub fn join_cgroup(cgroup: &Path) -> anyhow::Result<()> {
+    std::fs::write(cgroup.join("cgroup.procs"), "0")
+        .with_context(|| format!("joining cgroup {}", cgroup.display()))
+}
+
 /// The first cgroup2 mount of the whole hierarchy (root `/`) in a mountinfo table.
 pub fn cgroup2_mount_in(mountinfo: &str) -> Option<PathBuf> {
     mountinfo.lines().find_map(|line| {

@@ -60,8 +60,10 @@ pub fn forget_and_terminate(
     }
     let mut diag = Diag::open()?;
     for id in diag.udp_sockets()? {
-        let IpAddrPort(addr, port) = IpAddrPort::destination(&id);
-        let Some(addr) = addr else { continue };
+        let std::net::IpAddr::V4(addr) = id.destination_address else {
+            continue;
+        };
+        let port = id.destination_port;
         let key = SockKey::new(
             cookie(&id.cookie),
             u32::from(addr).to_be(),
@@ -98,17 +100,6 @@ fn was_gone(gone: &[GoneUdp], key: &SockKey, value: &SockValue) -> bool {
                 && u32::from(*g.backend.ip()).to_be() == value.addr_be
                 && g.backend.port().to_be() == value.port_be
         })
-}
-
-struct IpAddrPort(Option<std::net::Ipv4Addr>, u16);
-
-impl IpAddrPort {
-    fn destination(id: &SocketId) -> Self {
-        match id.destination_address {
-            std::net::IpAddr::V4(a) => IpAddrPort(Some(a), id.destination_port),
-            std::net::IpAddr::V6(_) => IpAddrPort(None, 0),
-        }
-    }
 }
 
 /// sock_diag's cookie: two native-endian 32-bit halves, low first.
