@@ -1,25 +1,33 @@
 //! The agent's runtime, the same for every mode: starts the host source and
 //! the chosen mode, feeds the API server (or a manifests directory) and the
-//! host through the sync engine into the mode's proxier, and stops on
-//! SIGTERM/SIGINT or when the configuration file changes.
+//! host through the sync engine into the mode's proxier, serves health and
+//! metrics, and stops on SIGTERM/SIGINT or when the configuration file changes.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt as _, Stream, StreamExt};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 
 use crate::{
+    events::{ApiEvents, EventRecorder, LogEvents},
+    health::{ProxyHealth, ServiceHealthPorts, SystemClock, proxy_server},
+    httpserve,
+    metrics::{ProxyMetrics, server::MetricsEndpoints},
     model::{NodeModel, NodeSettings, NodeTopology},
-    modes::{self, HostFeed},
-    options::{ProxyOptions, file_watch},
+    modes::{self, HostFeed, Running},
+    options::{NodePortAddresses, ProxyOptions, file_watch, write::ConfigDocument},
     sources::{SourceEvent, api, host::HostSource, manifests},
-    sync::{self, SourceState, SyncTiming},
+    sync::{self, Observers, SourceState, SyncTiming},
 };
 
 /// How often the manifests directory is looked at (the host source follows netlink).
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
+const DEFAULT_HEALTHZ_PORT: u16 = 10256;
+const DEFAULT_METRICS_PORT: u16 = 10249;
+
+type Events = std::pin::Pin<Box<dyn Stream<Item = SourceEvent> + Send>>;
 
 pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
     let host = HostSource::new().context("reading the node's interfaces and addresses")?;
@@ -36,7 +44,7 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
         node_port_addresses = ?initial.node_port_addresses,
         "node facts"
     );
-    let running = modes::of(opts.mode).start(
+    let mut running = modes::of(opts.mode).start(
         &opts,
         HostFeed {
             initial: &initial,
@@ -52,16 +60,23 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
             .unwrap_or(Duration::from_secs(30)),
         ..SyncTiming::default()
     };
-    let events = futures::stream::select(source(&opts).await?, host.events());
+    let (events, client) = source(&opts).await?;
+    let recorder: Arc<dyn EventRecorder> = match client {
+        Some(client) => Arc::new(ApiEvents::new(client, &opts.node_name)),
+        None => Arc::new(LogEvents),
+    };
+    let serving = Serving::new(&opts, &mut running, timing.sync_period, recorder);
+    let events = futures::stream::select(events, host.events());
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
-    let engine = sync::run(
+    let engine = sync::run_observed(
         events,
         SourceState::with_node_settings(&opts.node_name, node_settings),
         running.proxier,
         timing,
         std::future::pending(),
+        Arc::new(serving.observers),
     );
     let config_changed = file_watch::watch(&opts);
     // Cancelling the engine is safe: a sync runs without awaiting, so it is
@@ -71,6 +86,7 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
         result = engine => result.context("the sync engine stopped")?,
         _ = host.run() => {}
         _ = running.background => {}
+        err = serving.servers => failure = Some(err),
         err = config_changed => failure = Some(err),
         _ = sigterm.recv() => info!("SIGTERM: shutting down"),
         _ = sigint.recv() => info!("SIGINT: shutting down"),
@@ -82,12 +98,109 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
     }
 }
 
-async fn source(
-    opts: &ProxyOptions,
-) -> anyhow::Result<std::pin::Pin<Box<dyn Stream<Item = SourceEvent> + Send>>> {
+/// Health, metrics and the service health-check ports: what the sync engine
+/// reports to, and the servers that answer from it.
+struct Serving {
+    observers: Observers,
+    /// Returns only when a server cannot listen under `bindAddressHardFail`.
+    servers: futures::future::BoxFuture<'static, anyhow::Error>,
+}
+
+impl Serving {
+    fn new(
+        opts: &ProxyOptions,
+        running: &mut Running,
+        sync_period: Duration,
+        recorder: Arc<dyn EventRecorder>,
+    ) -> Self {
+        let config = &opts.config;
+        let families = running.families.clone();
+        let health = Arc::new(ProxyHealth::new(
+            families.clone(),
+            2 * sync_period,
+            Arc::new(SystemClock),
+        ));
+        let metrics = Arc::new(ProxyMetrics::new(families));
+        let service_ports = Arc::new(ServiceHealthPorts::new(
+            &opts.node_name,
+            opts.node_port_addresses() == NodePortAddresses::All,
+            health.clone(),
+            recorder.clone(),
+        ));
+        let mut servers = Vec::new();
+        let hard_fail = config.bind_address_hard_fail;
+        match httpserve::bind_address(&config.healthz_bind_address, DEFAULT_HEALTHZ_PORT) {
+            _ if config.healthz_bind_address.is_empty() => info!("proxy health server off"),
+            Ok(addr) => servers.push(
+                proxy_server::serve_with_retry(
+                    "proxy health server",
+                    addr,
+                    proxy_server::handler(health.clone(), metrics.clone()),
+                    hard_fail,
+                    recorder.clone(),
+                    "FailedToStartProxierHealthcheck",
+                )
+                .boxed(),
+            ),
+            Err(e) => tracing::error!("healthzBindAddress: {e}; no proxy health server"),
+        }
+        match httpserve::bind_address(&config.metrics_bind_address, DEFAULT_METRICS_PORT) {
+            _ if config.metrics_bind_address.is_empty() => info!("metrics server off"),
+            Ok(addr) => {
+                let mut registry = prometheus_client::registry::Registry::with_prefix("kubeproxy");
+                metrics.register(&mut registry, opts.mode);
+                if let Some(collector) = running.metrics.take() {
+                    registry.register_collector(collector);
+                }
+                let endpoints = Arc::new(MetricsEndpoints {
+                    registry,
+                    mode: opts.mode.to_string(),
+                    configz: configz(opts),
+                });
+                servers.push(
+                    proxy_server::serve_with_retry(
+                        "metrics server",
+                        addr,
+                        crate::metrics::server::handler(endpoints),
+                        hard_fail,
+                        recorder,
+                        "FailedToStartMetricServer",
+                    )
+                    .boxed(),
+                );
+            }
+            Err(e) => tracing::error!("metricsBindAddress: {e}; no metrics server"),
+        }
+        let servers = async move {
+            if servers.is_empty() {
+                return std::future::pending().await;
+            }
+            futures::future::select_all(servers).await.0
+        }
+        .boxed();
+        Serving {
+            observers: Observers::new(vec![health, metrics, service_ports]),
+            servers,
+        }
+    }
+}
+
+/// `/configz`: the effective configuration under its group name, as upstream's
+/// configz serves its internal (untyped) configuration.
+fn configz(opts: &ProxyOptions) -> String {
+    let mut config = serde_json::to_value(opts.config.written()).unwrap_or_default();
+    if let Some(map) = config.as_object_mut() {
+        map.remove("apiVersion");
+        map.remove("kind");
+    }
+    serde_json::json!({ "kubeproxy.config.k8s.io": config }).to_string()
+}
+
+async fn source(opts: &ProxyOptions) -> anyhow::Result<(Events, Option<kube::Client>)> {
     if let Some(dir) = &opts.manifests {
         info!(dir = %dir.display(), "source: manifests directory");
-        return Ok(manifests::events(dir.clone(), opts.node_name.clone(), POLL_INTERVAL).boxed());
+        let events = manifests::events(dir.clone(), opts.node_name.clone(), POLL_INTERVAL).boxed();
+        return Ok((events, None));
     }
     let cc = &opts.config.client_connection;
     let client = api::build_client(&api::ClientOptions {
@@ -102,5 +215,8 @@ async fn source(
     .await
     .context("connecting to the API server")?;
     info!("source: API server");
-    Ok(api::events(client, &opts.node_name).boxed())
+    Ok((
+        api::events(client.clone(), &opts.node_name).boxed(),
+        Some(client),
+    ))
 }

@@ -3,7 +3,11 @@
 pub mod agent;
 pub mod cleanup;
 pub mod cli;
+pub mod events;
+pub mod health;
 pub mod hostsetup;
+pub mod httpserve;
+pub mod metrics;
 pub mod model;
 pub mod modes;
 pub mod options;

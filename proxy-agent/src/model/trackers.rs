@@ -7,12 +7,15 @@
 //!
 //! [`apply`]: ServiceChangeTracker::apply
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    time::SystemTime,
+};
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 
 use super::{
-    NamespacedName,
+    IpFamily, NamespacedName,
     service::{ServicePorts, service_name, service_ports},
     slice::{EndpointsByPort, SliceInfo, endpoints_by_port, slice_info, slice_key},
 };
@@ -55,6 +58,11 @@ impl ServiceChangeTracker {
         !self.pending.is_empty()
     }
 
+    /// Services with a change not applied yet.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Applies the pending changes; returns the services added, changed or removed.
     pub fn apply(&mut self) -> BTreeSet<NamespacedName> {
         let mut changed = BTreeSet::new();
@@ -95,7 +103,16 @@ pub struct EndpointsChangeTracker {
     /// service-name label changes leaves its old service (upstream does not).
     owners: HashMap<(String, String), NamespacedName>,
     pending_services: BTreeSet<NamespacedName>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time` of pending slice
+    /// updates, for the network programming latency.
+    trigger_times: BTreeMap<NamespacedName, Vec<(IpFamily, SystemTime)>>,
+    /// Trigger times from before the agent started are not its latency.
+    started: SystemTime,
 }
+
+/// The annotation the EndpointSlice controller sets to the time of the change
+/// (a pod or service event) that led to the slice's update.
+pub const LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 impl EndpointsChangeTracker {
     /// `node_name` decides which endpoints are local.
@@ -105,6 +122,8 @@ impl EndpointsChangeTracker {
             services: HashMap::new(),
             owners: HashMap::new(),
             pending_services: BTreeSet::new(),
+            trigger_times: BTreeMap::new(),
+            started: SystemTime::now(),
         }
     }
 
@@ -129,14 +148,39 @@ impl EndpointsChangeTracker {
             changed |= self.set_pending(old, &key.1, None);
         }
         self.owners.insert(key.clone(), info.service.clone());
-        changed | self.set_pending(info.service.clone(), &key.1, Some(info))
+        let service = info.service.clone();
+        let changed = changed | self.set_pending(service.clone(), &key.1, Some(info));
+        if changed && let Some(at) = trigger_time(slice).filter(|t| *t > self.started) {
+            let family = match slice.address_type.as_str() {
+                "IPv6" => IpFamily::V6,
+                _ => IpFamily::V4,
+            };
+            self.trigger_times
+                .entry(service)
+                .or_default()
+                .push((family, at));
+        }
+        changed
     }
 
+    /// As upstream: a deletion's annotation dates from the slice's last update,
+    /// not from the change that removed it, so the service's times are dropped.
     pub fn delete(&mut self, namespace: &str, name: &str) -> bool {
         match self.owners.remove(&(namespace.to_owned(), name.to_owned())) {
-            Some(owner) => self.set_pending(owner, name, None),
+            Some(owner) => {
+                self.trigger_times.remove(&owner);
+                self.set_pending(owner, name, None)
+            }
             None => false,
         }
+    }
+
+    /// The trigger times of the changes applied since the last call.
+    pub fn take_trigger_times(&mut self) -> Vec<(IpFamily, SystemTime)> {
+        std::mem::take(&mut self.trigger_times)
+            .into_values()
+            .flatten()
+            .collect()
     }
 
     fn set_pending(
@@ -190,4 +234,14 @@ impl EndpointsChangeTracker {
     pub fn endpoints(&self, service: &NamespacedName) -> Option<&EndpointsByPort> {
         self.services.get(service).map(|s| &s.endpoints)
     }
+}
+
+fn trigger_time(slice: &EndpointSlice) -> Option<SystemTime> {
+    let text = slice
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(LAST_CHANGE_TRIGGER_TIME)?;
+    let at: jiff::Timestamp = text.parse().ok()?;
+    SystemTime::try_from(at).ok()
 }

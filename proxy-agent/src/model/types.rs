@@ -51,6 +51,16 @@ pub enum IpFamily {
 }
 
 impl IpFamily {
+    pub const BOTH: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
+
+    /// Upstream's `v1.IPFamily` spelling, as health bodies and metric labels use it.
+    pub fn api_name(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
+    }
+
     pub fn of(ip: &IpAddr) -> Self {
         if ip.is_ipv4() {
             IpFamily::V4

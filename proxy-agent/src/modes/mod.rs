@@ -61,6 +61,10 @@ pub struct HostFeed<'a> {
 /// A started mode.
 pub struct Running {
     pub proxier: ModeProxier,
+    /// The IP families the mode serves (each reports its health on its own).
+    pub families: Vec<crate::model::IpFamily>,
+    /// The mode's own metrics, collected at each scrape.
+    pub metrics: Option<Box<dyn prometheus_client::collector::Collector>>,
     /// Work beside the syncs (keeping programs attached); runs until the agent stops.
     pub background: BoxFuture<'static, ()>,
     /// Runs once when the agent stops.

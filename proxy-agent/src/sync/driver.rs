@@ -6,7 +6,7 @@ use std::{
 
 use futures::{Stream, StreamExt};
 
-use super::{Proxier, SourceState, Syncer};
+use super::{Proxier, SourceState, SyncObserver, Syncer};
 use crate::sources::SourceEvent;
 use crate::sync::runner::{BoundedFrequencyRunner, RunnerError, RunnerIntervals};
 
@@ -45,8 +45,25 @@ where
     P: Proxier,
     S: Stream<Item = SourceEvent> + Send,
 {
+    run_observed(events, source, proxier, timing, shutdown, Arc::new(())).await
+}
+
+/// [`run`], telling `observer` what happens (health, metrics, health-check ports).
+pub async fn run_observed<P, S>(
+    events: S,
+    source: SourceState,
+    proxier: P,
+    timing: SyncTiming,
+    shutdown: impl Future<Output = ()> + Send,
+    observer: Arc<dyn SyncObserver>,
+) -> Result<(), RunnerError>
+where
+    P: Proxier,
+    S: Stream<Item = SourceEvent> + Send,
+{
     let source = Arc::new(Mutex::new(source));
-    let mut syncer = Syncer::new(source.clone(), proxier, timing.full_sync_period);
+    let mut syncer = Syncer::new(source.clone(), proxier, timing.full_sync_period)
+        .with_observer(observer.clone());
     let (runner, handle) = BoundedFrequencyRunner::new(
         "sync-proxy-rules",
         RunnerIntervals {
@@ -56,6 +73,7 @@ where
         },
     )?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    observer.loop_started();
     let sync_loop = runner.run_loop(
         move || {
             let res = syncer.sync();
@@ -71,8 +89,9 @@ where
             let wants_sync = source
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .handle(event);
+                .handle_observed(event, observer.as_ref());
             if wants_sync {
+                observer.queued();
                 handle.run();
             }
         }

@@ -8,12 +8,14 @@
 //! ```
 
 mod driver;
+mod observer;
 mod proxier;
 pub mod runner;
 mod source;
 mod syncer;
 
-pub use driver::{SyncTiming, run};
+pub use driver::{SyncTiming, run, run_observed};
+pub use observer::{Observers, SyncObserver, SyncReport, TrackerEvent};
 pub use proxier::{Proxier, SyncChanges};
 pub use source::SourceState;
 pub use syncer::{SyncError, SyncOutcome, Syncer};

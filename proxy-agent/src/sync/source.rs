@@ -2,6 +2,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::api::core::v1::Node;
 
+use super::{SyncObserver, TrackerEvent};
 use crate::model::{
     EndpointsChangeTracker, NodeModel, NodeSettings, NodeTopology, ServiceChangeTracker,
 };
@@ -54,30 +55,68 @@ impl SourceState {
         &self.node_model
     }
 
+    /// This node's Node object, once received.
+    pub fn node_object(&self) -> Option<&Node> {
+        self.node_object.as_ref()
+    }
+
     /// Records the event; returns whether a sync should be requested.
     pub fn handle(&mut self, event: SourceEvent) -> bool {
+        self.handle_observed(event, &())
+    }
+
+    /// [`Self::handle`], telling `observer` about tracker and Node changes.
+    pub fn handle_observed(&mut self, event: SourceEvent, observer: &dyn SyncObserver) -> bool {
         let was_initialized = self.is_initialized();
         let changed = match event {
-            SourceEvent::ServiceApplied(svc) => self.services.update(&svc),
-            SourceEvent::ServiceDeleted(nn) => self.services.delete(&nn),
+            SourceEvent::ServiceApplied(svc) => self.service_changed(observer, |t| t.update(&svc)),
+            SourceEvent::ServiceDeleted(nn) => self.service_changed(observer, |t| t.delete(&nn)),
             SourceEvent::ServicesSynced => {
                 self.services_synced = true;
                 false
             }
-            SourceEvent::SliceApplied(slice) => self.endpoints.update(&slice),
-            SourceEvent::SliceDeleted(key) => self.endpoints.delete(&key.namespace, &key.name),
+            SourceEvent::SliceApplied(slice) => {
+                let changed = self.endpoints.update(&slice);
+                observer.tracker(TrackerEvent::Slice { changed });
+                changed
+            }
+            SourceEvent::SliceDeleted(key) => {
+                let changed = self.endpoints.delete(&key.namespace, &key.name);
+                observer.tracker(TrackerEvent::Slice { changed });
+                changed
+            }
             SourceEvent::SlicesSynced => {
                 self.slices_synced = true;
                 false
             }
-            SourceEvent::NodeApplied(node) => self.set_node(Some(*node)),
-            SourceEvent::NodeDeleted => self.set_node(None),
+            SourceEvent::NodeApplied(node) => {
+                let changed = self.set_node(Some(*node));
+                observer.node(self.node_object.as_ref());
+                changed
+            }
+            SourceEvent::NodeDeleted => {
+                let changed = self.set_node(None);
+                observer.node(None);
+                changed
+            }
             SourceEvent::HostChanged(host) => {
                 self.host = host;
                 self.rebuild_node_model()
             }
         };
         self.is_initialized() && (changed || !was_initialized)
+    }
+
+    fn service_changed(
+        &mut self,
+        observer: &dyn SyncObserver,
+        update: impl FnOnce(&mut ServiceChangeTracker) -> bool,
+    ) -> bool {
+        let pending = update(&mut self.services);
+        observer.tracker(TrackerEvent::Service {
+            pending: self.services.pending_len(),
+        });
+        pending
     }
 
     fn set_node(&mut self, node: Option<Node>) -> bool {

@@ -5,7 +5,7 @@ use std::{
 
 use tokio::time::Instant;
 
-use super::{Proxier, SourceState, SyncChanges};
+use super::{Proxier, SourceState, SyncChanges, SyncObserver, SyncReport};
 use crate::model::{DesiredState, NamespacedName, NodeTopology};
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +35,7 @@ pub struct Syncer<P> {
     need_full_sync: bool,
     full_sync_period: Duration,
     last_full_sync: Option<Instant>,
+    observer: Arc<dyn SyncObserver>,
 }
 
 impl<P: Proxier> Syncer<P> {
@@ -48,7 +49,14 @@ impl<P: Proxier> Syncer<P> {
             need_full_sync: true,
             full_sync_period,
             last_full_sync: None,
+            observer: Arc::new(()),
         }
+    }
+
+    /// Tells `observer` about every sync from now on.
+    pub fn with_observer(mut self, observer: Arc<dyn SyncObserver>) -> Self {
+        self.observer = observer;
+        self
     }
 
     pub fn desired(&self) -> &DesiredState {
@@ -60,7 +68,8 @@ impl<P: Proxier> Syncer<P> {
     }
 
     pub fn sync(&mut self) -> Result<SyncOutcome, SyncError> {
-        let changes = {
+        let started = std::time::Instant::now();
+        let (changes, trigger_times) = {
             let mut guard = self.source.lock().unwrap_or_else(|e| e.into_inner());
             let src = &mut *guard;
             if !src.is_initialized() {
@@ -68,6 +77,8 @@ impl<P: Proxier> Syncer<P> {
             }
             let mut touched: std::collections::BTreeSet<NamespacedName> = src.services.apply();
             touched.extend(src.endpoints.apply());
+            let trigger_times = src.endpoints.take_trigger_times();
+            self.observer.applied();
             let periodic = self
                 .last_full_sync
                 .is_none_or(|t| t.elapsed() >= self.full_sync_period);
@@ -93,9 +104,17 @@ impl<P: Proxier> Syncer<P> {
                 }
             };
             self.desired.node = src.node_model().clone();
-            changes
+            (changes, trigger_times)
         };
-        if let Err(err) = self.proxier.sync(&self.desired, &changes) {
+        let result = self.proxier.sync(&self.desired, &changes);
+        self.observer.synced(&SyncReport {
+            desired: &self.desired,
+            changes: &changes,
+            took: started.elapsed(),
+            succeeded: result.is_ok(),
+            trigger_times: &trigger_times,
+        });
+        if let Err(err) = result {
             // The trackers were already flushed into `desired`, so only a full
             // sync can be sure to catch the backend up.
             self.need_full_sync = true;

@@ -5,8 +5,13 @@
 
 #[path = "../shared/options_common.rs"]
 mod options_common;
+#[path = "../shared/http_client.rs"]
+mod http_client;
+#[path = "../shared/http_serve.rs"]
+mod http_serve;
 
 mod cleanup_fakes;
+mod health_proxy;
 mod manifests_source;
 mod model_build;
 mod model_categorize;

@@ -17,6 +17,7 @@ use super::{
 };
 use crate::{
     cleanup::Report,
+    model::IpFamily,
     modes::{CleanupTools, HostFeed, Mode, Running, boxed},
     options::{ProxyMode, ProxyOptions, ebpf::conntrack_params},
     sources::host::HostNetwork,
@@ -115,6 +116,9 @@ impl Mode for EbpfMode {
         };
         Ok(Running {
             proxier: boxed(proxier),
+            // IPv6 is not served yet.
+            families: vec![IpFamily::V4],
+            metrics: None,
             background: Box::pin(background),
             stop: Box::new(stop),
         })

@@ -1,0 +1,133 @@
+//! The little HTTP the agent serves (health, health-check node ports,
+//! metrics): hyper HTTP/1 over tokio, every request answered by one handler
+//! function, listeners bound as Go's `net.Listen("tcp", ...)` binds them.
+
+use std::{
+    convert::Infallible,
+    io,
+    net::{IpAddr, Ipv6Addr, SocketAddr},
+    sync::Arc,
+};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, body::Incoming, server::conn::http1, service::service_fn};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tracing::debug;
+
+pub type Response = hyper::Response<Full<Bytes>>;
+
+/// Answers one request; sees the method, path and headers, never needs the body.
+pub type Handler = Arc<dyn Fn(&Request<Incoming>) -> Response + Send + Sync>;
+
+/// Binds `addr`; an unspecified IPv4 address listens on both families, as
+/// Go's "tcp" listener does (falling back to IPv4 alone without IPv6).
+pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    if addr.ip() == IpAddr::from([0, 0, 0, 0]) {
+        let both = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), addr.port());
+        if let Ok(listener) = bind(both, false) {
+            return Ok(listener);
+        }
+    }
+    bind(addr, addr.is_ipv6())
+}
+
+fn bind(addr: SocketAddr, v6_only: bool) -> io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(v6_only)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Serves connections from `listener` until the future is dropped (dropping
+/// it closes the listener; connections already accepted finish on their own).
+pub async fn serve(listener: TcpListener, handler: Handler) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                debug!(error = %e, "accept");
+                continue;
+            }
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let response = handler(&req);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            if let Err(e) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                debug!(%peer, error = %e, "HTTP connection");
+            }
+        });
+    }
+}
+
+/// A response with a body and headers.
+pub fn respond(status: u16, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Response {
+    let mut builder = hyper::Response::builder().status(status);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder
+        .body(Full::new(body.into()))
+        .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new())))
+}
+
+/// Go's `http.NotFound`, which a `ServeMux` answers for paths it does not know.
+pub fn not_found() -> Response {
+    respond(
+        404,
+        &[
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("X-Content-Type-Options", "nosniff"),
+        ],
+        "404 page not found\n",
+    )
+}
+
+/// `host:port` as kube-proxy's bind addresses are written; a missing port
+/// is `default_port` (upstream appends it).
+pub fn bind_address(text: &str, default_port: u16) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let host = text.trim_start_matches('[').trim_end_matches(']');
+    host.parse::<IpAddr>()
+        .map(|ip| SocketAddr::new(ip, default_port))
+        .map_err(|_| format!("{text:?} is not an IP address with an optional port"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_addresses_take_the_default_port_when_they_have_none() {
+        assert_eq!(
+            bind_address("0.0.0.0:10256", 1),
+            Ok("0.0.0.0:10256".parse().unwrap())
+        );
+        assert_eq!(
+            bind_address("198.18.0.1", 10256),
+            Ok("198.18.0.1:10256".parse().unwrap())
+        );
+        assert_eq!(bind_address("::", 10249), Ok("[::]:10249".parse().unwrap()));
+        assert_eq!(
+            bind_address("[2001:db8::1]", 10249),
+            Ok("[2001:db8::1]:10249".parse().unwrap())
+        );
+        assert!(bind_address("node-a:1", 1).is_err());
+    }
+}

@@ -1,0 +1,9 @@
+//! The metrics server on `metricsBindAddress`: upstream's `kubeproxy_*`
+//! metrics ([`proxy`]) and the datapath's own (registered by the mode),
+//! with prometheus-client, plus `/healthz`, `/proxyMode` and `/configz` as
+//! upstream's metrics mux serves them.
+
+pub mod proxy;
+pub mod server;
+
+pub use proxy::ProxyMetrics;
