@@ -12,7 +12,9 @@ mod http_serve;
 
 mod cleanup_fakes;
 mod health_proxy;
+mod health_service_ports;
 mod manifests_source;
+mod metrics_upstream;
 mod model_build;
 mod model_categorize;
 mod model_trackers;
