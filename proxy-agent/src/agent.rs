@@ -3,11 +3,14 @@
 //! host through the sync engine into the mode's proxier, serves health and
 //! metrics, and stops on SIGTERM/SIGINT or when the configuration file changes.
 
-use std::{sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use futures::{FutureExt as _, Stream, StreamExt};
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::{
+    net::TcpListener,
+    signal::unix::{SignalKind, signal},
+};
 use tracing::info;
 
 use crate::{
@@ -44,6 +47,9 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
         node_port_addresses = ?initial.node_port_addresses,
         "node facts"
     );
+    // Under bindAddressHardFail a server that cannot listen stops the agent
+    // before it touches the datapath.
+    let bound = Bound::listen(&opts)?;
     let mut running = modes::of(opts.mode).start(
         &opts,
         HostFeed {
@@ -65,7 +71,7 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
         Some(client) => Arc::new(ApiEvents::new(client, &opts.node_name)),
         None => Arc::new(LogEvents),
     };
-    let serving = Serving::new(&opts, &mut running, timing.sync_period, recorder);
+    let serving = Serving::new(&opts, bound, &mut running, timing.sync_period, recorder);
     let events = futures::stream::select(events, host.events());
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -98,6 +104,46 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
     }
 }
 
+/// The server addresses, parsed, and under `bindAddressHardFail` already
+/// listening.
+struct Bound {
+    healthz: Option<(SocketAddr, Option<TcpListener>)>,
+    metrics: Option<(SocketAddr, Option<TcpListener>)>,
+}
+
+impl Bound {
+    fn listen(opts: &ProxyOptions) -> anyhow::Result<Self> {
+        let config = &opts.config;
+        let one = |field: &str, text: &str, port: u16| -> anyhow::Result<_> {
+            if text.is_empty() {
+                info!("{field} is empty: that server is off");
+                return Ok(None);
+            }
+            let addr =
+                httpserve::bind_address(text, port).map_err(|e| anyhow::anyhow!("{field}: {e}"))?;
+            if !config.bind_address_hard_fail {
+                return Ok(Some((addr, None)));
+            }
+            let listener = httpserve::listen(addr).with_context(|| {
+                format!("{field}: cannot listen on {addr} (bindAddressHardFail is set)")
+            })?;
+            Ok(Some((addr, Some(listener))))
+        };
+        Ok(Bound {
+            healthz: one(
+                "healthzBindAddress",
+                &config.healthz_bind_address,
+                DEFAULT_HEALTHZ_PORT,
+            )?,
+            metrics: one(
+                "metricsBindAddress",
+                &config.metrics_bind_address,
+                DEFAULT_METRICS_PORT,
+            )?,
+        })
+    }
+}
+
 /// Health, metrics and the service health-check ports: what the sync engine
 /// reports to, and the servers that answer from it.
 struct Serving {
@@ -109,6 +155,7 @@ struct Serving {
 impl Serving {
     fn new(
         opts: &ProxyOptions,
+        bound: Bound,
         running: &mut Running,
         sync_period: Duration,
         recorder: Arc<dyn EventRecorder>,
@@ -129,47 +176,43 @@ impl Serving {
         ));
         let mut servers = Vec::new();
         let hard_fail = config.bind_address_hard_fail;
-        match httpserve::bind_address(&config.healthz_bind_address, DEFAULT_HEALTHZ_PORT) {
-            _ if config.healthz_bind_address.is_empty() => info!("proxy health server off"),
-            Ok(addr) => servers.push(
+        if let Some((addr, listener)) = bound.healthz {
+            servers.push(
                 proxy_server::serve_with_retry(
                     "proxy health server",
                     addr,
+                    listener,
                     proxy_server::handler(health.clone(), metrics.clone()),
                     hard_fail,
                     recorder.clone(),
                     "FailedToStartProxierHealthcheck",
                 )
                 .boxed(),
-            ),
-            Err(e) => tracing::error!("healthzBindAddress: {e}; no proxy health server"),
+            );
         }
-        match httpserve::bind_address(&config.metrics_bind_address, DEFAULT_METRICS_PORT) {
-            _ if config.metrics_bind_address.is_empty() => info!("metrics server off"),
-            Ok(addr) => {
-                let mut registry = prometheus_client::registry::Registry::with_prefix("kubeproxy");
-                metrics.register(&mut registry, opts.mode);
-                if let Some(collector) = running.metrics.take() {
-                    registry.register_collector(collector);
-                }
-                let endpoints = Arc::new(MetricsEndpoints {
-                    registry,
-                    mode: opts.mode.to_string(),
-                    configz: configz(opts),
-                });
-                servers.push(
-                    proxy_server::serve_with_retry(
-                        "metrics server",
-                        addr,
-                        crate::metrics::server::handler(endpoints),
-                        hard_fail,
-                        recorder,
-                        "FailedToStartMetricServer",
-                    )
-                    .boxed(),
-                );
+        if let Some((addr, listener)) = bound.metrics {
+            let mut registry = prometheus_client::registry::Registry::with_prefix("kubeproxy");
+            metrics.register(&mut registry, opts.mode);
+            if let Some(collector) = running.metrics.take() {
+                registry.register_collector(collector);
             }
-            Err(e) => tracing::error!("metricsBindAddress: {e}; no metrics server"),
+            let endpoints = Arc::new(MetricsEndpoints {
+                registry,
+                mode: opts.mode.to_string(),
+                configz: configz(opts),
+            });
+            servers.push(
+                proxy_server::serve_with_retry(
+                    "metrics server",
+                    addr,
+                    listener,
+                    crate::metrics::server::handler(endpoints),
+                    hard_fail,
+                    recorder,
+                    "FailedToStartMetricServer",
+                )
+                .boxed(),
+            );
         }
         let servers = async move {
             if servers.is_empty() {

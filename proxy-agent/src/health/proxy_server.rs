@@ -53,20 +53,26 @@ pub fn handler(health: Arc<ProxyHealth>, metrics: Arc<ProxyMetrics>) -> Handler 
     Arc::new(move |req| answer(req.uri().path(), &health, &metrics))
 }
 
-/// Listens on `addr` and serves `handler`, retrying a failed listen every
-/// [`LISTEN_RETRY`] with a Warning event `reason` on this node; with
-/// `hard_fail` (`bindAddressHardFail`) the first failure is returned instead.
-/// Never returns otherwise.
+/// Listens on `addr` (or starts with `bound`, already listening there) and
+/// serves `handler`, retrying a failed listen every [`LISTEN_RETRY`] with a
+/// Warning event `reason` on this node; with `hard_fail`
+/// (`bindAddressHardFail`) the first failure is returned instead. Never
+/// returns otherwise.
 pub async fn serve_with_retry(
     what: &'static str,
     addr: SocketAddr,
+    mut bound: Option<tokio::net::TcpListener>,
     handler: Handler,
     hard_fail: bool,
     events: Arc<dyn EventRecorder>,
     reason: &'static str,
 ) -> anyhow::Error {
     loop {
-        match httpserve::listen(addr) {
+        let listening = match bound.take() {
+            Some(listener) => Ok(listener),
+            None => httpserve::listen(addr),
+        };
+        match listening {
             Ok(listener) => {
                 info!(address = %addr, "{what} server listening");
                 httpserve::serve(listener, handler.clone()).await;

@@ -131,7 +131,9 @@ impl ServiceHealthPorts {
             match self.open(name, &binding) {
                 Ok(listeners) => {
                     info!(service = %name, port, addresses = ?binding.addresses, "serving the health-check node port");
-                    state.served.insert(name.clone(), Served { binding, listeners });
+                    state
+                        .served
+                        .insert(name.clone(), Served { binding, listeners });
                 }
                 Err((address, e)) => {
                     let message = format!(

@@ -227,10 +227,7 @@ impl ProxyMetrics {
             let (mut internal, mut external) = (0, 0);
             for svc in desired.services.values() {
                 if !svc.has_any_endpoints.contains(*family)
-                    || svc
-                        .local_endpoints
-                        .iter()
-                        .any(|e| e.family() == *family)
+                    || svc.local_endpoints.iter().any(|e| e.family() == *family)
                 {
                     continue;
                 }

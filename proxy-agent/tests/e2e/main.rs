@@ -9,6 +9,8 @@
 mod bpffs;
 #[path = "../shared/explain_common.rs"]
 mod explain_common;
+#[path = "../shared/http_client.rs"]
+mod http_client;
 #[path = "../shared/options_common.rs"]
 mod options_common;
 #[path = "../shared/sock_client.rs"]
@@ -25,6 +27,7 @@ mod e2e_clusterip;
 mod e2e_host_network;
 mod e2e_restart;
 mod explain;
+mod operability;
 mod options_binary;
 mod options_config_watch;
 mod socket_lb;

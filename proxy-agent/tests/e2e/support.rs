@@ -83,6 +83,11 @@ impl Agent {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The exit status once the agent has exited on its own.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut()?.try_wait().unwrap()
+    }
+
     /// Sends SIGTERM and waits for a clean exit.
     pub fn stop(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("agent running");

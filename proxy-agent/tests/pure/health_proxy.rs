@@ -52,10 +52,7 @@ fn fixture(families: Vec<IpFamily>) -> Fixture {
         clock.clone(),
     ));
     let metrics = Arc::new(ProxyMetrics::new(families));
-    let addr = serve_in_background(
-        "127.0.0.1",
-        proxy_server::handler(health.clone(), metrics),
-    );
+    let addr = serve_in_background("127.0.0.1", proxy_server::handler(health.clone(), metrics));
     Fixture {
         clock,
         health,
@@ -186,13 +183,14 @@ fn node_eligibility_drains_healthz_but_not_livez() {
     );
     assert_eq!(livez(&f).status, 200);
 
-    let taint = |key: &str| {
-        node(json!({"spec": {"taints": [{"key": key, "effect": "NoSchedule"}]}}))
-    };
-    f.health.set_node(Some(&taint("ToBeDeletedByClusterAutoscaler")));
+    let taint =
+        |key: &str| node(json!({"spec": {"taints": [{"key": key, "effect": "NoSchedule"}]}}));
+    f.health
+        .set_node(Some(&taint("ToBeDeletedByClusterAutoscaler")));
     assert_eq!(healthz(&f).status, 503);
     assert_eq!(livez(&f).status, 200);
-    f.health.set_node(Some(&taint("node.kubernetes.io/unschedulable")));
+    f.health
+        .set_node(Some(&taint("node.kubernetes.io/unschedulable")));
     assert_eq!(healthz(&f).status, 200, "other taints do not matter");
     f.health.set_node(None);
     assert_eq!(healthz(&f).status, 503, "a deleted node is not eligible");
@@ -220,7 +218,11 @@ fn the_sync_engine_drives_the_state_machine_as_upstream_proxiers_do() {
     let health = ProxyHealth::new(vec![IpFamily::V4], Duration::from_secs(10), clock.clone());
     health.set_node(Some(&node(json!({}))));
     health.loop_started();
-    assert_eq!(health.health().status.len(), 1, "SyncLoop start counts as an update");
+    assert_eq!(
+        health.health().status.len(),
+        1,
+        "SyncLoop start counts as an update"
+    );
     health.queued();
     clock.advance(Duration::from_secs(10));
     assert!(!health.health().healthy);

@@ -3,12 +3,12 @@
 //! model, the sync engine and its runner, the API and manifests sources, and
 //! the parts of `--cleanup` checked against fakes. Runs first, to fail early.
 
-#[path = "../shared/options_common.rs"]
-mod options_common;
 #[path = "../shared/http_client.rs"]
 mod http_client;
 #[path = "../shared/http_serve.rs"]
 mod http_serve;
+#[path = "../shared/options_common.rs"]
+mod options_common;
 
 mod cleanup_fakes;
 mod health_proxy;

@@ -69,16 +69,37 @@ fn every_upstream_metric_is_registered_with_its_type_labels_and_buckets() {
     // OpenMetrics names a counter family without its `_total` suffix.
     let expected = [
         ("kubeproxy_sync_proxy_rules_duration_seconds", "histogram"),
-        ("kubeproxy_sync_full_proxy_rules_duration_seconds", "histogram"),
-        ("kubeproxy_sync_partial_proxy_rules_duration_seconds", "histogram"),
+        (
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "histogram",
+        ),
+        (
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "histogram",
+        ),
         ("kubeproxy_sync_proxy_rules_last_timestamp_seconds", "gauge"),
-        ("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", "gauge"),
-        ("kubeproxy_network_programming_duration_seconds", "histogram"),
-        ("kubeproxy_sync_proxy_rules_endpoint_changes_pending", "gauge"),
+        (
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "gauge",
+        ),
+        (
+            "kubeproxy_network_programming_duration_seconds",
+            "histogram",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "gauge",
+        ),
         ("kubeproxy_sync_proxy_rules_endpoint_changes", "counter"),
-        ("kubeproxy_sync_proxy_rules_service_changes_pending", "gauge"),
+        (
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "gauge",
+        ),
         ("kubeproxy_sync_proxy_rules_service_changes", "counter"),
-        ("kubeproxy_sync_proxy_rules_no_local_endpoints_total", "gauge"),
+        (
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "gauge",
+        ),
         ("kubeproxy_proxy_healthz", "counter"),
         ("kubeproxy_proxy_livez", "counter"),
         ("kubeproxy_ebpf_sync_errors", "counter"),
@@ -119,11 +140,21 @@ fn every_upstream_metric_is_registered_with_its_type_labels_and_buckets() {
     let programming = network_programming_buckets();
     assert_eq!(programming.len(), 2 + 59 + 12 + 7);
     assert_eq!(
-        (programming[0], programming[1], programming[2], programming[60]),
+        (
+            programming[0],
+            programming[1],
+            programming[2],
+            programming[60]
+        ),
         (0.25, 0.5, 1.0, 59.0)
     );
     assert_eq!(
-        (programming[61], programming[72], programming[73], programming[79]),
+        (
+            programming[61],
+            programming[72],
+            programming[73],
+            programming[79]
+        ),
         (60.0, 115.0, 120.0, 300.0)
     );
     assert_eq!(
@@ -178,9 +209,10 @@ fn service(name: &str, itp: &str, etp: Option<&str>) -> SourceEvent {
         spec["type"] = json!("NodePort");
         spec["externalTrafficPolicy"] = json!(etp);
     }
-    let svc: Service =
-        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns"}, "spec": spec}))
-            .unwrap();
+    let svc: Service = serde_json::from_value(
+        json!({"metadata": {"name": name, "namespace": "ns"}, "spec": spec}),
+    )
+    .unwrap();
     SourceEvent::ServiceApplied(Box::new(svc))
 }
 
@@ -221,8 +253,14 @@ fn values_move_with_changes_and_syncs() {
     feed(service("external-local", "Cluster", Some("Local")));
     feed(service("no-endpoints", "Local", None));
     let s = scrape(&registry);
-    assert_eq!(s.value("kubeproxy_sync_proxy_rules_service_changes_total"), 3.0);
-    assert_eq!(s.value("kubeproxy_sync_proxy_rules_service_changes_pending"), 3.0);
+    assert_eq!(
+        s.value("kubeproxy_sync_proxy_rules_service_changes_total"),
+        3.0
+    );
+    assert_eq!(
+        s.value("kubeproxy_sync_proxy_rules_service_changes_pending"),
+        3.0
+    );
 
     // From before the agent started: not its latency, as upstream.
     let before_start = SystemTime::now() - Duration::from_secs(60);
@@ -231,23 +269,41 @@ fn values_move_with_changes_and_syncs() {
     feed(slice("external-local", "node-b", Some(before_start)));
     std::thread::sleep(Duration::from_millis(1100));
     let s = scrape(&registry);
-    assert_eq!(s.value("kubeproxy_sync_proxy_rules_endpoint_changes_total"), 2.0);
-    assert_eq!(s.value("kubeproxy_sync_proxy_rules_endpoint_changes_pending"), 2.0);
+    assert_eq!(
+        s.value("kubeproxy_sync_proxy_rules_endpoint_changes_total"),
+        2.0
+    );
+    assert_eq!(
+        s.value("kubeproxy_sync_proxy_rules_endpoint_changes_pending"),
+        2.0
+    );
 
     syncer.sync().unwrap();
     let s = scrape(&registry);
-    assert_eq!(s.value("kubeproxy_sync_proxy_rules_service_changes_pending"), 0.0);
-    assert_eq!(s.value("kubeproxy_sync_proxy_rules_endpoint_changes_pending"), 0.0);
+    assert_eq!(
+        s.value("kubeproxy_sync_proxy_rules_service_changes_pending"),
+        0.0
+    );
+    assert_eq!(
+        s.value("kubeproxy_sync_proxy_rules_endpoint_changes_pending"),
+        0.0
+    );
     let family = r#"{ip_family="IPv4"}"#;
     assert_eq!(
-        s.value(&format!("kubeproxy_sync_proxy_rules_duration_seconds_count{family}")),
+        s.value(&format!(
+            "kubeproxy_sync_proxy_rules_duration_seconds_count{family}"
+        )),
         1.0
     );
     assert_eq!(
-        s.value(&format!("kubeproxy_sync_full_proxy_rules_duration_seconds_count{family}")),
+        s.value(&format!(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count{family}"
+        )),
         1.0
     );
-    let last = s.value(&format!("kubeproxy_sync_proxy_rules_last_timestamp_seconds{family}"));
+    let last = s.value(&format!(
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds{family}"
+    ));
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap()
@@ -255,17 +311,25 @@ fn values_move_with_changes_and_syncs() {
     assert!((now - last).abs() < 5.0, "last sync {last}, now {now}");
     // One trigger time counts: a little over 1.1 s of latency.
     assert_eq!(
-        s.value(&format!("kubeproxy_network_programming_duration_seconds_count{family}")),
+        s.value(&format!(
+            "kubeproxy_network_programming_duration_seconds_count{family}"
+        )),
         1.0
     );
-    let latency = s.value(&format!("kubeproxy_network_programming_duration_seconds_sum{family}"));
+    let latency = s.value(&format!(
+        "kubeproxy_network_programming_duration_seconds_sum{family}"
+    ));
     assert!((1.1..3.0).contains(&latency), "{latency}");
     assert_eq!(
-        s.value(r#"kubeproxy_network_programming_duration_seconds_bucket{le="1.0",ip_family="IPv4"}"#),
+        s.value(
+            r#"kubeproxy_network_programming_duration_seconds_bucket{le="1.0",ip_family="IPv4"}"#
+        ),
         0.0
     );
     assert_eq!(
-        s.value(r#"kubeproxy_network_programming_duration_seconds_bucket{le="3.0",ip_family="IPv4"}"#),
+        s.value(
+            r#"kubeproxy_network_programming_duration_seconds_bucket{le="3.0",ip_family="IPv4"}"#
+        ),
         1.0
     );
     // "no-endpoints" has none anywhere: rejected, not counted.
@@ -283,14 +347,21 @@ fn values_move_with_changes_and_syncs() {
     *proxier.fail_next.lock().unwrap() = true;
     assert!(syncer.sync().is_err());
     let s = scrape(&registry);
-    assert_eq!(s.value(&format!("kubeproxy_ebpf_sync_errors_total{family}")), 1.0);
     assert_eq!(
-        s.value(&format!("kubeproxy_sync_partial_proxy_rules_duration_seconds_count{family}")),
+        s.value(&format!("kubeproxy_ebpf_sync_errors_total{family}")),
+        1.0
+    );
+    assert_eq!(
+        s.value(&format!(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count{family}"
+        )),
         1.0,
         "failed syncs are timed too"
     );
     assert_eq!(
-        s.value(&format!("kubeproxy_sync_proxy_rules_last_timestamp_seconds{family}")),
+        s.value(&format!(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds{family}"
+        )),
         last,
         "only a successful sync moves the last sync time"
     );
@@ -301,7 +372,9 @@ fn values_move_with_changes_and_syncs() {
         0.0
     );
     assert_eq!(
-        s.value(&format!("kubeproxy_sync_proxy_rules_duration_seconds_count{family}")),
+        s.value(&format!(
+            "kubeproxy_sync_proxy_rules_duration_seconds_count{family}"
+        )),
         3.0
     );
 }
