@@ -10,6 +10,7 @@
 mod driver;
 mod observer;
 mod proxier;
+pub mod report_log;
 pub mod runner;
 mod source;
 mod syncer;

@@ -124,6 +124,7 @@ impl<P: Proxier> Syncer<P> {
                 source: Box::new(err),
             });
         }
+        super::report_log::log_sync(&self.desired, &changes);
         if changes.full {
             self.need_full_sync = false;
             self.last_full_sync = Some(Instant::now());

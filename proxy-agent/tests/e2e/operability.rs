@@ -134,6 +134,14 @@ fn health_check_node_ports_follow_endpoints_and_nodes_drain_on_deletion() {
     );
     answered(ip_a, 200, 1);
     answered(ip_b, 503, 0);
+    // The log says what was programmed and why: node-a first had no local
+    // endpoint for its eTP Local service, then one.
+    let log_a = agents[0].log_text();
+    assert!(
+        log_a.contains("full sync programmed service_ports=1 without_endpoints=0 local_policy_without_local_endpoints=1")
+            && log_a.contains("service port programmed: balanced service=e2e/esipp:http/TCP"),
+        "{log_a}"
+    );
 
     // The proxy health server: healthy, eligible nodes.
     for ip in [ip_a, ip_b] {
