@@ -147,15 +147,21 @@ fn the_answer_counts_ready_local_endpoints_by_address_on_any_path() {
         ("198.18.1.11", NODE, true, true, false),
         ("198.18.2.10", "node-b", true, true, false),
     ]);
-    f.ports
-        .sync(&desired(&[svc.clone()], &[two_local], &["127.0.0.1"]));
+    f.ports.sync(&desired(
+        std::slice::from_ref(&svc),
+        &[two_local],
+        &["127.0.0.1"],
+    ));
     for path in ["/", "/healthz", "/anything?x=1"] {
         assert_answer(&get(at("127.0.0.1", port), path).unwrap(), 200, 2, true);
     }
 
     let all_remote = slice(&[("198.18.2.10", "node-b", true, true, false)]);
-    f.ports
-        .sync(&desired(&[svc.clone()], &[all_remote], &["127.0.0.1"]));
+    f.ports.sync(&desired(
+        std::slice::from_ref(&svc),
+        &[all_remote],
+        &["127.0.0.1"],
+    ));
     assert_answer(&get(at("127.0.0.1", port), "/").unwrap(), 503, 0, true);
 
     let only_terminating = slice(&[
