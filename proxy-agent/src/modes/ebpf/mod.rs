@@ -4,6 +4,7 @@
 mod attach;
 pub mod cleanup;
 mod interfaces;
+pub mod introspect;
 pub mod maps;
 pub mod migrate;
 pub mod node;
