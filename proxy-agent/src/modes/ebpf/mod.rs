@@ -13,6 +13,7 @@ pub mod pin;
 pub mod probe;
 mod programmer;
 mod proxier;
+pub mod publish;
 mod run;
 pub mod sockets;
 pub mod stale_sockets;

@@ -13,8 +13,11 @@ use super::{
     node::warn_if_snat_ports_overlap,
     object_maps,
     pin::{Found, PinError, PinLayout},
-    probe, sockets, stats,
+    probe,
+    publish::NamesPublisher,
+    sockets, stats,
 };
+use super::introspect::names::names_path;
 use crate::{
     cleanup::Report,
     modes::{CleanupTools, HostFeed, Mode, Running, boxed},
@@ -74,6 +77,12 @@ impl Mode for EbpfMode {
             EbpfProxier::new(maps, settings.clone(), host.initial)
                 .context("writing the node's settings")?
         };
+        let state_dir = PathBuf::from(&opts.ebpf.pinning.state_dir);
+        let proxier = proxier.publishing_names(NamesPublisher::new(
+            state_dir.clone(),
+            opts.node_name.clone(),
+            opts.ebpf.pinning.root.clone(),
+        ));
         info!(
             node = %opts.node_name,
             ?sizes,
@@ -108,6 +117,8 @@ impl Mode for EbpfMode {
                         }
                     }
                     drop(socket_hooks.take());
+                    // The ids it names are gone with the maps.
+                    let _ = std::fs::remove_file(names_path(&state_dir));
                     let detached: Vec<&str> = attacher.pod_names().collect();
                     info!(detached = ?detached, ?counters, "programs detached and maps released");
                 }
