@@ -25,6 +25,7 @@ mod e2e_clusterip;
 mod e2e_host_network;
 mod e2e_restart;
 mod explain;
+mod inspect;
 mod options_binary;
 mod options_config_watch;
 mod socket_lb;

@@ -149,7 +149,11 @@ impl InspectArgs {
         };
         for (flag, given, views) in [
             ("--service", self.service.is_some(), "services or conntrack"),
-            ("--endpoint", self.endpoint.is_some(), "backends or conntrack"),
+            (
+                "--endpoint",
+                self.endpoint.is_some(),
+                "backends or conntrack",
+            ),
             ("--client", self.client.is_some(), "conntrack"),
             ("--top", self.top.is_some(), "conntrack"),
         ] {

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::{
     args::EndpointFilter,
-    names::{Naming, NamesStatus},
+    names::{NamesStatus, Naming},
     services::{ip, naming_line},
     table::Table,
 };
@@ -103,7 +103,9 @@ impl Filter {
             .as_ref()
             .is_none_or(|ids| ids.contains(&v.service_id))
             && self.client.is_none_or(|c| c == client.0)
-            && self.endpoint.is_none_or(|e| e.matches(backend.0, backend.1))
+            && self
+                .endpoint
+                .is_none_or(|e| e.matches(backend.0, backend.1))
     }
 }
 
@@ -233,16 +235,24 @@ impl ConntrackReport {
             self.entries.len()
         ));
         if !self.entries.is_empty() {
-            let mut t = Table::new(&["DIR", "PROTO", "CLIENT", "BACKEND", "SERVICE", "SNAT", "FLAGS", "IDLE"]);
+            let mut t = Table::new(&[
+                "DIR", "PROTO", "CLIENT", "BACKEND", "SERVICE", "SNAT", "FLAGS", "IDLE",
+            ]);
             for e in &self.entries {
                 t.row(vec![
                     e.direction.into(),
                     e.protocol.into(),
                     e.client.clone(),
                     e.backend.clone(),
-                    e.service.clone().unwrap_or_else(|| format!("id {}", e.service_id)),
+                    e.service
+                        .clone()
+                        .unwrap_or_else(|| format!("id {}", e.service_id)),
                     e.snat.clone().unwrap_or_else(|| "-".into()),
-                    if e.flags.is_empty() { "-".into() } else { e.flags.join(",") },
+                    if e.flags.is_empty() {
+                        "-".into()
+                    } else {
+                        e.flags.join(",")
+                    },
                     format!("{:.0}s", e.idle_seconds),
                 ]);
             }
@@ -275,7 +285,14 @@ mod tests {
     }
 
     fn forward(client: [u8; 4], backend: [u8; 4], service_id: u32) -> (CtKey, CtValue) {
-        let k = CtKey::new(be(client), be([198, 19, 0, 10]), 40000u16.to_be(), 80u16.to_be(), 6, CtDirection::Forward);
+        let k = CtKey::new(
+            be(client),
+            be([198, 19, 0, 10]),
+            40000u16.to_be(),
+            80u16.to_be(),
+            6,
+            CtDirection::Forward,
+        );
         let v = CtValue {
             nat_addr_be: be(backend),
             nat_port_be: 8080u16.to_be(),
@@ -286,7 +303,14 @@ mod tests {
     }
 
     fn reply_masqueraded(client: [u8; 4], backend: [u8; 4]) -> (CtKey, CtValue) {
-        let k = CtKey::new(be(backend), be([198, 18, 0, 1]), 8080u16.to_be(), 61000u16.to_be(), 6, CtDirection::Reply);
+        let k = CtKey::new(
+            be(backend),
+            be([198, 18, 0, 1]),
+            8080u16.to_be(),
+            61000u16.to_be(),
+            6,
+            CtDirection::Reply,
+        );
         let v = CtValue {
             snat_addr_be: be(client),
             snat_port_be: 40000u16.to_be(),
@@ -299,18 +323,27 @@ mod tests {
     #[test]
     fn both_directions_of_a_flow_belong_to_its_client_and_backend() {
         let (k, v) = forward([198, 18, 0, 100], [198, 18, 2, 10], 1);
-        assert_eq!(client_and_backend(&k, &v).0.0, Ipv4Addr::new(198, 18, 0, 100));
+        assert_eq!(
+            client_and_backend(&k, &v).0.0,
+            Ipv4Addr::new(198, 18, 0, 100)
+        );
         let (k, v) = reply_masqueraded([198, 18, 0, 100], [198, 18, 2, 10]);
         let (client, backend) = client_and_backend(&k, &v);
         assert_eq!(client, (Ipv4Addr::new(198, 18, 0, 100), 40000));
         assert_eq!(backend, (Ipv4Addr::new(198, 18, 2, 10), 8080));
         let f = Filter {
             client: Some(Ipv4Addr::new(198, 18, 0, 100)),
-            endpoint: Some(EndpointFilter { ip: Ipv4Addr::new(198, 18, 2, 10), port: Some(8080) }),
+            endpoint: Some(EndpointFilter {
+                ip: Ipv4Addr::new(198, 18, 2, 10),
+                port: Some(8080),
+            }),
             service_ids: Some(BTreeSet::from([1])),
         };
         assert!(f.keeps(&k, &v));
-        let other = Filter { client: Some(Ipv4Addr::new(198, 18, 0, 101)), ..Default::default() };
+        let other = Filter {
+            client: Some(Ipv4Addr::new(198, 18, 0, 101)),
+            ..Default::default()
+        };
         assert!(!other.keeps(&k, &v));
     }
 

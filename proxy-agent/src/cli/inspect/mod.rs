@@ -161,7 +161,11 @@ fn service_ids(
         tables
             .entries
             .iter()
-            .filter(|(k, v)| k.slot == 0 && v.service_id == id && v.kind() == proxy_common::FrontendKind::ClusterIp)
+            .filter(|(k, v)| {
+                k.slot == 0
+                    && v.service_id == id
+                    && v.kind() == proxy_common::FrontendKind::ClusterIp
+            })
             .map(|(k, _)| u16::from_be(k.port_be))
             .collect()
     };
@@ -177,7 +181,11 @@ fn service_ids(
             "--service: no service port {}/{}{} is programmed",
             filter.namespace,
             filter.name,
-            filter.port.as_ref().map(|p| format!(":{p}")).unwrap_or_default()
+            filter
+                .port
+                .as_ref()
+                .map(|p| format!(":{p}"))
+                .unwrap_or_default()
         );
     }
     Ok(ids)
@@ -211,14 +219,22 @@ impl Summary {
                 maps: self.maps.clone()
             }
             .text(),
-            if nonzero.is_empty() { "all zero".into() } else { nonzero.join(" ") },
+            if nonzero.is_empty() {
+                "all zero".into()
+            } else {
+                nonzero.join(" ")
+            },
             self.interfaces.text(),
             self.programs.text(),
         )
     }
 }
 
-fn render<T: Serialize>(report: &T, output: Output, text: impl Fn(&T) -> String) -> anyhow::Result<String> {
+fn render<T: Serialize>(
+    report: &T,
+    output: Output,
+    text: impl Fn(&T) -> String,
+) -> anyhow::Result<String> {
     Ok(match output {
         Output::Text => text(report),
         Output::Json => serde_json::to_string_pretty(report)? + "\n",

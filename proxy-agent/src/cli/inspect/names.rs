@@ -94,11 +94,8 @@ impl Naming {
             .iter()
             .filter(|id| !self.services.contains_key(id))
             .count();
-        self.backends.retain(|id, b| {
-            backends
-                .get(id)
-                .is_none_or(|m| describes(b, m))
-        });
+        self.backends
+            .retain(|id, b| backends.get(id).is_none_or(|m| describes(b, m)));
         let unknown_backends = backends
             .keys()
             .filter(|id| !self.backends.contains_key(id))
@@ -187,6 +184,11 @@ mod tests {
         );
         assert_eq!(n.status.state, "stale");
         assert!(n.backend(7).is_none(), "a reused id is not misnamed");
-        assert!(n.status.note.unwrap().contains("1 service ids and 1 backend ids"));
+        assert!(
+            n.status
+                .note
+                .unwrap()
+                .contains("1 service ids and 1 backend ids")
+        );
     }
 }

@@ -127,7 +127,11 @@ pub struct ServicesReport {
     pub cluster_ip_markers: usize,
 }
 
-pub fn services(tables: &ServiceTables, naming: &Naming, only: Option<&BTreeSet<u32>>) -> ServicesReport {
+pub fn services(
+    tables: &ServiceTables,
+    naming: &Naming,
+    only: Option<&BTreeSet<u32>>,
+) -> ServicesReport {
     let mut slots: BTreeMap<(u32, u16, u8, u8), BTreeMap<u16, BackendId>> = BTreeMap::new();
     for (k, v) in tables.entries.iter().filter(|(k, _)| k.slot != 0) {
         slots
@@ -177,8 +181,22 @@ pub fn services(tables: &ServiceTables, naming: &Naming, only: Option<&BTreeSet<
         });
     }
     frontends.sort_by(|a, b| {
-        (&a.service, a.service_id, a.kind, &a.address, a.port, a.scope)
-            .cmp(&(&b.service, b.service_id, b.kind, &b.address, b.port, b.scope))
+        (
+            &a.service,
+            a.service_id,
+            a.kind,
+            &a.address,
+            a.port,
+            a.scope,
+        )
+            .cmp(&(
+                &b.service,
+                b.service_id,
+                b.kind,
+                &b.address,
+                b.port,
+                b.scope,
+            ))
     });
     ServicesReport {
         names: naming.status.clone(),
@@ -195,7 +213,11 @@ impl ServicesReport {
                 .service
                 .clone()
                 .unwrap_or_else(|| format!("id {}", f.service_id));
-            let policy = match (f.kind, &f.internal_traffic_policy, &f.external_traffic_policy) {
+            let policy = match (
+                f.kind,
+                &f.internal_traffic_policy,
+                &f.external_traffic_policy,
+            ) {
                 ("ClusterIP", Some(itp), _) => format!("internal={itp}"),
                 (_, _, Some(etp)) if f.external => format!("external={etp}"),
                 _ if f.policy_local => "local".into(),
@@ -206,7 +228,12 @@ impl ServicesReport {
                 kind.push_str(" (for local pods)");
             }
             let backends = if f.backends.is_empty() {
-                if f.reject_when_empty { "none: rejected" } else { "none: dropped" }.to_owned()
+                if f.reject_when_empty {
+                    "none: rejected"
+                } else {
+                    "none: dropped"
+                }
+                .to_owned()
             } else {
                 f.backends
                     .iter()
@@ -238,7 +265,11 @@ pub struct BackendsReport {
     pub backends: Vec<BackendView>,
 }
 
-pub fn backends(tables: &ServiceTables, naming: &Naming, only: Option<&EndpointFilter>) -> BackendsReport {
+pub fn backends(
+    tables: &ServiceTables,
+    naming: &Naming,
+    only: Option<&EndpointFilter>,
+) -> BackendsReport {
     let backends = tables
         .backends
         .iter()

@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use super::introspect::names::names_path;
 use super::{
     Attacher, EbpfNodeSettings, EbpfProxier, KernelMaps, MapSizes, cleanup, load_pinned, load_with,
     migrate,
@@ -17,7 +18,6 @@ use super::{
     publish::NamesPublisher,
     sockets, stats,
 };
-use super::introspect::names::names_path;
 use crate::{
     cleanup::Report,
     modes::{CleanupTools, HostFeed, Mode, Running, boxed},

@@ -40,7 +40,9 @@ impl MapUsage {
 /// per 10k hash entries (see docs/inspect.md), and nothing is changed: an
 /// LRU map's order is not touched by reading.
 pub fn map_usage(name: &str, map: &MapData) -> Result<MapUsage, IntrospectError> {
-    let info = map.info().map_err(|source| IntrospectError::map(name, source))?;
+    let info = map
+        .info()
+        .map_err(|source| IntrospectError::map(name, source))?;
     let map_type = info.map_type();
     let capacity = info.max_entries();
     let fd = map.fd().as_fd();
@@ -54,7 +56,9 @@ pub fn map_usage(name: &str, map: &MapData) -> Result<MapUsage, IntrospectError>
     let entries = match map_type {
         Ok(MapType::Array | MapType::PerCpuArray) => Some(u64::from(capacity)),
         Ok(MapType::RingBuf | MapType::PerfEventArray) => None,
-        Ok(t @ (MapType::Hash | MapType::LruHash | MapType::PerCpuHash | MapType::LruPerCpuHash)) => {
+        Ok(
+            t @ (MapType::Hash | MapType::LruHash | MapType::PerCpuHash | MapType::LruPerCpuHash),
+        ) => {
             let value_size = per_entry_value_size(t, info.value_size() as usize);
             match sys::count_by_batches(fd, key_size, value_size) {
                 Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {

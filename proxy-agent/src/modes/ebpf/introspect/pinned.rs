@@ -71,22 +71,22 @@ impl PinnedMapSet {
 
     /// The fill of one map.
     pub fn usage_of(&self, name: &str) -> Result<MapUsage, IntrospectError> {
-        let (name, map) = self
-            .maps
-            .iter()
-            .find(|(n, _)| n == name)
-            .ok_or_else(|| IntrospectError::Missing {
-                dir: self.dir.clone(),
-                map: name.to_owned(),
-            })?;
+        let (name, map) =
+            self.maps
+                .iter()
+                .find(|(n, _)| n == name)
+                .ok_or_else(|| IntrospectError::Missing {
+                    dir: self.dir.clone(),
+                    map: name.to_owned(),
+                })?;
         map_usage(name, map)
     }
 
     /// Every datapath counter by name, summed over the CPUs.
     pub fn counters(&self) -> Result<Vec<(&'static str, u64)>, IntrospectError> {
         let path = self.dir.join(names::STATS);
-        let data =
-            MapData::from_pin(&path).map_err(|source| IntrospectError::map(names::STATS, source))?;
+        let data = MapData::from_pin(&path)
+            .map_err(|source| IntrospectError::map(names::STATS, source))?;
         let counters: PerCpuArray<MapData, u64> = Map::from_map_data(data)
             .and_then(PerCpuArray::try_from)
             .map_err(|source| IntrospectError::map(names::STATS, source))?;

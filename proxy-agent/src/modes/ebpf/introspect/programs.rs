@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 use serde::Serialize;
 
 use super::IntrospectError;
-use crate::modes::ebpf::{PROG_FROM_HOST, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP, SOCKET_PROGRAMS};
+use crate::modes::ebpf::{
+    PROG_FROM_HOST, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP, SOCKET_PROGRAMS,
+};
 
 /// One loaded program of the datapath.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -61,7 +63,8 @@ pub fn full_name(kernel_name: &str) -> &str {
         .into_iter()
         .chain(SOCKET_PROGRAMS)
         .find(|full| {
-            *full == kernel_name || (kernel_name.len() == KERNEL_NAME_MAX && full.starts_with(kernel_name))
+            *full == kernel_name
+                || (kernel_name.len() == KERNEL_NAME_MAX && full.starts_with(kernel_name))
         })
         .unwrap_or(kernel_name)
 }
@@ -100,6 +103,10 @@ mod tests {
         assert_eq!(full_name("tc_from_pod"), "tc_from_pod");
         assert_eq!(full_name("something_else"), "something_else");
         assert_eq!(full_name(""), "");
-        assert_eq!(full_name("tc_from"), "tc_from", "only a cut name is completed");
+        assert_eq!(
+            full_name("tc_from"),
+            "tc_from",
+            "only a cut name is completed"
+        );
     }
 }

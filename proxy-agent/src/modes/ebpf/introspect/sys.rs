@@ -63,11 +63,7 @@ const BATCH: u32 = 4096;
 /// (BPF_MAP_LOOKUP_BATCH, Linux 5.6). `value_size` is the size the kernel
 /// copies per entry (per-CPU maps: rounded up to 8, times the possible CPUs).
 /// `Unsupported` when the map type has no batch lookup.
-pub fn count_by_batches(
-    fd: BorrowedFd<'_>,
-    key_size: usize,
-    value_size: usize,
-) -> io::Result<u64> {
+pub fn count_by_batches(fd: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<u64> {
     let mut count = BATCH as usize;
     let mut keys = vec![0u8; count * key_size];
     let mut values = vec![0u8; count * value_size];
@@ -78,7 +74,11 @@ pub fn count_by_batches(
     let mut first = true;
     loop {
         let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { token_in.as_mut_ptr() as u64 },
+            in_batch: if first {
+                0
+            } else {
+                token_in.as_mut_ptr() as u64
+            },
             out_batch: token_out.as_mut_ptr() as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,
@@ -99,7 +99,12 @@ pub fn count_by_batches(
                 values.resize(count * value_size, 0);
                 continue;
             }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)
+                ) =>
+            {
                 return Err(io::Error::new(io::ErrorKind::Unsupported, e));
             }
             Err(e) => return Err(e),
