@@ -116,11 +116,10 @@ impl ProgramsReport {
     pub fn text(&self) -> String {
         let mut t = Table::new(&["PROGRAM", "ID", "RUNS", "RUN TIME", "AVG"]);
         for p in &self.programs {
-            let avg = if p.run_count > 0 {
-                format!("{}ns", p.run_time_ns / p.run_count)
-            } else {
-                "-".into()
-            };
+            let avg = p
+                .run_time_ns
+                .checked_div(p.run_count)
+                .map_or_else(|| "-".into(), |ns| format!("{ns}ns"));
             t.row(vec![
                 p.name.clone(),
                 p.id.to_string(),
