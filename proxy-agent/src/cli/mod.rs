@@ -1,5 +1,5 @@
 //! The agent's subcommands for operators, one clap-derive family:
-//! `proxy-agent explain ...` today, each a variant of [`Command`].
+//! `proxy-agent explain ...` and `proxy-agent inspect ...`, each a variant of [`Command`].
 //!
 //! The agent itself takes kube-proxy's flat flags, exactly upstream's
 //! ([`crate::options`]); a subcommand is only recognised by name in first
@@ -12,6 +12,7 @@
 
 pub mod error;
 pub mod explain;
+pub mod inspect;
 pub mod packet;
 pub mod pins;
 pub mod values;
@@ -34,6 +35,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     Explain(explain::args::ExplainArgs),
+    Inspect(inspect::args::InspectArgs),
 }
 
 /// What a subcommand's command line comes to.
@@ -140,6 +142,7 @@ fn asks_for_help(sub: &clap::Command, words: &[OsString]) -> Option<&'static str
 fn run(command: Command) -> ExitCode {
     match command {
         Command::Explain(args) => explain::main(args),
+        Command::Inspect(args) => inspect::main(args),
     }
 }
 
@@ -171,7 +174,8 @@ mod tests {
     #[test]
     fn only_subcommands_in_first_position_are_ours() {
         assert!(is_subcommand("explain".as_ref()));
-        for other in ["--hostname-override", "help", "--help", "inspect", ""] {
+        assert!(is_subcommand("inspect".as_ref()));
+        for other in ["--hostname-override", "help", "--help", "monitor", ""] {
             assert!(!is_subcommand(other.as_ref()), "{other}");
         }
     }

@@ -16,7 +16,7 @@
 //! maps: {services: 262144, backends: 131072, conntrack: 0}   # conntrack 0 = from `conntrack.*`
 //! loadBalancing: {algorithm: random, maglevTableSize: 16381}
 //! socketLB: {enabled: true, hostNamespaceOnly: true, cgroupPath: ""}  # "" = the cgroup v2 root
-//! pinning: {root: /sys/fs/bpf/kube-ebpf-proxy, detachOnExit: false}
+//! pinning: {root: /sys/fs/bpf/kube-ebpf-proxy, detachOnExit: false, stateDir: /run/kube-ebpf-proxy}
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -30,6 +30,8 @@ pub const KIND: &str = "EbpfDatapathConfiguration";
 
 /// Where every mode of ours pins BPF objects; `--cleanup` removes it.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/kube-ebpf-proxy";
+/// Where the agent publishes what the maps' ids stand for (`inspect` reads it).
+pub const STATE_DIR: &str = "/run/kube-ebpf-proxy";
 
 /// Pod-side interface name prefixes of common CNIs: generic veth, Calico, Cilium, bridge CNI,
 /// GKE, AWS VPC CNI, Azure CNI. Tunnel/host devices (`vxlan.calico`, `flannel.1`, `cilium_host`)
@@ -166,6 +168,10 @@ pub struct Pinning {
     /// demos); by default the datapath keeps serving and only `--cleanup` removes it.
     #[serde(default, deserialize_with = "nullable")]
     pub detach_on_exit: bool,
+    /// A directory where the agent publishes, after each sync, what the
+    /// maps' service and backend ids stand for; empty = [`STATE_DIR`].
+    #[serde(default, deserialize_with = "nullable")]
+    pub state_dir: String,
 }
 
 impl EbpfDatapathConfiguration {
@@ -210,6 +216,9 @@ pub fn set_defaults(c: &mut EbpfDatapathConfiguration) {
     c.socket_lb.host_namespace_only.get_or_insert(true);
     if c.pinning.root.is_empty() {
         c.pinning.root = PIN_ROOT.into();
+    }
+    if c.pinning.state_dir.is_empty() {
+        c.pinning.state_dir = STATE_DIR.into();
     }
 }
 
@@ -268,6 +277,13 @@ pub fn validate(c: &EbpfDatapathConfiguration) -> Result<(), FieldErrors> {
             "pinning.root",
             &c.pinning.root,
             "must be an absolute path (a directory on a BPF filesystem)",
+        ));
+    }
+    if !std::path::Path::new(&c.pinning.state_dir).is_absolute() {
+        errs.push(FieldError::invalid_str(
+            "pinning.stateDir",
+            &c.pinning.state_dir,
+            "must be an absolute path (a directory the agent may write)",
         ));
     }
     if !c.socket_lb.cgroup_path.is_empty()

@@ -443,6 +443,13 @@ pub struct Flags {
     /// [ours] Detach the programs and remove the pins when the agent exits (for tests and demos; by default only --cleanup removes the datapath).
     #[arg(long = "ebpf-detach-on-exit", value_name = "bool", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub ebpf_detach_on_exit: bool,
+    /// [ours] Directory where the agent publishes, after each sync, what the maps' service and backend ids stand for (read by `proxy-agent inspect`).
+    #[arg(
+        long = "ebpf-state-dir",
+        value_name = "string",
+        default_value = "/run/kube-ebpf-proxy"
+    )]
+    pub ebpf_state_dir: String,
 
     #[arg(hide = true, num_args = 0.., trailing_var_arg = false)]
     pub positional: Vec<String>,

@@ -307,6 +307,9 @@ fn ebpf_from_flags(p: &ParsedFlags, c: &mut EbpfDatapathConfiguration) {
     if p.is_set("ebpf-detach-on-exit") {
         c.pinning.detach_on_exit = f.ebpf_detach_on_exit;
     }
+    if p.is_set("ebpf-state-dir") {
+        c.pinning.state_dir = f.ebpf_state_dir.clone();
+    }
 }
 
 /// The OS hostname (`nodeutil.GetHostname`): trimmed and lower-cased.

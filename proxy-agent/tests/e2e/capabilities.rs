@@ -41,6 +41,8 @@ fn run_without(drop: &str, dir: &Path, args: &[&str]) -> Output {
         .arg(dir)
         .arg("--ebpf-pin-root")
         .arg(dir.join("pins"))
+        .arg("--ebpf-state-dir")
+        .arg(dir.join("state"))
         .args(args)
         .env("RUST_LOG", "off")
         .output()

@@ -15,7 +15,7 @@ use std::{
 /// The agent process, started with `--manifests DIR` in namespace `ns`;
 /// SIGTERMed (then killed) on drop so no test leaves it running. Its socket
 /// hooks attach to a cgroup of its own, never the root, unless the test
-/// names one or turns them off.
+/// names one or turns them off; its names file goes beside its log.
 pub struct Agent {
     child: Option<Child>,
     pub log: PathBuf,
@@ -47,6 +47,9 @@ impl Agent {
         };
         let cgroup = (!extra.iter().any(|a| chosen(&a)))
             .then(|| TestCgroup::new("agent").expect("a cgroup for the agent's socket hooks"));
+        // The names file goes beside the log, never to the host's /run.
+        let state_flag = (!extra.iter().any(|a| a.starts_with("--ebpf-state-dir")))
+            .then(|| format!("--ebpf-state-dir={}", log.with_extension("state").display()));
         let cgroup_flag = cgroup.as_ref().map(|c| {
             format!(
                 "--ebpf-socket-lb-cgroup-path={}",
@@ -66,6 +69,7 @@ impl Agent {
             .arg(manifests)
             .args(extra)
             .args(cgroup_flag)
+            .args(state_flag)
             .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

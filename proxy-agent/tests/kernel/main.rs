@@ -16,4 +16,5 @@ mod datapath_frontends;
 mod datapath_kernel;
 mod explain;
 mod fuzz_datapath;
+mod introspect_fill;
 mod pins_migration;

@@ -149,6 +149,7 @@ const EBPF_DEFAULTS: &[(&str, &str)] = &[
     ("socketLB.cgroupPath", "\"\""),
     ("pinning.root", "/sys/fs/bpf/kube-ebpf-proxy"),
     ("pinning.detachOnExit", "false"),
+    ("pinning.stateDir", "/run/kube-ebpf-proxy"),
 ];
 
 #[test]

@@ -90,6 +90,7 @@ const OUR_FLAGS: &[&str] = &[
     "ebpf-socket-lb-cgroup-path",
     "ebpf-pin-root",
     "ebpf-detach-on-exit",
+    "ebpf-state-dir",
 ];
 
 /// Upstream flags hidden from the help (deprecated), like upstream.

@@ -4,6 +4,7 @@
 mod attach;
 pub mod cleanup;
 mod interfaces;
+pub mod introspect;
 pub mod maps;
 pub mod migrate;
 pub mod node;
@@ -12,6 +13,7 @@ pub mod pin;
 pub mod probe;
 mod programmer;
 mod proxier;
+pub mod publish;
 mod run;
 pub mod sockets;
 pub mod stale_sockets;

@@ -137,6 +137,16 @@ impl Programmer {
         &self.node
     }
 
+    /// The id of every service port programmed (or being programmed).
+    pub fn service_ids(&self) -> impl Iterator<Item = (&ServicePortName, u32)> {
+        self.service_ids.iter().map(|(name, id)| (name, *id))
+    }
+
+    /// Every backend in `BACKENDS`, by id.
+    pub fn backend_ids(&self) -> impl Iterator<Item = (BackendId, &Backend)> {
+        self.backend_by_id.iter().map(|(id, b)| (*id, b))
+    }
+
     /// Makes the maps hold exactly `state`.
     pub fn sync(
         &mut self,

@@ -6,7 +6,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     EbpfNodeSettings, KernelMaps, MapError, NodeFacts, NodeProgrammer, Programmer, node_facts,
-    stale_sockets,
+    publish::NamesPublisher, stale_sockets,
 };
 use crate::{
     model::{DesiredState, NodeModel},
@@ -25,6 +25,10 @@ pub struct EbpfProxier {
     /// The maps were pinned by an earlier agent: the first sync takes them over.
     adopting: bool,
     conntrack_fill: ConntrackFill,
+    /// Publishes what the maps' ids stand for; `None`: not published.
+    names: Option<NamesPublisher>,
+    /// Whether the names were published since the last change.
+    names_current: bool,
 }
 
 /// How often the conntrack table's fill is measured (a walk of its keys).
@@ -92,6 +96,8 @@ impl EbpfProxier {
             applied: Some(facts),
             adopting: false,
             conntrack_fill: ConntrackFill::default(),
+            names: None,
+            names_current: false,
         })
     }
 
@@ -109,6 +115,27 @@ impl EbpfProxier {
             applied: None,
             adopting: true,
             conntrack_fill: ConntrackFill::default(),
+            names: None,
+            names_current: false,
+        }
+    }
+
+    /// Publishes what the maps' ids stand for after every sync that changed them.
+    pub fn publishing_names(mut self, publisher: NamesPublisher) -> Self {
+        self.names = Some(publisher);
+        self
+    }
+
+    fn publish_names(&mut self, desired: &DesiredState, changes: &SyncChanges) {
+        if changes.full || !changes.changed.is_empty() {
+            self.names_current = false;
+        }
+        if self.names_current {
+            return;
+        }
+        if let Some(names) = self.names.as_mut() {
+            names.publish(&self.programmer, desired);
+            self.names_current = true;
         }
     }
 
@@ -193,6 +220,7 @@ impl Proxier for EbpfProxier {
                 .sync_changed(desired, &changes.changed, &mut self.maps)?
         };
         self.conntrack_fill.check(&self.maps);
+        self.publish_names(desired, changes);
         self.end_stale_udp_sockets();
         if !changes.full && changes.changed.is_empty() {
             debug!("datapath synced: no service changed");

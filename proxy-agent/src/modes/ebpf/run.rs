@@ -7,13 +7,16 @@ use anyhow::Context as _;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use super::introspect::names::names_path;
 use super::{
     Attacher, EbpfNodeSettings, EbpfProxier, KernelMaps, MapSizes, cleanup, load_pinned, load_with,
     migrate,
     node::warn_if_snat_ports_overlap,
     object_maps,
     pin::{Found, PinError, PinLayout},
-    probe, sockets, stats,
+    probe,
+    publish::NamesPublisher,
+    sockets, stats,
 };
 use crate::{
     cleanup::Report,
@@ -75,6 +78,12 @@ impl Mode for EbpfMode {
             EbpfProxier::new(maps, settings.clone(), host.initial)
                 .context("writing the node's settings")?
         };
+        let state_dir = PathBuf::from(&opts.ebpf.pinning.state_dir);
+        let proxier = proxier.publishing_names(NamesPublisher::new(
+            state_dir.clone(),
+            opts.node_name.clone(),
+            opts.ebpf.pinning.root.clone(),
+        ));
         info!(
             node = %opts.node_name,
             ?sizes,
@@ -109,6 +118,8 @@ impl Mode for EbpfMode {
                         }
                     }
                     drop(socket_hooks.take());
+                    // The ids it names are gone with the maps.
+                    let _ = std::fs::remove_file(names_path(&state_dir));
                     let detached: Vec<&str> = attacher.pod_names().collect();
                     info!(detached = ?detached, ?counters, "programs detached and maps released");
                 }

@@ -224,15 +224,16 @@ impl LinkChange {
 }
 
 /// A NETLINK_ROUTE socket for dumps. It belongs to the network namespace of
-/// the thread that opened it, whichever thread uses it later.
-struct Rtnl {
+/// the thread that opened it, whichever thread uses it later. Also used by
+/// [`crate::modes::ebpf::introspect`] to read the interfaces' XDP programs.
+pub(crate) struct Rtnl {
     socket: Socket,
     sequence: u32,
     buf: Vec<u8>,
 }
 
 impl Rtnl {
-    fn open() -> io::Result<Self> {
+    pub(crate) fn open() -> io::Result<Self> {
         let mut socket = Socket::new(NETLINK_ROUTE)?;
         socket.bind_auto()?;
         socket.connect(&SocketAddr::new(0, 0))?;
@@ -286,7 +287,7 @@ impl Rtnl {
 
     /// The answers to a dump `request`, dumped again while the kernel flags
     /// the dump as interrupted by a change (then kept as they are).
-    fn dump(
+    pub(crate) fn dump(
         &mut self,
         request: impl Fn() -> RouteNetlinkMessage,
     ) -> io::Result<Vec<RouteNetlinkMessage>> {

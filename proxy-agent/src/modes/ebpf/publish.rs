@@ -1,0 +1,148 @@
+//! Publishes, after each successful sync, what the maps' service and
+//! backend ids stand for ([`introspect::names`]), in the state directory
+//! (`pinning.stateDir`). A directory that cannot be written costs one
+//! warning; the datapath keeps serving.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use proxy_common::ABI_VERSION;
+use tracing::{info, warn};
+
+use super::{
+    Programmer,
+    introspect::names::{
+        NAMES_FORMAT, PublishedBackend, PublishedNames, PublishedService, write_names,
+    },
+};
+use crate::model::{DesiredState, Endpoint, SessionAffinity};
+
+/// Writes the names file of one agent.
+#[derive(Debug)]
+pub struct NamesPublisher {
+    dir: PathBuf,
+    node: String,
+    pin_root: String,
+    /// Whether the last write failed (warned once until one succeeds).
+    failing: bool,
+}
+
+impl NamesPublisher {
+    pub fn new(dir: PathBuf, node: String, pin_root: String) -> Self {
+        Self {
+            dir,
+            node,
+            pin_root,
+            failing: false,
+        }
+    }
+
+    pub fn publish(&mut self, programmer: &Programmer, desired: &DesiredState) {
+        let names = published_names(programmer, desired, &self.node, &self.pin_root);
+        match write_names(&self.dir, &names) {
+            Ok(()) if self.failing => {
+                self.failing = false;
+                info!(state_dir = %self.dir.display(), "publishing the datapath's names works again");
+            }
+            Ok(()) => {}
+            Err(e) if !self.failing => {
+                self.failing = true;
+                warn!(
+                    state_dir = %self.dir.display(),
+                    error = %e,
+                    "cannot publish the datapath's names (`proxy-agent inspect` shows ids only); \
+                     the datapath is not affected"
+                );
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// What every id of `programmer` stands for, with the endpoints' state from `desired`.
+pub fn published_names(
+    programmer: &Programmer,
+    desired: &DesiredState,
+    node: &str,
+    pin_root: &str,
+) -> PublishedNames {
+    let policy = |local: bool| if local { "Local" } else { "Cluster" }.to_owned();
+    let mut services: Vec<PublishedService> = programmer
+        .service_ids()
+        .map(|(name, id)| {
+            let svc = desired.services.get(name);
+            PublishedService {
+                id,
+                namespace: name.namespace.clone(),
+                name: name.name.clone(),
+                port_name: name.port_name.clone(),
+                protocol: name.protocol.to_string(),
+                internal_traffic_policy: policy(svc.is_some_and(|s| s.internal_policy_local)),
+                external_traffic_policy: policy(svc.is_some_and(|s| s.external_policy_local)),
+                session_affinity: match svc.map(|s| &s.session_affinity) {
+                    Some(SessionAffinity::ClientIp { .. }) => "ClientIP",
+                    _ => "None",
+                }
+                .to_owned(),
+            }
+        })
+        .collect();
+    services.sort_by_key(|s| s.id);
+
+    let mut endpoints: HashMap<(Ipv4Addr, u16, u8), &Endpoint> = HashMap::new();
+    for svc in desired.services.values() {
+        let proto = svc.name.protocol.ip_proto();
+        for ep in svc.cluster_endpoints.iter().chain(&svc.local_endpoints) {
+            if let IpAddr::V4(ip) = ep.ip {
+                endpoints.entry((ip, ep.port, proto)).or_insert(ep);
+            }
+        }
+    }
+    let mut backends: Vec<PublishedBackend> = programmer
+        .backend_ids()
+        .map(|(id, b)| {
+            let address = Ipv4Addr::from(u32::from_be(b.addr_be));
+            let port = u16::from_be(b.port_be);
+            let ep = endpoints.get(&(address, port, b.proto));
+            PublishedBackend {
+                id,
+                address: address.to_string(),
+                port,
+                protocol: protocol_name(b.proto).to_owned(),
+                node: ep.and_then(|e| e.node_name.as_deref()).map(str::to_owned),
+                ready: ep.is_some_and(|e| e.ready),
+                serving: ep.is_some_and(|e| e.serving),
+                terminating: ep.is_some_and(|e| e.terminating),
+                local: ep.is_some_and(|e| e.is_local),
+            }
+        })
+        .collect();
+    backends.sort_by_key(|b| b.id);
+
+    PublishedNames {
+        format: NAMES_FORMAT,
+        abi: ABI_VERSION,
+        node: node.to_owned(),
+        pin_root: pin_root.to_owned(),
+        written_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        services,
+        backends,
+    }
+}
+
+/// The name of an IP protocol number as Kubernetes spells it.
+pub fn protocol_name(proto: u8) -> &'static str {
+    match proto {
+        proxy_common::proto::TCP => "TCP",
+        proxy_common::proto::UDP => "UDP",
+        proxy_common::proto::SCTP => "SCTP",
+        proxy_common::proto::ICMP => "ICMP",
+        _ => "other",
+    }
+}
