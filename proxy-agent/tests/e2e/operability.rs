@@ -16,8 +16,10 @@ use crate::{
     support::{Agent, wait_for},
 };
 use testbed::{
+    clients::tcp_connect_outcome,
     cluster::{Cluster, NodeId},
     netns,
+    servers::IdentityServer,
 };
 
 const HC_PORT: u16 = 32100;
@@ -197,6 +199,15 @@ fn health_check_node_ports_follow_endpoints_and_nodes_drain_on_deletion() {
         );
     }
 
+    // The kernel keeps BPF run times while this descriptor is held (it does
+    // not change the sysctl, and ends with the test).
+    let _run_time = aya::sys::enable_stats(aya::sys::Stats::RunTime).unwrap();
+    // A connection through node-a's NodePort to its local endpoint.
+    let _server = IdentityServer::start(&pod_a.ns, "web-a", 8080).unwrap();
+    let through = std::net::SocketAddrV4::new(a.ip, 30400);
+    let outcome = tcp_connect_outcome(&cluster.client().ns, None, through, Duration::from_secs(1));
+    assert_eq!(outcome.identity(), Some("web-a"), "{outcome:?}\n{}", logs());
+
     // The scrape, from inside node-a (metrics listen on 127.0.0.1:10249 by default).
     let ns = a.ns.clone();
     let fetch = move |path: &'static str| {
@@ -225,6 +236,37 @@ fn health_check_node_ports_follow_endpoints_and_nodes_drain_on_deletion() {
     );
     assert!(sample(r#"kubeproxy_proxy_healthz_total{code="503"}"#) >= 1.0);
     assert!(sample(r#"kubeproxy_proxy_livez_total{code="200"}"#) >= 1.0);
+    // The datapath's own: counters by reason, map fill, attachments.
+    assert!(sample(r#"kubeproxy_ebpf_datapath_events_total{event="new_flow"}"#) >= 1.0);
+    assert!(sample(r#"kubeproxy_ebpf_map_entries{map="CONNTRACK"}"#) >= 2.0);
+    for map in ["SERVICES", "BACKENDS", "SOCKETS", "CONFIG", "STATS"] {
+        sample(&format!(r#"kubeproxy_ebpf_map_capacity{{map="{map}"}}"#));
+    }
+    let log_a = agents[0].log_text();
+    let conntrack_size = log_a
+        .split("conntrack: ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no map sizes in the log\n{log_a}"));
+    assert_eq!(
+        sample(r#"kubeproxy_ebpf_map_capacity{map="CONNTRACK"}"#),
+        conntrack_size
+    );
+    assert!(
+        metrics.body.contains(r#"kubeproxy_ebpf_interface_attached{interface="eth0",program="tc_from_netdev",mode="tc_ingress"} 1"#),
+        "{}",
+        metrics.body
+    );
+    assert!(
+        metrics
+            .body
+            .contains(r#"kubeproxy_ebpf_interface_attached{interface="eth0",program="xdp_from_netdev",mode="xdp_"#),
+        "{}",
+        metrics.body
+    );
+    assert!(sample(r#"kubeproxy_ebpf_program_runs_total{program="tc_from_netdev"}"#) >= 1.0);
+    assert!(sample(r#"kubeproxy_ebpf_program_run_seconds_total{program="tc_from_netdev"}"#) > 0.0);
     let mode = fetch("/proxyMode");
     assert_eq!((mode.status, mode.body.as_str()), (200, "ebpf"));
     let configz: serde_json::Value = serde_json::from_str(&fetch("/configz").body).unwrap();

@@ -6,6 +6,7 @@ pub mod cleanup;
 mod interfaces;
 pub mod introspect;
 pub mod maps;
+pub mod metrics;
 pub mod migrate;
 pub mod node;
 mod object;

@@ -72,6 +72,8 @@ impl Mode for EbpfMode {
         let mut socket_hooks =
             sockets::start(&mut ebpf, opts, pins.as_ref(), &mut settings.socket_lb);
         settings.localhost_node_ports &= socket_hooks.is_some();
+        // After the socket programs loaded: they use maps of their own.
+        let datapath_metrics = super::metrics::DatapathMetrics::of(&ebpf);
         let proxier = if adopting {
             EbpfProxier::adopting(maps, settings.clone())
         } else {
@@ -129,7 +131,7 @@ impl Mode for EbpfMode {
             proxier: boxed(proxier),
             // IPv6 is not served yet.
             families: vec![IpFamily::V4],
-            metrics: None,
+            metrics: Some(Box::new(datapath_metrics)),
             background: Box::pin(background),
             stop: Box::new(stop),
         })

@@ -1,0 +1,182 @@
+//! The ebpf mode's own metrics, read from the kernel at each scrape with the
+//! introspection library: every datapath counter by reason, the exact fill
+//! and capacity of every map, which program runs on which interface in which
+//! mode, and each program's run time when the kernel keeps BPF statistics.
+//!
+//! Names (all prefixed `kubeproxy_`): `ebpf_datapath_events_total{event}`,
+//! `ebpf_map_entries{map}`, `ebpf_map_capacity{map}`,
+//! `ebpf_interface_attached{interface,program,mode}`,
+//! `ebpf_program_run_seconds_total{program}`, `ebpf_program_runs_total{program}`.
+
+use std::collections::BTreeSet;
+
+use aya::maps::{Map, MapData, PerCpuArray};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+};
+use proxy_common::maps as names;
+use tracing::debug;
+
+use super::{introspect, stats};
+
+/// Handles on the maps the loaded programs use, taken once at start.
+pub struct DatapathMetrics {
+    maps: Vec<(String, MapData)>,
+    counters: Option<PerCpuArray<MapData, u64>>,
+    map_ids: BTreeSet<u32>,
+}
+
+impl std::fmt::Debug for DatapathMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatapathMetrics")
+            .field("map_ids", &self.map_ids)
+            .finish()
+    }
+}
+
+impl DatapathMetrics {
+    /// The maps of every program in `ebpf`, by the kernel's ids (so pinned
+    /// and unpinned datapaths alike).
+    pub fn of(ebpf: &aya::Ebpf) -> Self {
+        let map_ids: BTreeSet<u32> = ebpf
+            .programs()
+            .filter_map(|(_, p)| p.info().ok())
+            .filter_map(|info| info.map_ids().ok().flatten())
+            .flatten()
+            .collect();
+        let mut maps: Vec<(String, MapData)> = map_ids
+            .iter()
+            .filter_map(|id| MapData::from_id(*id).ok())
+            .filter_map(|data| {
+                let name = data.info().ok()?.name_as_str()?.to_owned();
+                Some((name, data))
+            })
+            // The loader's own maps (.rodata, .bss) are not the datapath's.
+            .filter(|(name, _)| !name.contains('.'))
+            .collect();
+        maps.sort_by(|a, b| a.0.cmp(&b.0));
+        let counters = maps
+            .iter()
+            .find(|(n, _)| n == names::STATS)
+            .and_then(|(_, data)| MapData::from_id(data.info().ok()?.id()).ok())
+            .and_then(|data| Map::from_map_data(data).ok())
+            .and_then(|map| PerCpuArray::try_from(map).ok());
+        DatapathMetrics {
+            maps,
+            counters,
+            map_ids,
+        }
+    }
+
+    fn encode_counters(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        let Some(counters) = &self.counters else {
+            return Ok(());
+        };
+        let mut family = encoder.encode_descriptor(
+            "ebpf_datapath_events",
+            "Datapath outcomes by reason, summed over CPUs (new flows, NAT, every drop and reject)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (event, total) in stats::read(counters) {
+            ConstCounter::new(total).encode(family.encode_family(&[("event", event)])?)?;
+        }
+        Ok(())
+    }
+
+    fn encode_maps(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        let usage: Vec<introspect::MapUsage> = self
+            .maps
+            .iter()
+            .filter_map(|(name, map)| {
+                introspect::map_usage(name, map)
+                    .inspect_err(|e| debug!(error = %e, "map fill"))
+                    .ok()
+            })
+            .collect();
+        let mut entries = encoder.encode_descriptor(
+            "ebpf_map_entries",
+            "Entries each map holds now, counted exactly (arrays: every slot)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for u in usage.iter().filter(|u| u.entries.is_some()) {
+            let value = i64::try_from(u.entries.unwrap_or(0)).unwrap_or(i64::MAX);
+            ConstGauge::new(value).encode(entries.encode_family(&[("map", u.name.as_str())])?)?;
+        }
+        let mut capacity = encoder.encode_descriptor(
+            "ebpf_map_capacity",
+            "Capacity of each map (max_entries; bytes for a ring buffer)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for u in &usage {
+            ConstGauge::new(i64::from(u.capacity))
+                .encode(capacity.encode_family(&[("map", u.name.as_str())])?)?;
+        }
+        Ok(())
+    }
+
+    fn encode_programs(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        let programs = match introspect::our_programs(&self.map_ids) {
+            Ok(p) => p,
+            Err(e) => {
+                debug!(error = %e, "listing our programs");
+                return Ok(());
+            }
+        };
+        if let Ok(found) = introspect::interfaces(&programs) {
+            let mut attached = encoder.encode_descriptor(
+                "ebpf_interface_attached",
+                "1 for each program attached to an interface, with its mode (xdp_native, xdp_generic, tc_ingress, tc_egress)",
+                None,
+                MetricType::Gauge,
+            )?;
+            for iface in &found.interfaces {
+                for a in &iface.attachments {
+                    let labels = [
+                        ("interface", iface.name.as_str()),
+                        ("program", a.program.as_str()),
+                        ("mode", a.hook.name()),
+                    ];
+                    ConstGauge::new(1i64).encode(attached.encode_family(&labels)?)?;
+                }
+            }
+        }
+        // Run time and count only move while the kernel keeps BPF statistics.
+        if programs.iter().all(|p| p.run_count == 0) {
+            return Ok(());
+        }
+        let mut seconds = encoder.encode_descriptor(
+            "ebpf_program_run_seconds",
+            "Time the kernel spent running each program (kernel.bpf_stats_enabled)",
+            None,
+            MetricType::Counter,
+        )?;
+        for p in &programs {
+            ConstCounter::new(p.run_time_ns as f64 / 1e9)
+                .encode(seconds.encode_family(&[("program", p.name.as_str())])?)?;
+        }
+        let mut runs = encoder.encode_descriptor(
+            "ebpf_program_runs",
+            "Runs of each program (kernel.bpf_stats_enabled)",
+            None,
+            MetricType::Counter,
+        )?;
+        for p in &programs {
+            ConstCounter::new(p.run_count)
+                .encode(runs.encode_family(&[("program", p.name.as_str())])?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Collector for DatapathMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        self.encode_counters(&mut encoder)?;
+        self.encode_maps(&mut encoder)?;
+        self.encode_programs(&mut encoder)
+    }
+}
