@@ -120,7 +120,10 @@ fn ensure_kubernetes_validate() -> anyhow::Result<()> {
         "xtask setup: installing kubernetes-validate {KUBERNETES_VALIDATE_VERSION} into {}",
         venv.display()
     );
-    run(Command::new("/usr/bin/python3").arg("-m").arg("venv").arg(&venv))?;
+    run(Command::new("/usr/bin/python3")
+        .arg("-m")
+        .arg("venv")
+        .arg(&venv))?;
     run(Command::new(venv.join("bin/pip")).args([
         "install",
         "--quiet",

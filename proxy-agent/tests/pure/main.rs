@@ -7,6 +7,7 @@
 mod options_common;
 
 mod cleanup_fakes;
+mod deploy_manifests;
 mod manifests_source;
 mod model_build;
 mod model_categorize;
