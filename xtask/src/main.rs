@@ -22,7 +22,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install the eBPF toolchain and tools (Debian packages, bpf-linker, bpffs); a no-op when present.
+    /// Install the eBPF toolchain and tools (Debian packages, bpf-linker, bpffs, the Kubernetes schema validator); a no-op when present.
     Setup,
     /// Build the agent (release) with the eBPF programs embedded.
     Build,
@@ -72,7 +72,8 @@ fn run(task: Task) -> anyhow::Result<()> {
     match task {
         Task::Setup => setup::ensure(),
         Task::Build => {
-            setup::ensure()?;
+            // Not `ensure`: no bpffs mount, so it also runs in a container image build.
+            setup::ensure_build()?;
             build()
         }
         Task::Load {

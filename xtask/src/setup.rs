@@ -1,5 +1,9 @@
 //! Installs what building and testing need, as ../shared/TOOLCHAIN.md
 //! describes, and does nothing when it is all present already.
+//!
+//! [`ensure_build`] is what `cargo xtask build` needs (also inside a container
+//! image build, where nothing may be mounted); [`ensure`] adds what the tests
+//! and demos need on top: bpffs and the Kubernetes schema validator.
 
 use std::{
     ffi::OsString,
@@ -26,12 +30,29 @@ const PACKAGES: &[&str] = &[
     "tcpdump",
     "iputils-ping",
     "procps",
+    // Debian's python3 with venv, for the schema validator of the deploy/ tests.
+    "python3-venv",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The Kubernetes schema validator the deploy/ tests run (PyPI; bundles the
+/// schemas of Kubernetes 1.25 to 1.37, so it works offline).
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 /// The rustup name under which Debian's rustc is linked, used by proxy-agent/build.rs.
 const BPF_TOOLCHAIN: &str = "bpf-debian";
 
+/// Everything: the build toolchain, bpffs, the schema validator.
 pub fn ensure() -> anyhow::Result<()> {
+    ensure_build()?;
+    if !bpffs_mounted() {
+        println!("xtask setup: mounting bpffs at /sys/fs/bpf");
+        run(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))?;
+    }
+    ensure_kubernetes_validate()
+}
+
+/// What building the agent with its eBPF programs needs, and nothing that
+/// changes the running system beyond packages and tools.
+pub fn ensure_build() -> anyhow::Result<()> {
     let missing: Vec<&str> = PACKAGES
         .iter()
         .copied()
@@ -69,11 +90,46 @@ pub fn ensure() -> anyhow::Result<()> {
         println!("xtask setup: linking Debian's rustc as rustup toolchain `{BPF_TOOLCHAIN}`");
         run(Command::new("rustup").args(["toolchain", "link", BPF_TOOLCHAIN, "/usr"]))?;
     }
-    if !bpffs_mounted() {
-        println!("xtask setup: mounting bpffs at /sys/fs/bpf");
-        run(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))?;
-    }
     Ok(())
+}
+
+/// Where `kubernetes-validate` lives: a virtual environment of Debian's
+/// python3 (whose own site-packages pip may not touch). The deploy/ tests
+/// look for it here; keep in step with `proxy-agent/tests/pure/deploy_manifests.rs`.
+fn kubernetes_validate_venv() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("/root/.local/share"))
+        .join("kube-ebpf-proxy/kubernetes-validate")
+}
+
+fn ensure_kubernetes_validate() -> anyhow::Result<()> {
+    let venv = kubernetes_validate_venv();
+    let installed = Command::new(venv.join("bin/kubernetes-validate"))
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| {
+            o.status.success()
+                && String::from_utf8_lossy(&o.stdout).trim() == KUBERNETES_VALIDATE_VERSION
+        });
+    if installed {
+        return Ok(());
+    }
+    println!(
+        "xtask setup: installing kubernetes-validate {KUBERNETES_VALIDATE_VERSION} into {}",
+        venv.display()
+    );
+    run(Command::new("/usr/bin/python3")
+        .arg("-m")
+        .arg("venv")
+        .arg(&venv))?;
+    run(Command::new(venv.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        &format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"),
+    ]))
 }
 
 fn package_installed(name: &str) -> bool {

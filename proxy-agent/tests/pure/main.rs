@@ -11,6 +11,7 @@ mod http_serve;
 mod options_common;
 
 mod cleanup_fakes;
+mod deploy_manifests;
 mod events_api;
 mod health_proxy;
 mod health_service_ports;
