@@ -267,6 +267,13 @@ fn health_check_node_ports_follow_endpoints_and_nodes_drain_on_deletion() {
     );
     assert!(sample(r#"kubeproxy_ebpf_program_runs_total{program="tc_from_netdev"}"#) >= 1.0);
     assert!(sample(r#"kubeproxy_ebpf_program_run_seconds_total{program="tc_from_netdev"}"#) > 0.0);
+    for name in proxy_agent::modes::ebpf::metrics::sample_names() {
+        assert!(
+            metrics.body.contains(&format!("\n{name}{{")),
+            "{name} missing from\n{}",
+            metrics.body
+        );
+    }
     let mode = fetch("/proxyMode");
     assert_eq!((mode.status, mode.body.as_str()), (200, "ebpf"));
     let configz: serde_json::Value = serde_json::from_str(&fetch("/configz").body).unwrap();

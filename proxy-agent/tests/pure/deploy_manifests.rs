@@ -19,31 +19,35 @@ use crate::options_common::TempDir;
 /// kube-proxy the agent mirrors, and the newest the validator knows.
 const KUBERNETES_VERSIONS: [&str; 2] = ["1.33.0", "1.37.0"];
 
-/// Every metric the dashboard may use: upstream kube-proxy's (shared/reference/
-/// health_metrics.md §4) and the datapath's own. To be replaced by a scrape of
-/// the agent's real registry.
-const KNOWN_METRICS: &[&str] = &[
-    "kubeproxy_sync_proxy_rules_duration_seconds",
-    "kubeproxy_sync_full_proxy_rules_duration_seconds",
-    "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-    "kubeproxy_network_programming_duration_seconds",
-    "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-    "kubeproxy_sync_proxy_rules_endpoint_changes_total",
-    "kubeproxy_sync_proxy_rules_service_changes_pending",
-    "kubeproxy_sync_proxy_rules_service_changes_total",
-    "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-    "kubeproxy_proxy_healthz_total",
-    "kubeproxy_proxy_livez_total",
-    "kubeproxy_ebpf_datapath_events_total",
-    "kubeproxy_ebpf_map_entries",
-    "kubeproxy_ebpf_map_capacity",
-    "kubeproxy_ebpf_interface_attached",
-    "kubeproxy_ebpf_program_run_seconds_total",
-    "kubeproxy_ebpf_program_runs_total",
-    "kubeproxy_ebpf_sync_errors_total",
-];
+/// Every sample name the agent's metrics server can show in ebpf mode:
+/// a scrape of the real registry of upstream's metrics (every labelled
+/// series exists from the start; the health counters once answered) and
+/// the names the datapath collector emits.
+fn known_metrics() -> BTreeSet<String> {
+    use proxy_agent::{
+        metrics::ProxyMetrics, model::IpFamily, modes::ebpf::metrics::sample_names,
+        options::ProxyMode,
+    };
+    let metrics = ProxyMetrics::new(vec![IpFamily::V4]);
+    metrics.health_answered(false, 200);
+    metrics.health_answered(true, 200);
+    let mut registry = prometheus_client::registry::Registry::with_prefix("kubeproxy");
+    metrics.register(&mut registry, ProxyMode::Ebpf);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let strip = |name: &str| {
+        ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name)
+            .to_owned()
+    };
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| strip(l.split(['{', ' ']).next().unwrap()))
+        .chain(sample_names())
+        .collect()
+}
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -659,7 +663,8 @@ fn the_dashboard_uses_only_known_metrics() {
     let exprs = dashboard_exprs();
     assert!(exprs.len() >= 20, "{} expressions", exprs.len());
     let used = dashboard_metric_names();
-    let known: BTreeSet<String> = KNOWN_METRICS.iter().map(|s| s.to_string()).collect();
+    let known = known_metrics();
+    assert!(known.contains("kubeproxy_sync_proxy_rules_service_changes_total"));
     let unknown: Vec<&String> = used.difference(&known).collect();
     assert!(
         unknown.is_empty(),

@@ -21,6 +21,26 @@ use tracing::debug;
 
 use super::{introspect, stats};
 
+/// The metric families this collector emits, as registered (before the
+/// `kubeproxy_` prefix; counters gain `_total` on their samples).
+pub mod family {
+    pub const EVENTS: &str = "ebpf_datapath_events";
+    pub const MAP_ENTRIES: &str = "ebpf_map_entries";
+    pub const MAP_CAPACITY: &str = "ebpf_map_capacity";
+    pub const INTERFACE_ATTACHED: &str = "ebpf_interface_attached";
+    pub const PROGRAM_RUN_SECONDS: &str = "ebpf_program_run_seconds";
+    pub const PROGRAM_RUNS: &str = "ebpf_program_runs";
+}
+
+/// Every sample name a scrape can show, prefixed (for dashboards and alerts).
+pub fn sample_names() -> Vec<String> {
+    use family::*;
+    let counters =
+        [EVENTS, PROGRAM_RUN_SECONDS, PROGRAM_RUNS].map(|c| format!("kubeproxy_{c}_total"));
+    let gauges = [MAP_ENTRIES, MAP_CAPACITY, INTERFACE_ATTACHED].map(|g| format!("kubeproxy_{g}"));
+    counters.into_iter().chain(gauges).collect()
+}
+
 /// Handles on the maps the loaded programs use, taken once at start.
 pub struct DatapathMetrics {
     maps: Vec<(String, MapData)>,
@@ -75,7 +95,7 @@ impl DatapathMetrics {
             return Ok(());
         };
         let mut family = encoder.encode_descriptor(
-            "ebpf_datapath_events",
+            family::EVENTS,
             "Datapath outcomes by reason, summed over CPUs (new flows, NAT, every drop and reject)",
             None,
             MetricType::Counter,
@@ -97,7 +117,7 @@ impl DatapathMetrics {
             })
             .collect();
         let mut entries = encoder.encode_descriptor(
-            "ebpf_map_entries",
+            family::MAP_ENTRIES,
             "Entries each map holds now, counted exactly (arrays: every slot)",
             None,
             MetricType::Gauge,
@@ -107,7 +127,7 @@ impl DatapathMetrics {
             ConstGauge::new(value).encode(entries.encode_family(&[("map", u.name.as_str())])?)?;
         }
         let mut capacity = encoder.encode_descriptor(
-            "ebpf_map_capacity",
+            family::MAP_CAPACITY,
             "Capacity of each map (max_entries; bytes for a ring buffer)",
             None,
             MetricType::Gauge,
@@ -129,7 +149,7 @@ impl DatapathMetrics {
         };
         if let Ok(found) = introspect::interfaces(&programs) {
             let mut attached = encoder.encode_descriptor(
-                "ebpf_interface_attached",
+                family::INTERFACE_ATTACHED,
                 "1 for each program attached to an interface, with its mode (xdp_native, xdp_generic, tc_ingress, tc_egress)",
                 None,
                 MetricType::Gauge,
@@ -150,7 +170,7 @@ impl DatapathMetrics {
             return Ok(());
         }
         let mut seconds = encoder.encode_descriptor(
-            "ebpf_program_run_seconds",
+            family::PROGRAM_RUN_SECONDS,
             "Time the kernel spent running each program (kernel.bpf_stats_enabled)",
             None,
             MetricType::Counter,
@@ -160,7 +180,7 @@ impl DatapathMetrics {
                 .encode(seconds.encode_family(&[("program", p.name.as_str())])?)?;
         }
         let mut runs = encoder.encode_descriptor(
-            "ebpf_program_runs",
+            family::PROGRAM_RUNS,
             "Runs of each program (kernel.bpf_stats_enabled)",
             None,
             MetricType::Counter,
