@@ -414,6 +414,10 @@ fn the_daemonset_command_line_and_config_map_are_accepted_by_the_agent() {
         o.ebpf.pinning.root
     );
     assert!(!o.ebpf.pinning.detach_on_exit);
+    // The names for `inspect` go to a host directory (the root filesystem is read-only).
+    let state = host_path_mount(&pod, &container, "/run/kube-ebpf-proxy");
+    assert_eq!(o.ebpf.pinning.state_dir, state);
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
 
     // The probes ask the health server, the ports are the servers'.
     let healthz = port_of(&o.config.healthz_bind_address);
