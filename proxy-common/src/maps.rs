@@ -9,6 +9,10 @@ pub const IFACES: &str = "IFACES";
 pub const LOCAL_POD_CIDRS: &str = "LOCAL_POD_CIDRS";
 pub const SOURCE_RANGES: &str = "SOURCE_RANGES";
 pub const SOCKETS: &str = "SOCKETS";
+/// Added without an ABI bump (a missing pin is created at load): only
+/// `proxy-agent monitor` reads them.
+pub const MONITOR: &str = "MONITOR";
+pub const MONITOR_EVENTS: &str = "MONITOR_EVENTS";
 
 /// Frontend slot 0 plus backend slots across all services.
 pub const MAX_SERVICE_ENTRIES: u32 = 262_144;

@@ -11,3 +11,5 @@ unsafe impl aya::Pod for crate::Ipv4Prefix {}
 unsafe impl aya::Pod for crate::SourceRange {}
 unsafe impl aya::Pod for crate::SockKey {}
 unsafe impl aya::Pod for crate::SockValue {}
+unsafe impl aya::Pod for crate::MonitorControl {}
+unsafe impl aya::Pod for crate::MonitorEvent {}

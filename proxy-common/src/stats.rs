@@ -81,6 +81,8 @@ counters! {
     /// Replies of this node's own sockets (hostNetwork endpoints) translated
     /// back on their way out.
     HostReply = 26 => "host_reply",
+    /// Monitor events lost: the ring buffer was full (the monitor reads too slowly).
+    MonitorLost = 27 => "monitor_lost",
 }
 
 const _: () = assert!((Counter::ALL.len() as u32) <= COUNTER_MAX);

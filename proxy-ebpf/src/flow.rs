@@ -12,6 +12,7 @@ use proxy_common::{
 use crate::{
     config, conntrack, lb,
     maps::SOURCE_RANGES,
+    monitor::Tuple,
     packet::{Packet, tcp_flags},
 };
 
@@ -79,7 +80,7 @@ fn opens(pkt: &Packet) -> bool {
 }
 
 #[inline(always)]
-pub fn decide(pkt: &Packet, ifindex: u32, now: u64) -> Verdict {
+pub fn decide(pkt: &Packet, ifindex: u32, now: u64, hook: u8) -> Verdict {
     let config = config::get();
     if let Some(out) = reply(&config, pkt, now) {
         return Verdict::Forward(out, Counter::ReplyNat);
@@ -147,7 +148,7 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64) -> Verdict {
             Verdict::Pass
         };
     };
-    match new_flow(&config, pkt, ifindex, now, key, &frontend, &forward_key) {
+    match new_flow(&config, pkt, ifindex, now, key, &frontend, &forward_key, hook) {
         Ok(v) => v,
         Err(counter) => Verdict::Drop(counter),
     }
@@ -257,6 +258,7 @@ pub fn pick(key: ServiceKey, frontend: &ServiceValue, local_client: bool) -> Res
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn new_flow(
     config: &DatapathConfig,
     pkt: &Packet,
@@ -265,6 +267,7 @@ fn new_flow(
     key: ServiceKey,
     frontend: &ServiceValue,
     forward_key: &CtKey,
+    hook: u8,
 ) -> Result<Verdict, Counter> {
     if frontend.has(svc::SOURCE_RANGES) && !source_allowed(frontend.service_id, pkt.saddr_be) {
         return Err(Counter::DropSourceRange);
@@ -355,6 +358,15 @@ fn new_flow(
         conntrack::insert(&reply_key, &reply)?;
     }
     conntrack::insert(forward_key, &forward)?;
+    let left = Tuple {
+        saddr_be: out.saddr_be,
+        daddr_be: out.daddr_be,
+        sport_be: out.sport_be,
+        dport_be: out.dport_be,
+        proto: pkt.proto,
+    };
+    let ids = (frontend.service_id, backend_id);
+    crate::monitor::flow(hook, ifindex, &pkt.tuple(), &left, ids, snat_addr_be != 0);
     Ok(Verdict::Forward(out, Counter::NewFlow))
 }
 

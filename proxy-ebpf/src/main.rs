@@ -11,6 +11,7 @@ mod forward;
 mod frame;
 mod lb;
 mod maps;
+mod monitor;
 mod nat;
 mod packet;
 mod reject;
@@ -25,6 +26,7 @@ use aya_ebpf::{
 use proxy_common::{
     Counter,
     action::{TC_ACT_OK, TC_ACT_SHOT, XDP_DROP, XDP_PASS},
+    monitor::{hook, kind},
 };
 
 use crate::{flow::Verdict, frame::Frame, stats::count};
@@ -33,14 +35,14 @@ use crate::{flow::Verdict, frame::Frame, stats::count};
 /// balanced and replies from backends reverse-translated.
 #[classifier]
 pub fn tc_from_pod(ctx: TcContext) -> i32 {
-    tc(&ctx)
+    tc(&ctx, hook::FROM_POD)
 }
 
 /// Attached at ingress of the node's external interfaces: NodePort, external
 /// IP and load-balancer traffic from outside, and replies of masqueraded flows.
 #[classifier]
 pub fn tc_from_netdev(ctx: TcContext) -> i32 {
-    tc(&ctx)
+    tc(&ctx, hook::FROM_NETDEV)
 }
 
 /// Attached at egress of pod-facing and external interfaces: replies that
@@ -64,6 +66,7 @@ pub fn tc_from_host(ctx: TcContext) -> i32 {
     count(Counter::HostReply);
     if let Err(reason) = nat::apply(&ctx, &pkt, &out) {
         count(reason);
+        monitor::dropped(kind::DROP, hook::FROM_HOST, ctx.ifindex(), &pkt.tuple(), reason);
         return TC_ACT_SHOT;
     }
     TC_ACT_OK
@@ -103,18 +106,21 @@ pub fn xdp_from_netdev(ctx: XdpContext) -> u32 {
 
 #[inline(always)]
 fn xdp(ctx: &XdpContext) -> i32 {
+    let ifindex = ctx.ifindex();
     let pkt = match packet::parse(ctx) {
         Ok(Some(pkt)) => pkt,
         Ok(None) => return XDP_PASS,
         Err(reason) => {
             count(reason);
+            monitor::dropped(kind::DROP, hook::XDP, ifindex, &Default::default(), reason);
             return XDP_DROP;
         }
     };
-    match flow::decide(&pkt, ctx.ifindex(), conntrack::now_ns()) {
+    match flow::decide(&pkt, ifindex, conntrack::now_ns(), hook::XDP) {
         Verdict::Pass | Verdict::Reject(_) => XDP_PASS,
         Verdict::Drop(reason) => {
             count(reason);
+            monitor::dropped(kind::DROP, hook::XDP, ifindex, &pkt.tuple(), reason);
             XDP_DROP
         }
         Verdict::Forward(out, counter) => {
@@ -127,6 +133,7 @@ fn xdp(ctx: &XdpContext) -> i32 {
             };
             if let Err(reason) = xdp_nat::apply(ctx, &pkt, &out) {
                 count(reason);
+                monitor::dropped(kind::DROP, hook::XDP, ifindex, &pkt.tuple(), reason);
                 return XDP_DROP;
             }
             forward::xdp_transmit(ctx, next_hop)
@@ -135,26 +142,31 @@ fn xdp(ctx: &XdpContext) -> i32 {
 }
 
 #[inline(always)]
-fn tc(ctx: &TcContext) -> i32 {
+fn tc(ctx: &TcContext, hook: u8) -> i32 {
+    let ifindex = ctx.ifindex();
     let pkt = match packet::parse(ctx) {
         Ok(Some(pkt)) => pkt,
         Ok(None) => return TC_ACT_OK,
         Err(reason) => {
             count(reason);
+            monitor::dropped(kind::DROP, hook, ifindex, &Default::default(), reason);
             return TC_ACT_SHOT;
         }
     };
     count(Counter::Packets);
-    match flow::decide(&pkt, ctx.ifindex(), conntrack::now_ns()) {
+    match flow::decide(&pkt, ifindex, conntrack::now_ns(), hook) {
         Verdict::Pass => TC_ACT_OK,
         Verdict::Drop(reason) => {
             count(reason);
+            monitor::dropped(kind::DROP, hook, ifindex, &pkt.tuple(), reason);
             TC_ACT_SHOT
         }
         Verdict::Reject(reason) => {
             count(reason);
+            monitor::dropped(kind::REJECT, hook, ifindex, &pkt.tuple(), reason);
             reject::send(ctx, &pkt).unwrap_or_else(|failed| {
                 count(failed);
+                monitor::dropped(kind::DROP, hook, ifindex, &pkt.tuple(), failed);
                 TC_ACT_SHOT
             })
         }
@@ -162,6 +174,7 @@ fn tc(ctx: &TcContext) -> i32 {
             count(counter);
             if let Err(reason) = nat::apply(ctx, &pkt, &out) {
                 count(reason);
+                monitor::dropped(kind::DROP, hook, ifindex, &pkt.tuple(), reason);
                 return TC_ACT_SHOT;
             }
             forward::tc(ctx, &pkt, &out)

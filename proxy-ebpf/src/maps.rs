@@ -1,14 +1,15 @@
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use proxy_common::{
-    Backend, BackendId, CtKey, CtValue, DatapathConfig, IfaceInfo, Ipv4Prefix, ServiceKey,
-    ServiceValue, SockKey, SockValue, SourceRange,
+    Backend, BackendId, CtKey, CtValue, DatapathConfig, IfaceInfo, Ipv4Prefix, MonitorControl,
+    ServiceKey, ServiceValue, SockKey, SockValue, SourceRange,
     maps::{
         MAX_BACKENDS, MAX_CONNTRACK, MAX_IFACES, MAX_LOCAL_POD_CIDRS, MAX_SERVICE_ENTRIES,
         MAX_SOCKETS, MAX_SOURCE_RANGES,
     },
+    monitor::MONITOR_RING_BYTES,
     stats::COUNTER_MAX,
 };
 
@@ -42,3 +43,9 @@ pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> =
 
 #[map]
 pub static SOCKETS: LruHashMap<SockKey, SockValue> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);
+
+#[map]
+pub static MONITOR: Array<MonitorControl> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static MONITOR_EVENTS: RingBuf = RingBuf::with_byte_size(MONITOR_RING_BYTES, 0);

@@ -35,6 +35,18 @@ pub struct Packet {
 }
 
 impl Packet {
+    /// The packet's 5-tuple, for monitor events.
+    #[inline(always)]
+    pub fn tuple(&self) -> crate::monitor::Tuple {
+        crate::monitor::Tuple {
+            saddr_be: self.saddr_be,
+            daddr_be: self.daddr_be,
+            sport_be: self.sport_be,
+            dport_be: self.dport_be,
+            proto: self.proto,
+        }
+    }
+
     /// Offset of the L4 checksum field.
     #[inline(always)]
     pub fn l4_csum_off(&self) -> usize {

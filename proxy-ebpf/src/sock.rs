@@ -14,7 +14,10 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use proxy_common::{
-    Counter, DatapathConfig, ServiceKey, SockDirection, SockKey, SockValue, config::flags, proto,
+    Counter, DatapathConfig, ServiceKey, SockDirection, SockKey, SockValue,
+    config::flags,
+    monitor::{hook, kind},
+    proto,
     service::flags as svc,
 };
 
@@ -23,6 +26,7 @@ use crate::{
     flow::{self, Pick},
     lb,
     maps::SOCKETS,
+    monitor::{self, Tuple},
     stats::count,
 };
 
@@ -52,12 +56,18 @@ pub fn forward(ctx: &SockAddrContext) -> i32 {
     let addr_be = sa.user_ip4;
     // The port sits in network order in the low 16 bits.
     let port_be = sa.user_port as u16;
+    let asked = Tuple {
+        daddr_be: addr_be,
+        dport_be: port_be,
+        proto,
+        ..Tuple::default()
+    };
     let key = ServiceKey::frontend(addr_be, port_be, proto);
     let Some(frontend) = lb::frontend(&key) else {
         if lb::frontend(&ServiceKey::cluster_ip(addr_be))
             .is_some_and(|m| m.has(svc::CLUSTER_IP_MARKER))
         {
-            return refuse();
+            return refuse(&asked);
         }
         return ALLOW;
     };
@@ -70,7 +80,7 @@ pub fn forward(ctx: &SockAddrContext) -> i32 {
             return ALLOW;
         }
         if !flow::source_allowed(frontend.service_id, config.masquerade_addr_be) {
-            return refuse();
+            return refuse(&asked);
         }
     }
     // SAFETY: the helper accepts this program type's context.
@@ -94,7 +104,7 @@ pub fn forward(ctx: &SockAddrContext) -> i32 {
         },
     };
     let Some((backend_id, backend_addr_be, backend_port_be)) = chosen else {
-        return refuse();
+        return refuse(&asked);
     };
     let reverse = SockKey::new(
         cookie,
@@ -168,8 +178,9 @@ fn kept_backend(sticky: &SockKey) -> Option<(u32, u32, u16)> {
 }
 
 #[inline(always)]
-fn refuse() -> i32 {
+fn refuse(asked: &Tuple) -> i32 {
     count(Counter::SockRefused);
+    monitor::dropped(kind::REJECT, hook::SOCKET, 0, asked, Counter::SockRefused);
     // SAFETY: sets this hook's error for the system call (Linux 5.18+);
     // without it the refusal would read EPERM.
     unsafe { bpf_set_retval(-ECONNREFUSED) };

@@ -1,0 +1,74 @@
+//! `proxy-agent monitor`'s channel: the programs report their decisions
+//! (drops and rejects with the reason, new flows with the endpoint chosen)
+//! into the `MONITOR_EVENTS` ring buffer, but only while a monitor holds a
+//! lease in `MONITOR`. Nobody listening costs one array lookup on the slow
+//! paths (drops, new flows) and nothing on established flows.
+
+/// `MONITOR`'s one entry: until when (`bpf_ktime_get_ns`, i.e.
+/// `CLOCK_MONOTONIC`) each kind of event is wanted. Monitors extend the lease
+/// while they run; one that dies stops the events within a lease.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct MonitorControl {
+    pub drops_until_ns: u64,
+    pub flows_until_ns: u64,
+}
+
+/// How long one renewal of a lease lasts, and how often monitors renew it.
+pub const LEASE_NS: u64 = 2_000_000_000;
+pub const RENEW_NS: u64 = 500_000_000;
+
+/// Bytes of the ring buffer (a power of two, a multiple of the page size).
+pub const MONITOR_RING_BYTES: u32 = 256 * 1024;
+
+/// What happened ([`MonitorEvent::kind`]).
+pub mod kind {
+    /// The packet was dropped; `reason` says why.
+    pub const DROP: u8 = 1;
+    /// Answered with a TCP RST / ICMP unreachable, or a connect refused.
+    pub const REJECT: u8 = 2;
+    /// A new flow was balanced to an endpoint.
+    pub const FLOW: u8 = 3;
+}
+
+/// Which program saw it ([`MonitorEvent::hook`]).
+pub mod hook {
+    pub const FROM_POD: u8 = 1;
+    pub const FROM_NETDEV: u8 = 2;
+    pub const XDP: u8 = 3;
+    pub const FROM_HOST: u8 = 4;
+    /// The connect / sendmsg socket hook.
+    pub const SOCKET: u8 = 5;
+}
+
+/// [`MonitorEvent::flags`].
+pub mod event_flags {
+    /// The new flow's source was rewritten (masquerade, or a port of its own).
+    pub const SNAT: u32 = 1;
+}
+
+/// One decision. Addresses and ports in network byte order; the `nat_*`
+/// fields are the tuple the packet left with (flows only).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct MonitorEvent {
+    pub time_ns: u64,
+    pub ifindex: u32,
+    pub kind: u8,
+    pub hook: u8,
+    /// The `Counter` that counted it.
+    pub reason: u8,
+    pub proto: u8,
+    pub saddr_be: u32,
+    pub daddr_be: u32,
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub service_id: u32,
+    pub backend_id: u32,
+    pub nat_saddr_be: u32,
+    pub nat_daddr_be: u32,
+    pub nat_sport_be: u16,
+    pub nat_dport_be: u16,
+    pub flags: u32,
+    pub _pad: u32,
+}
