@@ -148,7 +148,16 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64, hook: u8) -> Verdict {
             Verdict::Pass
         };
     };
-    match new_flow(&config, pkt, ifindex, now, key, &frontend, &forward_key, hook) {
+    match new_flow(
+        &config,
+        pkt,
+        ifindex,
+        now,
+        key,
+        &frontend,
+        &forward_key,
+        hook,
+    ) {
         Ok(v) => v,
         Err(counter) => Verdict::Drop(counter),
     }

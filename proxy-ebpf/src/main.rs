@@ -66,7 +66,13 @@ pub fn tc_from_host(ctx: TcContext) -> i32 {
     count(Counter::HostReply);
     if let Err(reason) = nat::apply(&ctx, &pkt, &out) {
         count(reason);
-        monitor::dropped(kind::DROP, hook::FROM_HOST, ctx.ifindex(), &pkt.tuple(), reason);
+        monitor::dropped(
+            kind::DROP,
+            hook::FROM_HOST,
+            ctx.ifindex(),
+            &pkt.tuple(),
+            reason,
+        );
         return TC_ACT_SHOT;
     }
     TC_ACT_OK

@@ -17,4 +17,5 @@ mod datapath_kernel;
 mod explain;
 mod fuzz_datapath;
 mod introspect_fill;
+mod monitor_events;
 mod pins_migration;

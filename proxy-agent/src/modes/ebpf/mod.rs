@@ -8,6 +8,7 @@ pub mod introspect;
 pub mod maps;
 pub mod metrics;
 pub mod migrate;
+pub mod monitor;
 pub mod node;
 mod object;
 pub mod pin;
