@@ -12,7 +12,13 @@ pub const SOCKETS: &str = "SOCKETS";
 /// Added without an ABI bump (a missing pin is created at load): only
 /// `proxy-agent monitor` reads them.
 pub const MONITOR: &str = "MONITOR";
-pub const MONITOR_EVENTS: &str = "MONITOR_EVENTS";
+/// One ring per monitor slot.
+pub const MONITOR_RINGS: [&str; crate::monitor::MONITOR_SLOTS] = [
+    "MONITOR_RING_0",
+    "MONITOR_RING_1",
+    "MONITOR_RING_2",
+    "MONITOR_RING_3",
+];
 
 /// Frontend slot 0 plus backend slots across all services.
 pub const MAX_SERVICE_ENTRIES: u32 = 262_144;

@@ -1,24 +1,40 @@
 //! `proxy-agent monitor`'s channel: the programs report their decisions
 //! (drops and rejects with the reason, new flows with the endpoint chosen)
-//! into the `MONITOR_EVENTS` ring buffer, but only while a monitor holds a
-//! lease in `MONITOR`. Nobody listening costs one array lookup on the slow
-//! paths (drops, new flows) and nothing on established flows.
+//! into a ring buffer, but only while a monitor holds a lease in `MONITOR`.
+//! Each running monitor has a slot of its own (a lease and a ring), so
+//! monitors never take each other's events. Nobody listening costs one
+//! array lookup on the slow paths (drops, new flows) and nothing on
+//! established flows.
 
-/// `MONITOR`'s one entry: until when (`bpf_ktime_get_ns`, i.e.
-/// `CLOCK_MONOTONIC`) each kind of event is wanted. Monitors extend the lease
-/// while they run; one that dies stops the events within a lease.
+/// Monitors that can run at once.
+pub const MONITOR_SLOTS: usize = 4;
+
+/// One monitor's lease: until when (`bpf_ktime_get_ns`, i.e.
+/// `CLOCK_MONOTONIC`) it wants each kind of event in its ring. Renewed while
+/// the monitor runs; one that dies stops its events within a lease and
+/// frees the slot.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct MonitorSlot {
+    pub drops_until_ns: u64,
+    pub flows_until_ns: u64,
+    /// The holder's process id (0: never held).
+    pub owner: u32,
+    pub _pad: u32,
+}
+
+/// `MONITOR`'s one entry: the slots; slot `i` reports into `MONITOR_RINGS[i]`.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct MonitorControl {
-    pub drops_until_ns: u64,
-    pub flows_until_ns: u64,
+    pub slots: [MonitorSlot; MONITOR_SLOTS],
 }
 
 /// How long one renewal of a lease lasts, and how often monitors renew it.
 pub const LEASE_NS: u64 = 2_000_000_000;
 pub const RENEW_NS: u64 = 500_000_000;
 
-/// Bytes of the ring buffer (a power of two, a multiple of the page size).
+/// Bytes of each ring buffer (a power of two, a multiple of the page size).
 pub const MONITOR_RING_BYTES: u32 = 256 * 1024;
 
 /// What happened ([`MonitorEvent::kind`]).

@@ -13,3 +13,4 @@ unsafe impl aya::Pod for crate::SockKey {}
 unsafe impl aya::Pod for crate::SockValue {}
 unsafe impl aya::Pod for crate::MonitorControl {}
 unsafe impl aya::Pod for crate::MonitorEvent {}
+unsafe impl aya::Pod for crate::MonitorSlot {}

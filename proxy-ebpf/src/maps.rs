@@ -47,5 +47,12 @@ pub static SOCKETS: LruHashMap<SockKey, SockValue> = LruHashMap::with_max_entrie
 #[map]
 pub static MONITOR: Array<MonitorControl> = Array::with_max_entries(1, 0);
 
+// One ring per monitor slot; the names must equal `proxy_common::maps::MONITOR_RINGS`.
 #[map]
-pub static MONITOR_EVENTS: RingBuf = RingBuf::with_byte_size(MONITOR_RING_BYTES, 0);
+pub static MONITOR_RING_0: RingBuf = RingBuf::with_byte_size(MONITOR_RING_BYTES, 0);
+#[map]
+pub static MONITOR_RING_1: RingBuf = RingBuf::with_byte_size(MONITOR_RING_BYTES, 0);
+#[map]
+pub static MONITOR_RING_2: RingBuf = RingBuf::with_byte_size(MONITOR_RING_BYTES, 0);
+#[map]
+pub static MONITOR_RING_3: RingBuf = RingBuf::with_byte_size(MONITOR_RING_BYTES, 0);

@@ -2,16 +2,24 @@
 //! (see `proxy_common::monitor`). Called only on the slow paths: drops,
 //! rejects and new flows.
 
+use aya_ebpf::maps::RingBuf;
 use proxy_common::{
-    Counter, MonitorEvent,
-    monitor::{event_flags, kind},
+    Counter, MonitorEvent, MonitorSlot,
+    monitor::{MONITOR_SLOTS, event_flags, kind},
 };
 
 use crate::{
     conntrack,
-    maps::{MONITOR, MONITOR_EVENTS},
+    maps::{MONITOR, MONITOR_RING_0, MONITOR_RING_1, MONITOR_RING_2, MONITOR_RING_3},
     stats::count,
 };
+
+static RINGS: [&RingBuf; MONITOR_SLOTS] = [
+    &MONITOR_RING_0,
+    &MONITOR_RING_1,
+    &MONITOR_RING_2,
+    &MONITOR_RING_3,
+];
 
 /// The tuple an event is about, before and (for flows) after translation.
 #[derive(Clone, Copy, Default)]
@@ -23,57 +31,69 @@ pub struct Tuple {
     pub proto: u8,
 }
 
+/// Sends `event` (stamped now) to every slot whose lease wants `flows` or drops.
 #[inline(always)]
-fn wanted(flows: bool) -> Option<u64> {
-    let control = MONITOR.get(0)?;
-    let now = conntrack::now_ns();
-    let until = if flows {
-        control.flows_until_ns
-    } else {
-        control.drops_until_ns
+fn report(flows: bool, event: &MonitorEvent) {
+    let Some(control) = MONITOR.get(0) else {
+        return;
     };
-    (now < until).then_some(now)
+    let wants = |slot: &MonitorSlot, now: u64| {
+        now < if flows {
+            slot.flows_until_ns
+        } else {
+            slot.drops_until_ns
+        }
+    };
+    if !control.slots.iter().any(|s| s.owner != 0) {
+        return;
+    }
+    let now = conntrack::now_ns();
+    let stamped = MonitorEvent {
+        time_ns: now,
+        ..*event
+    };
+    for (slot, ring) in control.slots.iter().zip(RINGS) {
+        if wants(slot, now) && ring.output::<MonitorEvent>(&stamped, 0).is_err() {
+            count(Counter::MonitorLost);
+        }
+    }
 }
 
 /// A drop or reject (`what`: `kind::DROP` / `kind::REJECT`) counted by `reason`.
 #[inline(always)]
 pub fn dropped(what: u8, hook: u8, ifindex: u32, tuple: &Tuple, reason: Counter) {
-    if let Some(now) = wanted(false) {
-        emit(
-            now,
-            &MonitorEvent {
-                kind: what,
-                hook,
-                ifindex,
-                reason: reason as u8,
-                ..event(tuple)
-            },
-        );
-    }
+    report(
+        false,
+        &MonitorEvent {
+            kind: what,
+            hook,
+            ifindex,
+            reason: reason as u8,
+            ..event(tuple)
+        },
+    );
 }
 
 /// A new flow to `backend_id` of `service_id`, leaving as `out`.
 #[inline(always)]
 pub fn flow(hook: u8, ifindex: u32, tuple: &Tuple, out: &Tuple, ids: (u32, u32), snat: bool) {
-    if let Some(now) = wanted(true) {
-        emit(
-            now,
-            &MonitorEvent {
-                kind: kind::FLOW,
-                hook,
-                ifindex,
-                reason: Counter::NewFlow as u8,
-                service_id: ids.0,
-                backend_id: ids.1,
-                nat_saddr_be: out.saddr_be,
-                nat_daddr_be: out.daddr_be,
-                nat_sport_be: out.sport_be,
-                nat_dport_be: out.dport_be,
-                flags: if snat { event_flags::SNAT } else { 0 },
-                ..event(tuple)
-            },
-        );
-    }
+    report(
+        true,
+        &MonitorEvent {
+            kind: kind::FLOW,
+            hook,
+            ifindex,
+            reason: Counter::NewFlow as u8,
+            service_id: ids.0,
+            backend_id: ids.1,
+            nat_saddr_be: out.saddr_be,
+            nat_daddr_be: out.daddr_be,
+            nat_sport_be: out.sport_be,
+            nat_dport_be: out.dport_be,
+            flags: if snat { event_flags::SNAT } else { 0 },
+            ..event(tuple)
+        },
+    );
 }
 
 #[inline(always)]
@@ -85,16 +105,5 @@ fn event(tuple: &Tuple) -> MonitorEvent {
         dport_be: tuple.dport_be,
         proto: tuple.proto,
         ..MonitorEvent::default()
-    }
-}
-
-#[inline(always)]
-fn emit(now: u64, event: &MonitorEvent) {
-    let stamped = MonitorEvent {
-        time_ns: now,
-        ..*event
-    };
-    if MONITOR_EVENTS.output::<MonitorEvent>(&stamped, 0).is_err() {
-        count(Counter::MonitorLost);
     }
 }

@@ -1,5 +1,5 @@
 //! The agent's subcommands for operators, one clap-derive family:
-//! `proxy-agent explain ...` and `proxy-agent inspect ...`, each a variant of [`Command`].
+//! `proxy-agent explain ...`, `inspect ...` and `monitor ...`, each a variant of [`Command`].
 //!
 //! The agent itself takes kube-proxy's flat flags, exactly upstream's
 //! ([`crate::options`]); a subcommand is only recognised by name in first
@@ -13,6 +13,7 @@
 pub mod error;
 pub mod explain;
 pub mod inspect;
+pub mod monitor;
 pub mod packet;
 pub mod pins;
 pub mod values;
@@ -36,6 +37,7 @@ pub struct Cli {
 pub enum Command {
     Explain(explain::args::ExplainArgs),
     Inspect(inspect::args::InspectArgs),
+    Monitor(monitor::args::MonitorArgs),
 }
 
 /// What a subcommand's command line comes to.
@@ -143,6 +145,7 @@ fn run(command: Command) -> ExitCode {
     match command {
         Command::Explain(args) => explain::main(args),
         Command::Inspect(args) => inspect::main(args),
+        Command::Monitor(args) => monitor::main(args),
     }
 }
 
@@ -175,7 +178,8 @@ mod tests {
     fn only_subcommands_in_first_position_are_ours() {
         assert!(is_subcommand("explain".as_ref()));
         assert!(is_subcommand("inspect".as_ref()));
-        for other in ["--hostname-override", "help", "--help", "monitor", ""] {
+        assert!(is_subcommand("monitor".as_ref()));
+        for other in ["--hostname-override", "help", "--help", "emit", ""] {
             assert!(!is_subcommand(other.as_ref()), "{other}");
         }
     }

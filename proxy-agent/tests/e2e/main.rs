@@ -28,6 +28,7 @@ mod e2e_host_network;
 mod e2e_restart;
 mod explain;
 mod inspect;
+mod monitor;
 mod operability;
 mod options_binary;
 mod options_config_watch;

@@ -1,7 +1,7 @@
 //! The monitor channel in the real programs: while a lease is held, a
 //! reject, a drop and a new flow each leave exactly the expected event in
-//! the ring buffer; without one (or once it is released) nothing is
-//! reported. Packets through BPF_PROG_TEST_RUN.
+//! the monitor's own ring buffer; without one (or once it is released or
+//! has run out) nothing is reported. Packets through BPF_PROG_TEST_RUN.
 
 use std::net::Ipv4Addr;
 
@@ -10,15 +10,15 @@ use proxy_agent::{
     cli::packet::Frame,
     modes::ebpf::{
         self,
-        monitor::{Events, Lease, Wanted, monotonic_ns},
+        monitor::{Events, Lease, LeaseError, Wanted, monotonic_ns},
         test_run::Hook,
     },
 };
 use proxy_common::{
-    Counter, MonitorControl, MonitorEvent,
+    Counter, MonitorControl, MonitorEvent, MonitorSlot,
     action::TC_ACT_SHOT,
     maps as names,
-    monitor::{event_flags, hook, kind},
+    monitor::{MONITOR_SLOTS, event_flags, hook, kind},
     proto,
 };
 
@@ -31,7 +31,8 @@ const BACKEND: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 2);
 struct Fixture {
     dp: Datapath,
     control_id: u32,
-    events: Events,
+    /// Each slot's ring.
+    rings: Vec<Events>,
 }
 
 /// A handle on the fixture's `MONITOR`, as each monitor process opens its own.
@@ -45,11 +46,13 @@ fn fixture(backends: &[Ipv4Addr]) -> Fixture {
     let control: Array<MapData, MonitorControl> =
         ebpf.take_map(names::MONITOR).unwrap().try_into().unwrap();
     let control_id = control.map().info().unwrap().id();
-    let ring: RingBuf<MapData> = ebpf
-        .take_map(names::MONITOR_EVENTS)
-        .unwrap()
-        .try_into()
-        .unwrap();
+    let rings = names::MONITOR_RINGS
+        .iter()
+        .map(|name| {
+            let ring: RingBuf<MapData> = ebpf.take_map(name).unwrap().try_into().unwrap();
+            Events::new(ring)
+        })
+        .collect();
     let mut dp = Datapath::new(ebpf, 0, 0);
     dp.programmer
         .sync(&web_service(VIP, backends, 8080), &mut dp.maps)
@@ -57,7 +60,14 @@ fn fixture(backends: &[Ipv4Addr]) -> Fixture {
     Fixture {
         dp,
         control_id,
-        events: Events::new(ring),
+        rings,
+    }
+}
+
+impl Fixture {
+    /// Every slot's events, by slot.
+    fn drain(&mut self) -> Vec<Vec<MonitorEvent>> {
+        self.rings.iter_mut().map(Events::drain).collect()
     }
 }
 
@@ -84,21 +94,26 @@ fn nothing_is_reported_while_no_monitor_holds_a_lease() {
     let out = f.dp.run(Hook::FromPod, &syn(40000));
     assert_ne!(out.verdict, TC_ACT_SHOT, "rejected with a RST");
     assert_eq!(f.dp.counter(Counter::RejectNoEndpoints), 1);
-    assert!(f.events.drain().is_empty());
+    assert!(f.drain().iter().all(Vec::is_empty));
 }
 
 #[test]
 fn a_reject_and_a_malformed_drop_are_reported_with_their_reason() {
     let mut f = fixture(&[]);
     let before = monotonic_ns();
-    let _lease = Lease::take(control(&f), DROPS).unwrap();
+    let lease = Lease::take(control(&f), DROPS).unwrap();
     f.dp.run(Hook::FromPod, &syn(40000));
     // A TCP packet cut inside its header.
     let mut cut = syn(40001);
     cut.truncate(14 + 20 + 10);
     cut[16..18].copy_from_slice(&30u16.to_be_bytes());
     assert_eq!(f.dp.run(Hook::FromNetdev, &cut).verdict, TC_ACT_SHOT);
-    let events = f.events.drain();
+    let mut by_slot = f.drain();
+    let events = std::mem::take(&mut by_slot[lease.slot()]);
+    assert!(
+        by_slot.iter().all(Vec::is_empty),
+        "other slots: {by_slot:?}"
+    );
     assert_eq!(events.len(), 2, "{events:#?}");
     let (reject, malformed) = (events[0], events[1]);
     assert!(reject.time_ns >= before && reject.time_ns <= monotonic_ns());
@@ -136,17 +151,20 @@ fn a_reject_and_a_malformed_drop_are_reported_with_their_reason() {
 }
 
 #[test]
-fn new_flows_reach_a_flows_lease_only_and_established_packets_never() {
+fn each_monitor_gets_its_kinds_in_its_own_ring_and_established_packets_never() {
     let mut f = fixture(&[BACKEND]);
     let mut drops = Lease::take(control(&f), DROPS).unwrap();
-    f.dp.run(Hook::FromPod, &syn(40000));
-    assert!(f.events.drain().is_empty(), "a drops lease sees no flows");
-
     let mut flows = Lease::take(control(&f), FLOWS).unwrap();
+    assert_ne!(drops.slot(), flows.slot());
     let out = f.dp.run(Hook::FromPod, &syn(40001));
     let again = f.dp.run(Hook::FromPod, &syn(40001));
     assert_eq!(out.packet, again.packet, "the second SYN is established");
-    let events = f.events.drain();
+    let mut by_slot = f.drain();
+    assert!(
+        by_slot[drops.slot()].is_empty(),
+        "a drops monitor sees no flows"
+    );
+    let events = std::mem::take(&mut by_slot[flows.slot()]);
     assert_eq!(events.len(), 1, "{events:#?}");
     let flow = events[0];
     assert_eq!(
@@ -179,36 +197,53 @@ fn new_flows_reach_a_flows_lease_only_and_established_packets_never() {
         "a pod's flow is not masqueraded"
     );
 
-    // The flows monitor leaves: the drops monitor keeps its own lease.
+    // The flows monitor leaves; the drops monitor keeps its lease.
     flows.release().unwrap();
     f.dp.run(Hook::FromPod, &syn(40002));
-    assert!(f.events.drain().is_empty(), "no flows monitor any more");
-    let current = control(&f).get(&0, 0).unwrap();
-    assert!(current.drops_until_ns > monotonic_ns(), "{current:?}");
+    assert!(
+        f.drain().iter().all(Vec::is_empty),
+        "no flows monitor any more"
+    );
+    let slot = control(&f).get(&0, 0).unwrap().slots[drops.slot()];
+    assert!(slot.drops_until_ns > monotonic_ns(), "{slot:?}");
     drops.renew().unwrap();
     drops.release().unwrap();
-    let current = control(&f).get(&0, 0).unwrap();
-    assert!(current.drops_until_ns <= monotonic_ns(), "{current:?}");
+    let slot = control(&f).get(&0, 0).unwrap().slots[drops.slot()];
+    assert!(slot.drops_until_ns <= monotonic_ns(), "{slot:?}");
 }
 
 #[test]
-fn a_lease_nobody_renews_ends_by_itself() {
+fn a_lease_nobody_renews_ends_by_itself_and_frees_its_slot() {
     let mut f = fixture(&[BACKEND]);
     // What a monitor killed with -9 leaves: a lease that runs out.
     let soon = monotonic_ns() + 100_000_000;
-    control(&f)
-        .set(
-            0,
-            MonitorControl {
-                drops_until_ns: soon,
-                flows_until_ns: soon,
-            },
-            0,
-        )
-        .unwrap();
+    let mut state = MonitorControl::default();
+    state.slots[0] = MonitorSlot {
+        drops_until_ns: soon,
+        flows_until_ns: soon,
+        owner: 1,
+        _pad: 0,
+    };
+    control(&f).set(0, state, 0).unwrap();
     f.dp.run(Hook::FromPod, &syn(40000));
-    assert_eq!(f.events.drain().len(), 1, "reported while the lease runs");
+    assert_eq!(f.drain()[0].len(), 1, "reported while the lease runs");
+    let busy = Lease::take(control(&f), DROPS).unwrap();
+    assert_ne!(busy.slot(), 0, "a running lease keeps its slot");
     std::thread::sleep(std::time::Duration::from_millis(150));
     f.dp.run(Hook::FromPod, &syn(40001));
-    assert!(f.events.drain().is_empty(), "the lease ran out");
+    assert!(f.drain()[0].is_empty(), "the lease ran out");
+    let next = Lease::take(control(&f), DROPS).unwrap();
+    assert_eq!(next.slot(), 0, "an expired slot is free again");
+}
+
+#[test]
+fn no_more_monitors_than_slots_run_at_once() {
+    let f = fixture(&[BACKEND]);
+    let held: Vec<Lease> = (0..MONITOR_SLOTS)
+        .map(|_| Lease::take(control(&f), FLOWS).unwrap())
+        .collect();
+    let slots: std::collections::BTreeSet<usize> = held.iter().map(Lease::slot).collect();
+    assert_eq!(slots.len(), MONITOR_SLOTS);
+    let refused = Lease::take(control(&f), FLOWS).err().unwrap();
+    assert!(matches!(refused, LeaseError::Full), "{refused}");
 }

@@ -109,7 +109,7 @@ impl EndpointFilter {
     }
 }
 
-fn service_filter(value: &str) -> Result<ServiceFilter, String> {
+pub fn service_filter(value: &str) -> Result<ServiceFilter, String> {
     let bad = || format!("{value:?} is not NAMESPACE/NAME or NAMESPACE/NAME:PORT");
     let (namespace, rest) = value.split_once('/').ok_or_else(bad)?;
     let (name, port) = match rest.split_once(':') {
@@ -126,7 +126,7 @@ fn service_filter(value: &str) -> Result<ServiceFilter, String> {
     })
 }
 
-fn endpoint_filter(value: &str) -> Result<EndpointFilter, String> {
+pub fn endpoint_filter(value: &str) -> Result<EndpointFilter, String> {
     match value.split_once(':') {
         Some((ip, p)) => Ok(EndpointFilter {
             ip: ipv4(ip)?,

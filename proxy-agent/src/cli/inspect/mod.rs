@@ -145,7 +145,7 @@ fn programs(set: &PinnedMapSet) -> anyhow::Result<kernel::ProgramsReport> {
 
 /// The service ids `--service` names. Names are needed: without the file,
 /// or when nothing matches, the error says so.
-fn service_ids(
+pub(crate) fn service_ids(
     filter: &ServiceFilter,
     tables: &ServiceTables,
     naming: &Naming,

@@ -1,6 +1,6 @@
-//! The user side of the monitor channel (`proxy_common::monitor`): a lease
-//! that turns the programs' reports on while it is renewed, and the ring
-//! buffer they report into. Used by `proxy-agent monitor`.
+//! The user side of the monitor channel (`proxy_common::monitor`): a slot's
+//! lease that turns the programs' reports on while it is renewed, and the
+//! slot's ring buffer they report into. Used by `proxy-agent monitor`.
 
 use std::{
     os::fd::{AsFd as _, AsRawFd as _},
@@ -9,8 +9,8 @@ use std::{
 
 use aya::maps::{Array, MapData, RingBuf};
 use proxy_common::{
-    MonitorControl, MonitorEvent,
-    monitor::{LEASE_NS, RENEW_NS},
+    MonitorControl, MonitorEvent, MonitorSlot,
+    monitor::{LEASE_NS, MONITOR_SLOTS, RENEW_NS},
 };
 
 /// `CLOCK_MONOTONIC`, the programs' `bpf_ktime_get_ns`.
@@ -31,30 +31,61 @@ pub struct Wanted {
     pub flows: bool,
 }
 
-/// This monitor's hold on `MONITOR`. Several monitors share the entry: each
-/// only ever extends what it wants, so none turns another off, and one that
-/// dies stops the reports within [`LEASE_NS`].
+/// Why no lease could be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("{MONITOR_SLOTS} monitors already run on this datapath; stop one first")]
+    Full,
+    #[error("the MONITOR map: {0}")]
+    Map(#[from] aya::maps::MapError),
+}
+
+/// This monitor's slot in `MONITOR`: its own lease and ring, so monitors
+/// never take each other's events or turn each other off. A monitor that
+/// dies stops its reports within [`LEASE_NS`], which frees the slot.
 pub struct Lease {
     control: Array<MapData, MonitorControl>,
+    slot: usize,
+    owner: u32,
     wanted: Wanted,
-    /// What this monitor last wrote, to release only a lease nobody renewed since.
-    written: Option<MonitorControl>,
     renewed_at: u64,
 }
 
 impl Lease {
+    /// Claims a free slot (one whose lease ran out).
     pub fn take(
-        control: Array<MapData, MonitorControl>,
+        mut control: Array<MapData, MonitorControl>,
         wanted: Wanted,
-    ) -> Result<Self, aya::maps::MapError> {
-        let mut lease = Lease {
-            control,
-            wanted,
-            written: None,
-            renewed_at: 0,
-        };
-        lease.renew()?;
-        Ok(lease)
+    ) -> Result<Self, LeaseError> {
+        let owner = std::process::id();
+        for slot in 0..MONITOR_SLOTS {
+            let now = monotonic_ns();
+            let current = control.get(&0, 0)?.slots[slot];
+            if current.drops_until_ns > now || current.flows_until_ns > now {
+                continue;
+            }
+            let mut lease = Lease {
+                control,
+                slot,
+                owner,
+                wanted,
+                renewed_at: 0,
+            };
+            lease.renew()?;
+            // Two monitors may have picked the same free slot: the last
+            // writer holds it, the other looks further.
+            std::thread::sleep(Duration::from_millis(2));
+            if lease.control.get(&0, 0)?.slots[slot].owner == owner {
+                return Ok(lease);
+            }
+            control = lease.control;
+        }
+        Err(LeaseError::Full)
+    }
+
+    /// The ring this lease's reports go to (`MONITOR_RINGS[slot]`).
+    pub fn slot(&self) -> usize {
+        self.slot
     }
 
     /// Extends the lease (call at least every [`RENEW_NS`]; [`Lease::due`] says when).
@@ -62,14 +93,13 @@ impl Lease {
         let now = monotonic_ns();
         let until = now + LEASE_NS;
         let mut control = self.control.get(&0, 0)?;
-        if self.wanted.drops {
-            control.drops_until_ns = control.drops_until_ns.max(until);
-        }
-        if self.wanted.flows {
-            control.flows_until_ns = control.flows_until_ns.max(until);
-        }
+        control.slots[self.slot] = MonitorSlot {
+            drops_until_ns: if self.wanted.drops { until } else { 0 },
+            flows_until_ns: if self.wanted.flows { until } else { 0 },
+            owner: self.owner,
+            _pad: 0,
+        };
         self.control.set(0, control, 0)?;
-        self.written = Some(control);
         self.renewed_at = now;
         Ok(())
     }
@@ -78,19 +108,13 @@ impl Lease {
         monotonic_ns().saturating_sub(self.renewed_at) >= RENEW_NS
     }
 
-    /// Ends the reports at once when no other monitor renewed since this one
-    /// did; otherwise the others keep theirs.
+    /// Ends this monitor's reports at once and frees the slot.
     pub fn release(&mut self) -> Result<(), aya::maps::MapError> {
-        let current = self.control.get(&0, 0)?;
-        if Some(current) == self.written.take() {
-            let mut control = current;
-            let now = monotonic_ns();
-            if self.wanted.drops {
-                control.drops_until_ns = now;
-            }
-            if self.wanted.flows {
-                control.flows_until_ns = now;
-            }
+        let mut control = self.control.get(&0, 0)?;
+        let slot = &mut control.slots[self.slot];
+        if slot.owner == self.owner {
+            slot.drops_until_ns = 0;
+            slot.flows_until_ns = 0;
             self.control.set(0, control, 0)?;
         }
         Ok(())
