@@ -178,7 +178,7 @@ impl Serving {
         let hard_fail = config.bind_address_hard_fail;
         if let Some((addr, listener)) = bound.healthz {
             servers.push(
-                proxy_server::serve_with_retry(
+                httpserve::serve_with_retry(
                     "proxy health server",
                     addr,
                     listener,
@@ -202,7 +202,7 @@ impl Serving {
                 configz: configz(opts),
             });
             servers.push(
-                proxy_server::serve_with_retry(
+                httpserve::serve_with_retry(
                     "metrics server",
                     addr,
                     listener,

@@ -1,6 +1,7 @@
 //! The little HTTP the agent serves (health, health-check node ports,
 //! metrics): hyper HTTP/1 over tokio, every request answered by one handler
-//! function, listeners bound as Go's `net.Listen("tcp", ...)` binds them.
+//! function, listeners bound as Go's `net.Listen("tcp", ...)` binds them and
+//! retried as upstream retries them.
 
 use std::{
     convert::Infallible,
@@ -14,7 +15,12 @@ use http_body_util::Full;
 use hyper::{Request, body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tracing::debug;
+use tracing::{debug, error, info};
+
+use crate::events::{EventRecorder, Regarding};
+
+/// How long a failed listen waits before the next try (upstream's `wait.Until` period).
+pub const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub type Response = hyper::Response<Full<Bytes>>;
 
@@ -70,6 +76,43 @@ pub async fn serve(listener: TcpListener, handler: Handler) {
                 debug!(%peer, error = %e, "HTTP connection");
             }
         });
+    }
+}
+
+/// Listens on `addr` (or starts with `bound`, already listening there) and
+/// serves `handler`, retrying a failed listen every [`LISTEN_RETRY`] with a
+/// Warning event `reason` on this node; with `hard_fail`
+/// (`bindAddressHardFail`) the first failure is returned instead. Never
+/// returns otherwise.
+pub async fn serve_with_retry(
+    what: &'static str,
+    addr: SocketAddr,
+    mut bound: Option<tokio::net::TcpListener>,
+    handler: Handler,
+    hard_fail: bool,
+    events: Arc<dyn EventRecorder>,
+    reason: &'static str,
+) -> anyhow::Error {
+    loop {
+        let listening = match bound.take() {
+            Some(listener) => Ok(listener),
+            None => listen(addr),
+        };
+        match listening {
+            Ok(listener) => {
+                info!(address = %addr, "{what} server listening");
+                serve(listener, handler.clone()).await;
+            }
+            Err(e) => {
+                let message = format!("failed to start {what} on {addr}: {e}");
+                events.warning(Regarding::ThisNode, reason, "StartKubeProxy", &message);
+                if hard_fail {
+                    return anyhow::anyhow!("{message} (bindAddressHardFail is set)");
+                }
+                error!(retry_in = ?LISTEN_RETRY, "{message}");
+            }
+        }
+        tokio::time::sleep(LISTEN_RETRY).await;
     }
 }
 
