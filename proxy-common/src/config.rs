@@ -1,6 +1,8 @@
 //! Node-wide settings the agent hands the datapath (`CONFIG`, a one-entry array),
 //! the interface table (`IFACES`) and the LPM-trie key data.
 
+use crate::family::{Family, V4, V6};
+
 /// Bits of [`DatapathConfig::flags`].
 pub mod flags {
     /// `masqueradeAll`: masquerade all traffic to cluster IPs.
@@ -63,16 +65,26 @@ pub struct IfaceInfo {
 /// LPM-trie data of `LOCAL_POD_CIDRS` (prefix length 0..=32).
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct Ipv4Prefix {
-    pub addr_be: u32,
+pub struct PrefixOf<F: Family> {
+    pub addr_be: F::Addr,
 }
+
+/// An IPv4 prefix's address (`LOCAL_POD_CIDRS`).
+pub type Ipv4Prefix = PrefixOf<V4>;
+/// An IPv6 one (`LOCAL_POD_CIDRS6`).
+pub type Ipv6Prefix = PrefixOf<V6>;
 
 /// LPM-trie data of `SOURCE_RANGES`: the service id (big-endian, so it is
 /// matched first and exactly) followed by the allowed source prefix; the
 /// trie prefix length is `32 + cidr length`.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct SourceRange {
+pub struct SourceRangeOf<F: Family> {
     pub service_be: u32,
-    pub addr_be: u32,
+    pub addr_be: F::Addr,
 }
+
+/// A service's allowed IPv4 source range (`SOURCE_RANGES`).
+pub type SourceRange = SourceRangeOf<V4>;
+/// An IPv6 one (`SOURCE_RANGES6`).
+pub type SourceRange6 = SourceRangeOf<V6>;

@@ -5,6 +5,8 @@
 //! and any source NAT), and the reply direction keyed by the tuple the
 //! backend's replies carry (`Reply`, remembers what to restore).
 
+use crate::family::{Family, V4, V6};
+
 #[repr(u8)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum CtDirection {
@@ -14,9 +16,9 @@ pub enum CtDirection {
 
 #[repr(C)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct CtKey {
-    pub saddr_be: u32,
-    pub daddr_be: u32,
+pub struct CtKeyOf<F: Family> {
+    pub saddr_be: F::Addr,
+    pub daddr_be: F::Addr,
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
@@ -25,10 +27,15 @@ pub struct CtKey {
     pub _pad: [u8; 2],
 }
 
-impl CtKey {
+/// An IPv4 flow half (`CONNTRACK`).
+pub type CtKey = CtKeyOf<V4>;
+/// An IPv6 flow half (`CONNTRACK6`).
+pub type CtKey6 = CtKeyOf<V6>;
+
+impl<F: Family> CtKeyOf<F> {
     pub const fn new(
-        saddr_be: u32,
-        daddr_be: u32,
+        saddr_be: F::Addr,
+        daddr_be: F::Addr,
         sport_be: u16,
         dport_be: u16,
         proto: u8,
@@ -66,9 +73,9 @@ pub mod flags {
 
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct CtValue {
+pub struct CtValueOf<F: Family> {
     /// Forward: the translated destination (backend). Reply: the frontend to restore as source.
-    pub nat_addr_be: u32,
+    pub nat_addr_be: F::Addr,
     pub nat_port_be: u16,
     pub flags: u16,
     pub service_id: u32,
@@ -76,13 +83,16 @@ pub struct CtValue {
     pub backend_id: u32,
     /// Forward: the masquerade source. Reply: the client to restore as destination.
     /// Both zero without source NAT.
-    pub snat_addr_be: u32,
+    pub snat_addr_be: F::Addr,
     pub snat_port_be: u16,
     pub _pad: u16,
     /// `bpf_ktime_get_ns()` of the last packet in this direction.
     pub last_seen_ns: u64,
     pub created_ns: u64,
 }
+
+pub type CtValue = CtValueOf<V4>;
+pub type CtValue6 = CtValueOf<V6>;
 
 /// Idle lifetimes used while the agent has not written [`crate::DatapathConfig`].
 /// They follow the kernel's and kube-proxy's defaults.

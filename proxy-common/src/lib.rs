@@ -9,6 +9,7 @@ pub mod action;
 pub mod backend;
 pub mod config;
 pub mod conntrack;
+pub mod family;
 pub mod maps;
 pub mod monitor;
 pub mod service;
@@ -18,12 +19,16 @@ pub mod stats;
 #[cfg(feature = "user")]
 mod pod;
 
-pub use backend::{Backend, BackendId};
-pub use config::{DatapathConfig, IfaceInfo, Ipv4Prefix, SourceRange};
-pub use conntrack::{CtDirection, CtKey, CtValue};
+pub use backend::{Backend, Backend6, BackendId, BackendOf};
+pub use config::{
+    DatapathConfig, IfaceInfo, Ipv4Prefix, Ipv6Prefix, PrefixOf, SourceRange, SourceRange6,
+    SourceRangeOf,
+};
+pub use conntrack::{CtDirection, CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf};
+pub use family::{Family, V4, V6};
 pub use monitor::{MonitorControl, MonitorEvent, MonitorSlot};
-pub use service::{FrontendKind, Scope, ServiceKey, ServiceValue};
-pub use sock::{SockDirection, SockKey, SockValue};
+pub use service::{FrontendKind, Scope, ServiceKey, ServiceKey6, ServiceKeyOf, ServiceValue};
+pub use sock::{SockDirection, SockKey, SockKey6, SockKeyOf, SockValue, SockValue6, SockValueOf};
 pub use stats::Counter;
 
 /// Bumped whenever a map type changes layout, so an agent never reuses maps
@@ -57,5 +62,14 @@ assert_layout!(SockValue, size = 16, align = 4);
 assert_layout!(IfaceInfo, size = 4, align = 4);
 assert_layout!(Ipv4Prefix, size = 4, align = 4);
 assert_layout!(SourceRange, size = 8, align = 4);
+// The IPv6 instances: the same fields with 16-byte addresses, no implicit padding.
+assert_layout!(ServiceKey6, size = 24, align = 4);
+assert_layout!(Backend6, size = 20, align = 4);
+assert_layout!(CtKey6, size = 40, align = 4);
+assert_layout!(CtValue6, size = 64, align = 8);
+assert_layout!(SockKey6, size = 32, align = 8);
+assert_layout!(SockValue6, size = 28, align = 4);
+assert_layout!(Ipv6Prefix, size = 16, align = 4);
+assert_layout!(SourceRange6, size = 20, align = 4);
 assert_layout!(MonitorControl, size = 96, align = 8);
 assert_layout!(MonitorEvent, size = 56, align = 8);

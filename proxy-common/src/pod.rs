@@ -14,3 +14,11 @@ unsafe impl aya::Pod for crate::SockValue {}
 unsafe impl aya::Pod for crate::MonitorControl {}
 unsafe impl aya::Pod for crate::MonitorEvent {}
 unsafe impl aya::Pod for crate::MonitorSlot {}
+unsafe impl aya::Pod for crate::ServiceKey6 {}
+unsafe impl aya::Pod for crate::Backend6 {}
+unsafe impl aya::Pod for crate::CtKey6 {}
+unsafe impl aya::Pod for crate::CtValue6 {}
+unsafe impl aya::Pod for crate::Ipv6Prefix {}
+unsafe impl aya::Pod for crate::SourceRange6 {}
+unsafe impl aya::Pod for crate::SockKey6 {}
+unsafe impl aya::Pod for crate::SockValue6 {}

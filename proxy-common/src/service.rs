@@ -10,6 +10,8 @@
 //! [`Scope::ClusterWide`]: those serve clients upstream treats as "local"
 //! (pods of this node), which bypass the external traffic policy.
 
+use crate::family::{Family, V4, V6};
+
 #[repr(u8)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Scope {
@@ -20,8 +22,8 @@ pub enum Scope {
 /// Key of the `SERVICES` map.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceKey {
-    pub addr_be: u32,
+pub struct ServiceKeyOf<F: Family> {
+    pub addr_be: F::Addr,
     pub port_be: u16,
     /// 0 is the frontend entry; 1.. are backend slots.
     pub slot: u16,
@@ -31,8 +33,13 @@ pub struct ServiceKey {
     pub _pad: [u8; 2],
 }
 
-impl ServiceKey {
-    pub const fn frontend(addr_be: u32, port_be: u16, proto: u8) -> Self {
+/// An IPv4 frontend or backend slot (`SERVICES`).
+pub type ServiceKey = ServiceKeyOf<V4>;
+/// An IPv6 one (`SERVICES6`).
+pub type ServiceKey6 = ServiceKeyOf<V6>;
+
+impl<F: Family> ServiceKeyOf<F> {
+    pub const fn frontend(addr_be: F::Addr, port_be: u16, proto: u8) -> Self {
         Self {
             addr_be,
             port_be,
@@ -45,7 +52,7 @@ impl ServiceKey {
 
     /// The entry that marks `addr_be` as a cluster IP: traffic to one of its
     /// ports that is not a service port is rejected, as upstream's nftables mode does.
-    pub const fn cluster_ip(addr_be: u32) -> Self {
+    pub const fn cluster_ip(addr_be: F::Addr) -> Self {
         Self::frontend(addr_be, 0, 0)
     }
 

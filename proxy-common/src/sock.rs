@@ -11,6 +11,8 @@
 //! service keep going to, as the kernel's conntrack keeps a UDP flow on one
 //! endpoint).
 
+use crate::family::{Family, V4, V6};
+
 #[repr(u8)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum SockDirection {
@@ -23,23 +25,31 @@ pub enum SockDirection {
 /// Key of `SOCKETS`: the socket (its cookie) and the address it talks to.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct SockKey {
+pub struct SockKeyOf<F: Family> {
     pub cookie: u64,
-    pub addr_be: u32,
+    pub addr_be: F::Addr,
     pub port_be: u16,
     pub proto: u8,
     /// A [`SockDirection`] as `u8`.
     pub direction: u8,
+    /// Nothing for IPv4; IPv6 keys end 4 bytes short of their 8-byte alignment.
+    pub _tail: F::TailPad,
 }
 
-impl SockKey {
-    pub const fn new(cookie: u64, addr_be: u32, port_be: u16, proto: u8, d: SockDirection) -> Self {
+/// An IPv4 socket's translation (`SOCKETS`).
+pub type SockKey = SockKeyOf<V4>;
+/// An IPv6 socket's translation (`SOCKETS6`).
+pub type SockKey6 = SockKeyOf<V6>;
+
+impl<F: Family> SockKeyOf<F> {
+    pub fn new(cookie: u64, addr_be: F::Addr, port_be: u16, proto: u8, d: SockDirection) -> Self {
         Self {
             cookie,
             addr_be,
             port_be,
             proto,
             direction: d as u8,
+            _tail: F::TailPad::default(),
         }
     }
 }
@@ -47,11 +57,14 @@ impl SockKey {
 /// Value of `SOCKETS`: the other side of the translation.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct SockValue {
-    pub addr_be: u32,
+pub struct SockValueOf<F: Family> {
+    pub addr_be: F::Addr,
     pub port_be: u16,
     pub _pad: u16,
     /// The frontend's service id, to tell which sockets a service concerns.
     pub service_id: u32,
     pub backend_id: u32,
 }
+
+pub type SockValue = SockValueOf<V4>;
+pub type SockValue6 = SockValueOf<V6>;
