@@ -96,7 +96,9 @@ pub fn parse<F: Frame>(ctx: &F) -> Result<Option<Packet>, Counter> {
         return Ok(None);
     }
     let ihl = (ip.ver_ihl & 0x0f) as usize * 4;
-    if ihl < 20 {
+    // As the kernel's ip_rcv: a header that is not IPv4 or shorter than its
+    // minimum is dropped, never translated.
+    if ip.ver_ihl >> 4 != 4 || ihl < 20 {
         return Err(Counter::DropMalformed);
     }
     let l4_off = ETH_HLEN + ihl;
@@ -109,6 +111,13 @@ pub fn parse<F: Frame>(ctx: &F) -> Result<Option<Packet>, Counter> {
     );
     // Ports plus the checksum field must be readable: 18 bytes for TCP, 8 for UDP.
     let l4_need = if proto == proto::TCP { 18 } else { 8 };
+    // ... and inside the datagram the header declares. A total length of 0
+    // is a BIG TCP aggregate (the length is the skb's), and the bytes
+    // beyond the linear data of a GRO packet are not in view: only the
+    // lower bound can be checked here.
+    if tot_len != 0 && (tot_len as usize) < ihl + l4_need {
+        return Err(Counter::DropMalformed);
+    }
     if ctx.data() + l4_off + l4_need > ctx.data_end() {
         return Err(Counter::DropMalformed);
     }

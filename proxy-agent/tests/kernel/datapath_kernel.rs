@@ -252,6 +252,32 @@ fn truncated_l4_header_is_dropped_and_counted() {
 }
 
 #[test]
+fn invalid_ipv4_headers_are_dropped_never_translated() {
+    let good = Frame::tcp(CLIENT, 40009, VIP, 80).build(b"payload");
+    let ip = packet::ETH_HLEN;
+    let mut not_v4 = good.clone();
+    not_v4[ip] = 0x65; // version 6 in an IPv4 frame
+    let mut short_total = good.clone();
+    short_total[ip + 2..ip + 4].copy_from_slice(&30u16.to_be_bytes()); // < 20 + 18
+    let mut big_tcp = good.clone();
+    big_tcp[ip + 2..ip + 4].copy_from_slice(&0u16.to_be_bytes()); // BIG TCP: length 0
+    // Only the field under test is wrong: the header checksums match.
+    for pkt in [&mut not_v4, &mut short_total, &mut big_tcp] {
+        pkt[ip + 10..ip + 12].fill(0);
+        let sum = packet::checksum(&[&pkt[ip..ip + packet::IPV4_HLEN]]);
+        pkt[ip + 10..ip + 12].copy_from_slice(&sum.to_be_bytes());
+    }
+    play(vec![
+        send(FromPod, In::Bytes(not_v4), TC_ACT_SHOT, []),
+        send(FromPod, In::Bytes(short_total), TC_ACT_SHOT, []),
+        counters([(Counter::DropMalformed, 2), (Counter::NewFlow, 0)]),
+        // Translated (its L4 checksum cannot be checked here: the length is the skb's).
+        send(FromPod, In::Bytes(big_tcp), TC_ACT_OK, []),
+        counters([(Counter::DropMalformed, 2), (Counter::NewFlow, 1)]),
+    ]);
+}
+
+#[test]
 fn new_flows_are_spread_over_all_backends() {
     let f = fixture();
     let mut hits = [0u32; 3];

@@ -1147,6 +1147,13 @@ impl Parsed {
         packet::checksum(&[&pseudo, l4]) == 0
     }
 
+    /// Headers the datapath drops as malformed, as ip_rcv would: not
+    /// version 4, or a total length (0: BIG TCP, unknown) too short for the
+    /// IP header and the L4 ports and checksum.
+    fn header_unfit(&self) -> bool {
+        self.version != 4 || (self.tot_len != 0 && self.tot_len < self.csum_off + 2 - ETH_HLEN)
+    }
+
     /// Why the kernel's IPv4 input (ip_rcv) would drop this packet, if it would.
     fn kernel_drops(&self, pkt: &[u8]) -> Option<&'static str> {
         if self.version != 4 {
@@ -1363,6 +1370,9 @@ impl<'a> Oracle<'a> {
             }
             return Ok(Judged::Passed);
         };
+        if is_drop(hook, v) && p.header_unfit() {
+            return Ok(Judged::Dropped);
+        }
         let t = p.t;
         let fe = self.world.frontend(&t);
         let unused_port = fe.is_none() && self.world.cluster_ips.contains(&t.dst);
