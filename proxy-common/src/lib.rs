@@ -26,7 +26,7 @@ pub use config::{
 };
 pub use conntrack::{CtDirection, CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf};
 pub use family::{Family, V4, V6};
-pub use monitor::{MonitorControl, MonitorEvent, MonitorSlot};
+pub use monitor::{MonitorEvent, MonitorSlot};
 pub use service::{FrontendKind, Scope, ServiceKey, ServiceKey6, ServiceKeyOf, ServiceValue};
 pub use sock::{SockDirection, SockKey, SockKey6, SockKeyOf, SockValue, SockValue6, SockValueOf};
 pub use stats::Counter;
@@ -71,5 +71,5 @@ assert_layout!(SockKey6, size = 32, align = 8);
 assert_layout!(SockValue6, size = 28, align = 4);
 assert_layout!(Ipv6Prefix, size = 16, align = 4);
 assert_layout!(SourceRange6, size = 20, align = 4);
-assert_layout!(MonitorControl, size = 96, align = 8);
+assert_layout!(MonitorSlot, size = 24, align = 8);
 assert_layout!(MonitorEvent, size = 56, align = 8);

@@ -2,13 +2,16 @@
 //! (drops and rejects with the reason, new flows with the endpoint chosen)
 //! into a ring buffer, but only while a monitor holds a lease in `MONITOR`.
 //! Each running monitor has a slot of its own (a lease and a ring), so
-//! monitors never take each other's events. Nobody listening costs one
-//! array lookup on the slow paths (drops, new flows) and nothing on
-//! established flows.
+//! monitors never take each other's events. Nobody listening costs a clock
+//! read and one array lookup per slot on the slow paths (drops, rejects,
+//! new flows) and nothing on established flows.
 
 /// Monitors that can run at once.
 pub const MONITOR_SLOTS: usize = 4;
 
+/// Entry `i` of `MONITOR` (an array of [`MONITOR_SLOTS`]); slot `i` reports
+/// into `MONITOR_RINGS[i]`. Each monitor writes only its own entry.
+///
 /// One monitor's lease: until when (`bpf_ktime_get_ns`, i.e.
 /// `CLOCK_MONOTONIC`) it wants each kind of event in its ring. Renewed while
 /// the monitor runs; one that dies stops its events within a lease and
@@ -21,13 +24,6 @@ pub struct MonitorSlot {
     /// The holder's process id (0: never held).
     pub owner: u32,
     pub _pad: u32,
-}
-
-/// `MONITOR`'s one entry: the slots; slot `i` reports into `MONITOR_RINGS[i]`.
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct MonitorControl {
-    pub slots: [MonitorSlot; MONITOR_SLOTS],
 }
 
 /// How long one renewal of a lease lasts, and how often monitors renew it.

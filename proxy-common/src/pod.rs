@@ -11,7 +11,6 @@ unsafe impl aya::Pod for crate::Ipv4Prefix {}
 unsafe impl aya::Pod for crate::SourceRange {}
 unsafe impl aya::Pod for crate::SockKey {}
 unsafe impl aya::Pod for crate::SockValue {}
-unsafe impl aya::Pod for crate::MonitorControl {}
 unsafe impl aya::Pod for crate::MonitorEvent {}
 unsafe impl aya::Pod for crate::MonitorSlot {}
 unsafe impl aya::Pod for crate::ServiceKey6 {}

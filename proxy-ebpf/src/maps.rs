@@ -3,13 +3,13 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use proxy_common::{
-    Backend, BackendId, CtKey, CtValue, DatapathConfig, IfaceInfo, Ipv4Prefix, MonitorControl,
+    Backend, BackendId, CtKey, CtValue, DatapathConfig, IfaceInfo, Ipv4Prefix, MonitorSlot,
     ServiceKey, ServiceValue, SockKey, SockValue, SourceRange,
     maps::{
         MAX_BACKENDS, MAX_CONNTRACK, MAX_IFACES, MAX_LOCAL_POD_CIDRS, MAX_SERVICE_ENTRIES,
         MAX_SOCKETS, MAX_SOURCE_RANGES,
     },
-    monitor::MONITOR_RING_BYTES,
+    monitor::{MONITOR_RING_BYTES, MONITOR_SLOTS},
     stats::COUNTER_MAX,
 };
 
@@ -45,7 +45,7 @@ pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> =
 pub static SOCKETS: LruHashMap<SockKey, SockValue> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);
 
 #[map]
-pub static MONITOR: Array<MonitorControl> = Array::with_max_entries(1, 0);
+pub static MONITOR: Array<MonitorSlot> = Array::with_max_entries(MONITOR_SLOTS as u32, 0);
 
 // One ring per monitor slot; the names must equal `proxy_common::maps::MONITOR_RINGS`.
 #[map]

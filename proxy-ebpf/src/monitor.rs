@@ -4,7 +4,7 @@
 
 use aya_ebpf::maps::RingBuf;
 use proxy_common::{
-    Counter, MonitorEvent, MonitorSlot,
+    Counter, MonitorEvent,
     monitor::{MONITOR_SLOTS, event_flags, kind},
 };
 
@@ -34,26 +34,21 @@ pub struct Tuple {
 /// Sends `event` (stamped now) to every slot whose lease wants `flows` or drops.
 #[inline(always)]
 fn report(flows: bool, event: &MonitorEvent) {
-    let Some(control) = MONITOR.get(0) else {
-        return;
-    };
-    let wants = |slot: &MonitorSlot, now: u64| {
-        now < if flows {
-            slot.flows_until_ns
-        } else {
-            slot.drops_until_ns
-        }
-    };
-    if !control.slots.iter().any(|s| s.owner != 0) {
-        return;
-    }
     let now = conntrack::now_ns();
     let stamped = MonitorEvent {
         time_ns: now,
         ..*event
     };
-    for (slot, ring) in control.slots.iter().zip(RINGS) {
-        if wants(slot, now) && ring.output::<MonitorEvent>(&stamped, 0).is_err() {
+    for (i, ring) in RINGS.iter().enumerate() {
+        let Some(slot) = MONITOR.get(i as u32) else {
+            continue;
+        };
+        let until = if flows {
+            slot.flows_until_ns
+        } else {
+            slot.drops_until_ns
+        };
+        if now < until && ring.output::<MonitorEvent>(&stamped, 0).is_err() {
             count(Counter::MonitorLost);
         }
     }

@@ -13,7 +13,7 @@ use std::{
 
 use aya::maps::{Array, Map, MapData, RingBuf};
 use proxy_agent::modes::ebpf::monitor::{Events, monotonic_ns};
-use proxy_common::MonitorControl;
+use proxy_common::MonitorSlot;
 use serde_json::Value;
 use testbed::{
     clients::{ConnectOutcome, tcp_connect_outcome},
@@ -259,16 +259,15 @@ fn monitors_stream_drops_rejects_and_flows_and_leave_the_datapath_quiet() {
     );
 
     // Every monitor left: the lease is off, the programs report nothing.
-    let control: Array<MapData, MonitorControl> =
+    let control: Array<MapData, MonitorSlot> =
         Map::from_map_data(MapData::from_pin(pin_dir.join("MONITOR")).unwrap())
             .unwrap()
             .try_into()
             .unwrap();
-    let leases = control.get(&0, 0).unwrap();
     let now = monotonic_ns();
+    let leases: Vec<MonitorSlot> = control.iter().map(Result::unwrap).collect();
     assert!(
         leases
-            .slots
             .iter()
             .all(|s| s.drops_until_ns <= now && s.flows_until_ns <= now),
         "{leases:?} at {now}"

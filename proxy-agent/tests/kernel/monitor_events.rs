@@ -15,7 +15,7 @@ use proxy_agent::{
     },
 };
 use proxy_common::{
-    Counter, MonitorControl, MonitorEvent, MonitorSlot,
+    Counter, MonitorEvent, MonitorSlot,
     action::TC_ACT_SHOT,
     maps as names,
     monitor::{MONITOR_SLOTS, event_flags, hook, kind},
@@ -36,14 +36,14 @@ struct Fixture {
 }
 
 /// A handle on the fixture's `MONITOR`, as each monitor process opens its own.
-fn control(f: &Fixture) -> Array<MapData, MonitorControl> {
+fn control(f: &Fixture) -> Array<MapData, MonitorSlot> {
     let data = MapData::from_id(f.control_id).unwrap();
     Map::from_map_data(data).unwrap().try_into().unwrap()
 }
 
 fn fixture(backends: &[Ipv4Addr]) -> Fixture {
     let mut ebpf = ebpf::load().expect("load the eBPF object (are we root?)");
-    let control: Array<MapData, MonitorControl> =
+    let control: Array<MapData, MonitorSlot> =
         ebpf.take_map(names::MONITOR).unwrap().try_into().unwrap();
     let control_id = control.map().info().unwrap().id();
     let rings = names::MONITOR_RINGS
@@ -204,11 +204,11 @@ fn each_monitor_gets_its_kinds_in_its_own_ring_and_established_packets_never() {
         f.drain().iter().all(Vec::is_empty),
         "no flows monitor any more"
     );
-    let slot = control(&f).get(&0, 0).unwrap().slots[drops.slot()];
+    let slot = control(&f).get(&(drops.slot() as u32), 0).unwrap();
     assert!(slot.drops_until_ns > monotonic_ns(), "{slot:?}");
     drops.renew().unwrap();
     drops.release().unwrap();
-    let slot = control(&f).get(&0, 0).unwrap().slots[drops.slot()];
+    let slot = control(&f).get(&(drops.slot() as u32), 0).unwrap();
     assert!(slot.drops_until_ns <= monotonic_ns(), "{slot:?}");
 }
 
@@ -217,14 +217,13 @@ fn a_lease_nobody_renews_ends_by_itself_and_frees_its_slot() {
     let mut f = fixture(&[BACKEND]);
     // What a monitor killed with -9 leaves: a lease that runs out.
     let soon = monotonic_ns() + 100_000_000;
-    let mut state = MonitorControl::default();
-    state.slots[0] = MonitorSlot {
+    let dead = MonitorSlot {
         drops_until_ns: soon,
         flows_until_ns: soon,
         owner: 1,
         _pad: 0,
     };
-    control(&f).set(0, state, 0).unwrap();
+    control(&f).set(0, dead, 0).unwrap();
     f.dp.run(Hook::FromPod, &syn(40000));
     assert_eq!(f.drain()[0].len(), 1, "reported while the lease runs");
     let busy = Lease::take(control(&f), DROPS).unwrap();
@@ -246,4 +245,23 @@ fn no_more_monitors_than_slots_run_at_once() {
     assert_eq!(slots.len(), MONITOR_SLOTS);
     let refused = Lease::take(control(&f), FLOWS).err().unwrap();
     assert!(matches!(refused, LeaseError::Full), "{refused}");
+}
+
+#[test]
+fn a_full_ring_counts_every_event_it_could_not_hold() {
+    let mut f = fixture(&[BACKEND]);
+    let lease = Lease::take(control(&f), FLOWS).unwrap();
+    // More new flows than a 256 KiB ring holds, none read meanwhile.
+    let sent = 6000u16;
+    for i in 0..sent {
+        f.dp.run(Hook::FromPod, &syn(20000 + i));
+    }
+    let received = f.drain()[lease.slot()].len() as u64;
+    let lost = f.dp.counter(Counter::MonitorLost);
+    assert!(lost > 0, "the ring never filled ({received} received)");
+    assert_eq!(
+        received + lost,
+        u64::from(sent),
+        "{received} received, {lost} lost"
+    );
 }

@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::Context as _;
 use aya::maps::{Array, Map, MapData, RingBuf};
-use proxy_common::{Counter, MonitorControl, maps as names};
+use proxy_common::{Counter, MonitorSlot, maps as names};
 
 use args::MonitorArgs;
 use event::{Described, Filter};
@@ -28,7 +28,7 @@ use crate::{
         pins::{PinnedMaps, open},
     },
     modes::ebpf::{
-        monitor::{Events, Lease, Wanted, monotonic_ns},
+        monitor::{ClaimLock, Events, Lease, Wanted, monotonic_ns},
         stats,
     },
 };
@@ -51,7 +51,7 @@ pub fn main(args: MonitorArgs) -> ExitCode {
 pub fn run(args: &MonitorArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let dir = args.pins.dir();
     let pinned = PinnedMaps::open(&dir)?;
-    let (control, _): (Array<MapData, MonitorControl>, u32) = open(&dir, names::MONITOR)
+    let (control, _): (Array<MapData, MonitorSlot>, u32) = open(&dir, names::MONITOR)
         .context("this agent's datapath has no monitor channel (is it older than this command?)")?;
     let (stats, _): (aya::maps::PerCpuArray<MapData, u64>, u32) = open(&dir, names::STATS)?;
     let tables = ServiceTables::read(&pinned.maps)?;
@@ -82,7 +82,10 @@ pub fn run(args: &MonitorArgs, out: &mut dyn std::io::Write) -> anyhow::Result<(
     };
     // What an earlier holder of the slot left unread is older than this.
     let since = monotonic_ns();
-    let mut lease = Lease::take(control, wanted)?;
+    let mut lease = {
+        let _claiming = ClaimLock::on(&dir).context("--pin-dir: locking it to claim a slot")?;
+        Lease::take(control, wanted)?
+    };
     let mut events = match ring(&dir, lease.slot()) {
         Ok(ring) => Events::new(ring),
         Err(e) => {

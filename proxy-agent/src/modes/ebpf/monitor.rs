@@ -9,7 +9,7 @@ use std::{
 
 use aya::maps::{Array, MapData, RingBuf};
 use proxy_common::{
-    MonitorControl, MonitorEvent, MonitorSlot,
+    MonitorEvent, MonitorSlot,
     monitor::{LEASE_NS, MONITOR_SLOTS, RENEW_NS},
 };
 
@@ -40,12 +40,13 @@ pub enum LeaseError {
     Map(#[from] aya::maps::MapError),
 }
 
-/// This monitor's slot in `MONITOR`: its own lease and ring, so monitors
-/// never take each other's events or turn each other off. A monitor that
-/// dies stops its reports within [`LEASE_NS`], which frees the slot.
+/// This monitor's slot in `MONITOR`: its own entry (lease) and ring, so
+/// monitors never take each other's events or turn each other off. A
+/// monitor that dies stops its reports within [`LEASE_NS`], which frees the
+/// slot. Claims must not race: callers hold [`ClaimLock`] around [`Lease::take`].
 pub struct Lease {
-    control: Array<MapData, MonitorControl>,
-    slot: usize,
+    control: Array<MapData, MonitorSlot>,
+    slot: u32,
     owner: u32,
     wanted: Wanted,
     renewed_at: u64,
@@ -53,53 +54,43 @@ pub struct Lease {
 
 impl Lease {
     /// Claims a free slot (one whose lease ran out).
-    pub fn take(
-        mut control: Array<MapData, MonitorControl>,
-        wanted: Wanted,
-    ) -> Result<Self, LeaseError> {
-        let owner = std::process::id();
-        for slot in 0..MONITOR_SLOTS {
-            let now = monotonic_ns();
-            let current = control.get(&0, 0)?.slots[slot];
-            if current.drops_until_ns > now || current.flows_until_ns > now {
-                continue;
-            }
-            let mut lease = Lease {
-                control,
-                slot,
-                owner,
-                wanted,
-                renewed_at: 0,
-            };
-            lease.renew()?;
-            // Two monitors may have picked the same free slot: the last
-            // writer holds it, the other looks further.
-            std::thread::sleep(Duration::from_millis(2));
-            if lease.control.get(&0, 0)?.slots[slot].owner == owner {
-                return Ok(lease);
-            }
-            control = lease.control;
-        }
-        Err(LeaseError::Full)
+    pub fn take(control: Array<MapData, MonitorSlot>, wanted: Wanted) -> Result<Self, LeaseError> {
+        let now = monotonic_ns();
+        let free = (0..MONITOR_SLOTS as u32).find(|i| {
+            control
+                .get(i, 0)
+                .is_ok_and(|s| s.drops_until_ns <= now && s.flows_until_ns <= now)
+        });
+        let Some(slot) = free else {
+            return Err(LeaseError::Full);
+        };
+        let mut lease = Lease {
+            control,
+            slot,
+            owner: std::process::id(),
+            wanted,
+            renewed_at: 0,
+        };
+        lease.renew()?;
+        Ok(lease)
     }
 
     /// The ring this lease's reports go to (`MONITOR_RINGS[slot]`).
     pub fn slot(&self) -> usize {
-        self.slot
+        self.slot as usize
     }
 
     /// Extends the lease (call at least every [`RENEW_NS`]; [`Lease::due`] says when).
     pub fn renew(&mut self) -> Result<(), aya::maps::MapError> {
         let now = monotonic_ns();
         let until = now + LEASE_NS;
-        let mut control = self.control.get(&0, 0)?;
-        control.slots[self.slot] = MonitorSlot {
+        let lease = MonitorSlot {
             drops_until_ns: if self.wanted.drops { until } else { 0 },
             flows_until_ns: if self.wanted.flows { until } else { 0 },
             owner: self.owner,
             _pad: 0,
         };
-        self.control.set(0, control, 0)?;
+        self.control.set(self.slot, lease, 0)?;
         self.renewed_at = now;
         Ok(())
     }
@@ -110,14 +101,28 @@ impl Lease {
 
     /// Ends this monitor's reports at once and frees the slot.
     pub fn release(&mut self) -> Result<(), aya::maps::MapError> {
-        let mut control = self.control.get(&0, 0)?;
-        let slot = &mut control.slots[self.slot];
-        if slot.owner == self.owner {
-            slot.drops_until_ns = 0;
-            slot.flows_until_ns = 0;
-            self.control.set(0, control, 0)?;
+        let freed = MonitorSlot {
+            owner: self.owner,
+            ..MonitorSlot::default()
+        };
+        self.control.set(self.slot, freed, 0)
+    }
+}
+
+/// An exclusive `flock` on the pinned maps' directory while a slot is
+/// claimed, so two monitors starting at once never pick the same slot.
+pub struct ClaimLock {
+    _locked: std::fs::File,
+}
+
+impl ClaimLock {
+    pub fn on(dir: &std::path::Path) -> std::io::Result<Self> {
+        let file = std::fs::File::open(dir)?;
+        // SAFETY: flock on a descriptor this struct owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(std::io::Error::last_os_error());
         }
-        Ok(())
+        Ok(ClaimLock { _locked: file })
     }
 }
 
