@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod model;
 pub mod modes;
 pub mod options;
+pub mod serving;
 pub mod sources;
 pub mod startup;
 pub mod sync;
