@@ -64,9 +64,12 @@ pub fn run(agent: &Path, example: &Path) -> anyhow::Result<()> {
     );
     // The socket hooks go on a cgroup of the demo's own, never the host's root.
     let cgroup = testbed::cgroup::TestCgroup::new("demo")?;
+    // Its names for `inspect` go to a directory of the demo's own, not the host's /run.
+    let state = std::env::temp_dir().join(format!("{}-state", tb.id));
     let child = Command::new("ip")
         .args(["netns", "exec", &tb.node_ns])
         .arg(agent)
+        .arg(format!("--ebpf-state-dir={}", state.display()))
         .arg(format!(
             "--ebpf-socket-lb-cgroup-path={}",
             cgroup.seen_from_other_mount_namespaces().display()
@@ -104,6 +107,7 @@ pub fn run(agent: &Path, example: &Path) -> anyhow::Result<()> {
     println!("\n== stopping the agent (SIGTERM): programs detach, the testbed is removed");
     let status = agent.stop();
     let _ = fs::remove_dir_all(&dir);
+    let _ = fs::remove_dir_all(&state);
     match status {
         Some(s) if s.success() => Ok(()),
         other => bail!("the agent exited badly: {other:?}"),

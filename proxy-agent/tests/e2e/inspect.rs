@@ -15,20 +15,12 @@ use std::{
 use aya::maps::{HashMap, Map, MapData};
 use proxy_common::{CtKey, CtValue, ServiceKey, ServiceValue};
 use serde_json::Value;
-use testbed::{
-    clients::tcp_connect_outcome,
-    cluster::{Cluster, NodeId},
-    servers::IdentityServer,
-};
+use testbed::{clients::tcp_connect_outcome, cluster::NodeId};
 
-use crate::cleanup_common::BpfFs;
 use crate::explain_common::*;
-use crate::support::{Agent, wait_for};
+use crate::support::PinnedScene;
 
 const TIMEOUT: Duration = Duration::from_millis(800);
-/// The client's second address: only the readiness probe uses it, so the
-/// client's main address has exactly the connections the test makes.
-const PROBE_SOURCE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
 const NODEPORT_CONNECTIONS: usize = 3;
 const CLUSTER_IP_CONNECTIONS: usize = 2;
 
@@ -98,54 +90,15 @@ fn connect(ns: &str, src: Option<Ipv4Addr>, ip: Ipv4Addr, port: u16) {
 
 #[test]
 fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments() {
-    let mut cluster = Cluster::new().unwrap();
-    let web_a = cluster.add_pod(NodeId::A, "web-a").unwrap();
-    let client_a = cluster.add_pod(NodeId::A, "client-a").unwrap();
-    let web_b = cluster.add_pod(NodeId::B, "web-b").unwrap();
-    assert_eq!((web_a.ip, client_a.ip, web_b.ip), (WEB_A, POD_A, WEB_B));
-    cluster.client_add_address("198.18.0.101/24").unwrap();
-    let _servers = [
-        IdentityServer::start(&web_a.ns, "web-a", BACKEND_PORT).unwrap(),
-        IdentityServer::start(&web_b.ns, "web-b", BACKEND_PORT).unwrap(),
-    ];
-    let node = cluster.node(NodeId::A);
-    let (ns, eth0) = (node.ns.clone(), node.eth0.clone());
-    let client_ns = cluster.client().ns.clone();
-
-    let dir = tempfile::tempdir().unwrap();
-    write_manifests(dir.path());
-    let state_dir = dir.path().join("state");
-    let bpffs = BpfFs::new();
-    let root = bpffs.dir.join("kube-ebpf-proxy");
-    let pin_dir = root.join(format!("v{}/maps", proxy_common::ABI_VERSION));
-    let mut agent = Agent::start_as(
-        &ns,
-        "node-a",
-        dir.path(),
-        dir.path().join("agent.log"),
-        &[
-            "--detect-local-mode",
-            "NodeCIDR",
-            "--ebpf-pin-root",
-            root.to_str().unwrap(),
-            "--ebpf-state-dir",
-            state_dir.to_str().unwrap(),
-            "--ebpf-detach-on-exit",
-        ],
+    let mut scene = PinnedScene::start();
+    let (ns, client_ns, pin_dir, state_dir) = (
+        scene.ns.clone(),
+        scene.client_ns.clone(),
+        scene.pin_dir.clone(),
+        scene.state_dir.clone(),
     );
-    wait_for(Duration::from_secs(30), "the NodePort to answer", || {
-        let target = SocketAddrV4::new(NODE_A, REMOTE_NODEPORT);
-        tcp_connect_outcome(&client_ns, Some(PROBE_SOURCE), target, TIMEOUT)
-            .identity()
-            .map(|_| ())
-    });
-    // Published right after the sync that programmed the maps.
-    wait_for(Duration::from_secs(5), "the names to be published", || {
-        state_dir
-            .join("datapath-names.json")
-            .is_file()
-            .then_some(())
-    });
+    let eth0 = scene.cluster.node(NodeId::A).eth0.clone();
+    let client_a = scene.client_a.clone();
 
     // Traffic: through the NodePort from outside, through the ClusterIP from a pod.
     let before = counters(&ns, &pin_dir, &state_dir);
@@ -423,7 +376,7 @@ fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments()
         hooks_of(&client_a.host_veth),
         hooks(&[("tc_ingress", "tc_from_pod"), ("tc_egress", "tc_from_host")])
     );
-    let cgroup = agent.cgroup.as_ref().expect("the agent's own cgroup");
+    let cgroup = scene.agent.cgroup.as_ref().expect("the agent's own cgroup");
     let cgroup_id = std::fs::metadata(&cgroup.path).unwrap().ino();
     let mut socket_hooks: Vec<&str> = v["cgroup_hooks"]
         .as_array()
@@ -473,7 +426,7 @@ fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments()
     assert!(text(&ns, &pin_dir, &state_dir, &["summary"]).contains("frontends"));
 
     // Without the names file: ids only, said so; with one the maps outgrew: stale.
-    let elsewhere = dir.path().join("no-state");
+    let elsewhere = scene.dir.path().join("no-state");
     let v = json(&ns, &pin_dir, &elsewhere, &["services"]);
     assert_eq!(v["names"]["state"], "missing");
     assert!(
@@ -495,7 +448,7 @@ fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments()
         &["conntrack", "--service", "e2e/remote"],
     );
     assert_one_line_error(&out, "--service: needs the names");
-    let stale_dir = dir.path().join("stale");
+    let stale_dir = scene.dir.path().join("stale");
     std::fs::create_dir(&stale_dir).unwrap();
     let mut published: Value =
         serde_json::from_slice(&std::fs::read(state_dir.join("datapath-names.json")).unwrap())
@@ -545,7 +498,7 @@ fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments()
         "--service: no service port",
     );
 
-    assert!(agent.stop().success(), "{}", agent.log_text());
+    assert!(scene.agent.stop().success(), "{}", scene.agent.log_text());
     assert!(
         !state_dir.join("datapath-names.json").exists(),
         "names removed with the datapath"

@@ -17,13 +17,11 @@ use proxy_common::MonitorSlot;
 use serde_json::Value;
 use testbed::{
     clients::{ConnectOutcome, tcp_connect_outcome},
-    cluster::{Cluster, NodeId},
-    servers::IdentityServer,
+    cluster::NodeId,
 };
 
-use crate::cleanup_common::BpfFs;
 use crate::explain_common::*;
-use crate::support::{Agent, wait_for};
+use crate::support::{PinnedScene, wait_for};
 
 const TIMEOUT: Duration = Duration::from_millis(800);
 
@@ -89,55 +87,14 @@ fn connect(ns: &str, src: Ipv4Addr, ip: Ipv4Addr, port: u16) -> ConnectOutcome {
 
 #[test]
 fn monitors_stream_drops_rejects_and_flows_and_leave_the_datapath_quiet() {
-    let mut cluster = Cluster::new().unwrap();
-    let web_a = cluster.add_pod(NodeId::A, "web-a").unwrap();
-    let client_a = cluster.add_pod(NodeId::A, "client-a").unwrap();
-    let web_b = cluster.add_pod(NodeId::B, "web-b").unwrap();
-    assert_eq!((web_a.ip, client_a.ip, web_b.ip), (WEB_A, POD_A, WEB_B));
-    cluster.client_add_address("198.18.0.101/24").unwrap();
-    cluster
+    let scene = PinnedScene::start();
+    scene
+        .cluster
         .client_add_route("198.18.3.0/24", NodeId::A)
         .unwrap();
-    let _servers = [
-        IdentityServer::start(&web_a.ns, "web-a", BACKEND_PORT).unwrap(),
-        IdentityServer::start(&web_b.ns, "web-b", BACKEND_PORT).unwrap(),
-    ];
-    let ns = cluster.node(NodeId::A).ns.clone();
-    let client_ns = cluster.client().ns.clone();
-
-    let dir = tempfile::tempdir().unwrap();
-    write_manifests(dir.path());
-    let state_dir = dir.path().join("state");
-    let bpffs = BpfFs::new();
-    let root = bpffs.dir.join("kube-ebpf-proxy");
-    let pin_dir = root.join(format!("v{}/maps", proxy_common::ABI_VERSION));
-    let pins = (pin_dir.as_path(), state_dir.as_path());
-    let _agent = Agent::start_as(
-        &ns,
-        "node-a",
-        dir.path(),
-        dir.path().join("agent.log"),
-        &[
-            "--detect-local-mode",
-            "NodeCIDR",
-            "--ebpf-pin-root",
-            root.to_str().unwrap(),
-            "--ebpf-state-dir",
-            state_dir.to_str().unwrap(),
-            "--ebpf-detach-on-exit",
-        ],
-    );
-    wait_for(Duration::from_secs(30), "the NodePort to answer", || {
-        connect(&client_ns, CLIENT, NODE_A, REMOTE_NODEPORT)
-            .identity()
-            .map(|_| ())
-    });
-    wait_for(Duration::from_secs(5), "the names to be published", || {
-        state_dir
-            .join("datapath-names.json")
-            .is_file()
-            .then_some(())
-    });
+    let (ns, client_ns) = (scene.ns.clone(), scene.client_ns.clone());
+    let (pin_dir, dir) = (scene.pin_dir.clone(), &scene.dir);
+    let pins = (pin_dir.as_path(), scene.state_dir.as_path());
 
     let drops = Monitor::start(
         &ns,
@@ -172,7 +129,7 @@ fn monitors_stream_drops_rejects_and_flows_and_leave_the_datapath_quiet() {
         Some("web-b")
     );
     assert_eq!(
-        connect(&client_a.ns, POD_A, REMOTE_VIP, 80).identity(),
+        connect(&scene.client_a.ns, POD_A, REMOTE_VIP, 80).identity(),
         Some("web-b")
     );
 

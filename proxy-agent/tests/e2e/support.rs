@@ -144,3 +144,95 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
 pub fn sock(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
+
+/// Node A of the explain/inspect/monitor scene (`explain_common::write_manifests`:
+/// web-a and client-a on node A, web-b on node B, identity servers on the
+/// backends, the client's second address 198.18.0.101), its agent's maps pinned
+/// on a bpffs of the test's own and its names published in `state_dir`.
+/// Returns once a NodePort answers the second address (the client's main
+/// address is left to the test) and the names are published.
+pub struct PinnedScene {
+    // Dropped in this order: the agent before its pins, the namespaces last.
+    pub agent: Agent,
+    _servers: [testbed::servers::IdentityServer; 2],
+    _bpffs: crate::cleanup_common::BpfFs,
+    pub dir: tempfile::TempDir,
+    pub pin_dir: PathBuf,
+    pub state_dir: PathBuf,
+    /// Node A's namespace, where the agent and the subcommands run.
+    pub ns: String,
+    pub client_ns: String,
+    pub client_a: testbed::Pod,
+    pub cluster: testbed::cluster::Cluster,
+}
+
+impl PinnedScene {
+    pub fn start() -> Self {
+        use crate::explain_common::*;
+        use testbed::cluster::{Cluster, NodeId};
+        let mut cluster = Cluster::new().unwrap();
+        let web_a = cluster.add_pod(NodeId::A, "web-a").unwrap();
+        let client_a = cluster.add_pod(NodeId::A, "client-a").unwrap();
+        let web_b = cluster.add_pod(NodeId::B, "web-b").unwrap();
+        assert_eq!((web_a.ip, client_a.ip, web_b.ip), (WEB_A, POD_A, WEB_B));
+        cluster.client_add_address("198.18.0.101/24").unwrap();
+        let servers = [
+            testbed::servers::IdentityServer::start(&web_a.ns, "web-a", BACKEND_PORT).unwrap(),
+            testbed::servers::IdentityServer::start(&web_b.ns, "web-b", BACKEND_PORT).unwrap(),
+        ];
+        let ns = cluster.node(NodeId::A).ns.clone();
+        let client_ns = cluster.client().ns.clone();
+        let dir = tempfile::tempdir().unwrap();
+        write_manifests(dir.path());
+        let state_dir = dir.path().join("state");
+        let bpffs = crate::cleanup_common::BpfFs::new();
+        let root = bpffs.dir.join("kube-ebpf-proxy");
+        let pin_dir = root.join(format!("v{}/maps", proxy_common::ABI_VERSION));
+        let agent = Agent::start_as(
+            &ns,
+            "node-a",
+            dir.path(),
+            dir.path().join("agent.log"),
+            &[
+                "--detect-local-mode",
+                "NodeCIDR",
+                "--ebpf-pin-root",
+                root.to_str().unwrap(),
+                "--ebpf-state-dir",
+                state_dir.to_str().unwrap(),
+                "--ebpf-detach-on-exit",
+            ],
+        );
+        let probe = std::net::Ipv4Addr::new(198, 18, 0, 101);
+        wait_for(Duration::from_secs(30), "the NodePort to answer", || {
+            let target = std::net::SocketAddrV4::new(NODE_A, REMOTE_NODEPORT);
+            testbed::clients::tcp_connect_outcome(
+                &client_ns,
+                Some(probe),
+                target,
+                Duration::from_millis(800),
+            )
+            .identity()
+            .map(|_| ())
+        });
+        // Published right after the sync that programmed the maps.
+        wait_for(Duration::from_secs(5), "the names to be published", || {
+            state_dir
+                .join("datapath-names.json")
+                .is_file()
+                .then_some(())
+        });
+        PinnedScene {
+            agent,
+            _servers: servers,
+            _bpffs: bpffs,
+            dir,
+            pin_dir,
+            state_dir,
+            ns,
+            client_ns,
+            client_a,
+            cluster,
+        }
+    }
+}

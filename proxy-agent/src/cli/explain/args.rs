@@ -150,6 +150,20 @@ pub enum Output {
     Json,
 }
 
+impl Output {
+    /// `report` as its `text`, or as pretty JSON.
+    pub fn render<T: serde::Serialize>(
+        self,
+        report: &T,
+        text: impl Fn(&T) -> String,
+    ) -> anyhow::Result<String> {
+        Ok(match self {
+            Output::Text => text(report),
+            Output::Json => serde_json::to_string_pretty(report)? + "\n",
+        })
+    }
+}
+
 /// Where the maps come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {

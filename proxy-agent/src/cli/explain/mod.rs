@@ -24,7 +24,7 @@ pub mod verdict;
 
 use std::process::ExitCode;
 
-use args::{Args, ExplainArgs, Output, Source};
+use args::{Args, ExplainArgs, Source};
 
 use crate::cli::fail;
 
@@ -59,7 +59,7 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
             let trace = trace::run(&mut datapath, probe)?;
             let verdict = verdict::classify(probe, &trace);
             let report = report::Single::new(mode, probe, front.as_ref(), &trace, &verdict);
-            render(&report, args.output, report::Single::text)
+            args.output.render(&report, report::Single::text)
         }
         Some(n) => {
             let mut tally = report::Flows::new(mode, probe, front.as_ref());
@@ -69,18 +69,7 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
                 tally.add(&verdict::classify(&flow, &trace));
             }
             let tally = tally.finish();
-            render(&tally, args.output, report::Flows::text)
+            args.output.render(&tally, report::Flows::text)
         }
     }
-}
-
-fn render<T: serde::Serialize>(
-    report: &T,
-    output: Output,
-    text: impl Fn(&T) -> String,
-) -> anyhow::Result<String> {
-    Ok(match output {
-        Output::Text => text(report),
-        Output::Json => serde_json::to_string_pretty(report)? + "\n",
-    })
 }

@@ -25,7 +25,7 @@ use names::Naming;
 use services::ServiceTables;
 
 use crate::{
-    cli::{explain::args::Output, fail, pins::PinnedMaps},
+    cli::{fail, pins::PinnedMaps},
     modes::ebpf::{
         introspect::{self, PinnedMapSet},
         sockets,
@@ -67,12 +67,12 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
                 .map(|f| service_ids(f, &tables, &naming))
                 .transpose()?;
             let report = services::services(&tables, &naming, only.as_ref());
-            render(&report, out, services::ServicesReport::text)
+            out.render(&report, services::ServicesReport::text)
         }
         What::Backends => {
             let (tables, naming) = naming()?;
             let report = services::backends(&tables, &naming, args.endpoint.as_ref());
-            render(&report, out, services::BackendsReport::text)
+            out.render(&report, services::BackendsReport::text)
         }
         What::Conntrack => {
             let (tables, naming) = naming()?;
@@ -95,20 +95,18 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
             };
             let entries = pinned.maps.conntrack.iter().filter_map(Result::ok);
             let report = conntrack::report(entries, &naming, &opts);
-            render(&report, out, conntrack::ConntrackReport::text)
+            out.render(&report, conntrack::ConntrackReport::text)
         }
-        What::Counters => render(
+        What::Counters => out.render(
             &kernel::CountersReport::new(set.counters()?),
-            out,
             kernel::CountersReport::text,
         ),
-        What::Maps => render(
+        What::Maps => out.render(
             &kernel::MapsReport { maps: set.usage()? },
-            out,
             kernel::MapsReport::text,
         ),
-        What::Interfaces => render(&interfaces(&set)?, out, kernel::InterfacesReport::text),
-        What::Programs => render(&programs(&set)?, out, kernel::ProgramsReport::text),
+        What::Interfaces => out.render(&interfaces(&set)?, kernel::InterfacesReport::text),
+        What::Programs => out.render(&programs(&set)?, kernel::ProgramsReport::text),
         What::Summary => {
             let (tables, naming) = naming()?;
             let summary = Summary {
@@ -120,7 +118,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
                 interfaces: interfaces(&set)?,
                 programs: programs(&set)?,
             };
-            render(&summary, out, Summary::text)
+            out.render(&summary, Summary::text)
         }
     }
 }
@@ -228,15 +226,4 @@ impl Summary {
             self.programs.text(),
         )
     }
-}
-
-fn render<T: Serialize>(
-    report: &T,
-    output: Output,
-    text: impl Fn(&T) -> String,
-) -> anyhow::Result<String> {
-    Ok(match output {
-        Output::Text => text(report),
-        Output::Json => serde_json::to_string_pretty(report)? + "\n",
-    })
 }
