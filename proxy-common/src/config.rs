@@ -7,9 +7,13 @@ use crate::family::{Family, V4, V6};
 pub mod flags {
     /// `masqueradeAll`: masquerade all traffic to cluster IPs.
     pub const MASQUERADE_ALL: u32 = 1 << 0;
-    /// Local pod traffic is recognised by source address (`LOCAL_POD_CIDRS`):
-    /// detectLocalMode ClusterCIDR or NodeCIDR.
+    /// Local IPv4 pod traffic is recognised by source address
+    /// (`LOCAL_POD_CIDRS`): detectLocalMode ClusterCIDR or NodeCIDR.
     pub const DETECT_LOCAL_BY_CIDR: u32 = 1 << 1;
+    /// The same for IPv6 (`LOCAL_POD_CIDRS6`). Each family's detector is
+    /// its own, as upstream's per-family proxiers have: a dual-stack
+    /// cluster may give a CIDR for one family only.
+    pub const DETECT_LOCAL_BY_CIDR6: u32 = 1 << 5;
     /// Local pod traffic is recognised by the interface it arrives on
     /// (`IFACES`): detectLocalMode BridgeInterface or InterfaceNamePrefix.
     pub const DETECT_LOCAL_BY_INTERFACE: u32 = 1 << 2;
@@ -45,6 +49,16 @@ pub struct DatapathConfig {
     /// The network namespace cookie (SO_NETNS_COOKIE) of the node's own
     /// namespace, the one the agent runs in; 0 when unknown.
     pub host_netns_cookie: u64,
+}
+
+/// What IPv6 needs beside [`DatapathConfig`] (`CONFIG6`, a one-entry
+/// array): that one keeps the family-neutral settings and the IPv4 facts.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct DatapathConfig6 {
+    /// The node's primary IPv6, which masqueraded IPv6 traffic leaves with;
+    /// all zero disables masquerading in IPv6.
+    pub masquerade_addr_be: [u32; 4],
 }
 
 /// Bits of [`IfaceInfo::flags`].

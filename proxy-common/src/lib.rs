@@ -21,12 +21,12 @@ mod pod;
 
 pub use backend::{Backend, Backend6, BackendId, BackendOf};
 pub use config::{
-    DatapathConfig, IfaceInfo, Ipv4Prefix, Ipv6Prefix, PrefixOf, SourceRange, SourceRange6,
-    SourceRangeOf,
+    DatapathConfig, DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, PrefixOf, SourceRange,
+    SourceRange6, SourceRangeOf,
 };
 pub use conntrack::{CtDirection, CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf};
 pub use family::{Family, V4, V6};
-pub use monitor::{MonitorEvent, MonitorSlot};
+pub use monitor::{MonitorEvent, MonitorEvent6, MonitorEventOf, MonitorSlot};
 pub use service::{FrontendKind, Scope, ServiceKey, ServiceKey6, ServiceKeyOf, ServiceValue};
 pub use sock::{SockDirection, SockKey, SockKey6, SockKeyOf, SockValue, SockValue6, SockValueOf};
 pub use stats::Counter;
@@ -38,6 +38,7 @@ pub const ABI_VERSION: u32 = 5;
 /// IP protocol numbers as stored in keys.
 pub mod proto {
     pub const ICMP: u8 = 1;
+    pub const ICMPV6: u8 = 58;
     pub const TCP: u8 = 6;
     pub const UDP: u8 = 17;
     pub const SCTP: u8 = 132;
@@ -73,3 +74,5 @@ assert_layout!(Ipv6Prefix, size = 16, align = 4);
 assert_layout!(SourceRange6, size = 20, align = 4);
 assert_layout!(MonitorSlot, size = 24, align = 8);
 assert_layout!(MonitorEvent, size = 56, align = 8);
+assert_layout!(MonitorEvent6, size = 104, align = 8);
+assert_layout!(DatapathConfig6, size = 16, align = 4);

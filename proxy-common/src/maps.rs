@@ -9,6 +9,15 @@ pub const IFACES: &str = "IFACES";
 pub const LOCAL_POD_CIDRS: &str = "LOCAL_POD_CIDRS";
 pub const SOURCE_RANGES: &str = "SOURCE_RANGES";
 pub const SOCKETS: &str = "SOCKETS";
+/// The IPv6 maps (docs/dual-stack.md), added without an ABI bump: a
+/// missing pin is created at load.
+pub const SERVICES6: &str = "SERVICES6";
+pub const BACKENDS6: &str = "BACKENDS6";
+pub const CONNTRACK6: &str = "CONNTRACK6";
+pub const CONFIG6: &str = "CONFIG6";
+pub const LOCAL_POD_CIDRS6: &str = "LOCAL_POD_CIDRS6";
+pub const SOURCE_RANGES6: &str = "SOURCE_RANGES6";
+pub const SOCKETS6: &str = "SOCKETS6";
 /// Added without an ABI bump (a missing pin is created at load): only
 /// `proxy-agent monitor` reads them.
 pub const MONITOR: &str = "MONITOR";
@@ -24,6 +33,8 @@ pub const MONITOR_RINGS: [&str; crate::monitor::MONITOR_SLOTS] = [
 pub const MAX_SERVICE_ENTRIES: u32 = 262_144;
 pub const MAX_BACKENDS: u32 = 131_072;
 pub const MAX_CONNTRACK: u32 = 262_144;
+/// IPv6 flows: half the IPv4 table, whose entries are 2.3 times larger.
+pub const MAX_CONNTRACK6: u32 = 131_072;
 pub const MAX_IFACES: u32 = 4_096;
 pub const MAX_LOCAL_POD_CIDRS: u32 = 64;
 pub const MAX_SOURCE_RANGES: u32 = 16_384;

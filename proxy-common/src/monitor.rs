@@ -6,6 +6,8 @@
 //! read and one array lookup per slot on the slow paths (drops, rejects,
 //! new flows) and nothing on established flows.
 
+use crate::family::{Family, V4, V6};
+
 /// Monitors that can run at once.
 pub const MONITOR_SLOTS: usize = 4;
 
@@ -59,11 +61,12 @@ pub mod event_flags {
     pub const SNAT: u32 = 1;
 }
 
-/// One decision. Addresses and ports in network byte order; the `nat_*`
-/// fields are the tuple the packet left with (flows only).
+/// One decision, in either family. Addresses and ports in network byte
+/// order; the `nat_*` fields are the tuple the packet left with (flows only).
+/// A reader tells the families apart by the record's size (and `family`).
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct MonitorEvent {
+pub struct MonitorEventOf<F: Family> {
     pub time_ns: u64,
     pub ifindex: u32,
     pub kind: u8,
@@ -71,16 +74,23 @@ pub struct MonitorEvent {
     /// The `Counter` that counted it.
     pub reason: u8,
     pub proto: u8,
-    pub saddr_be: u32,
-    pub daddr_be: u32,
+    pub saddr_be: F::Addr,
+    pub daddr_be: F::Addr,
     pub sport_be: u16,
     pub dport_be: u16,
     pub service_id: u32,
     pub backend_id: u32,
-    pub nat_saddr_be: u32,
-    pub nat_daddr_be: u32,
+    pub nat_saddr_be: F::Addr,
+    pub nat_daddr_be: F::Addr,
     pub nat_sport_be: u16,
     pub nat_dport_be: u16,
     pub flags: u32,
-    pub _pad: u32,
+    /// `AF_INET6` for an IPv6 event; 0 in IPv4 ones (the padding they always had).
+    pub family: u8,
+    pub _pad: [u8; 3],
 }
+
+/// An IPv4 decision (56 bytes).
+pub type MonitorEvent = MonitorEventOf<V4>;
+/// An IPv6 decision (104 bytes).
+pub type MonitorEvent6 = MonitorEventOf<V6>;

@@ -21,3 +21,5 @@ unsafe impl aya::Pod for crate::Ipv6Prefix {}
 unsafe impl aya::Pod for crate::SourceRange6 {}
 unsafe impl aya::Pod for crate::SockKey6 {}
 unsafe impl aya::Pod for crate::SockValue6 {}
+unsafe impl aya::Pod for crate::MonitorEvent6 {}
+unsafe impl aya::Pod for crate::DatapathConfig6 {}

@@ -83,6 +83,9 @@ counters! {
     HostReply = 26 => "host_reply",
     /// Monitor events lost: the ring buffer was full (the monitor reads too slowly).
     MonitorLost = 27 => "monitor_lost",
+    /// IPv6 packets passed untouched because their extension headers are
+    /// more, or other, than the programs walk (or not TCP/UDP behind them).
+    PassUnparsed = 28 => "pass_unparsed",
 }
 
 const _: () = assert!((Counter::ALL.len() as u32) <= COUNTER_MAX);

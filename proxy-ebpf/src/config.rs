@@ -2,24 +2,30 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use proxy_common::{
-    DatapathConfig, Ipv4Prefix,
+    DatapathConfig, PrefixOf,
     config::{flags, iface},
 };
 
-use crate::maps::{CONFIG, IFACES, LOCAL_POD_CIDRS};
+use crate::{
+    ip::Ip,
+    maps::{CONFIG, IFACES},
+};
 
+/// The settings, in place (not copied: the stack is short). Entry 0 of an
+/// array always exists (zeroed until the agent writes it, which means the
+/// built-in defaults); `None` never happens but must be handled.
 #[inline(always)]
-pub fn get() -> DatapathConfig {
-    CONFIG.get(0).copied().unwrap_or_default()
+pub fn get() -> Option<&'static DatapathConfig> {
+    CONFIG.get(0)
 }
 
 /// Whether upstream's local-traffic detector (detectLocalMode) would call
 /// this packet pod traffic from this node.
 #[inline(always)]
-pub fn from_local_pod(config: &DatapathConfig, saddr_be: u32, ifindex: u32) -> bool {
-    if config.flags & flags::DETECT_LOCAL_BY_CIDR != 0 {
-        let key = Key::new(32, Ipv4Prefix { addr_be: saddr_be });
-        return LOCAL_POD_CIDRS.get(&key).is_some();
+pub fn from_local_pod<F: Ip>(config: &DatapathConfig, saddr_be: F::Addr, ifindex: u32) -> bool {
+    if config.flags & F::DETECT_LOCAL_BY_CIDR != 0 {
+        let key = Key::new(F::BITS, PrefixOf::<F> { addr_be: saddr_be });
+        return F::local_pod_cidrs().get(&key).is_some();
     }
     if config.flags & flags::DETECT_LOCAL_BY_INTERFACE != 0 {
         // SAFETY: map values are plain data and copied out immediately.
@@ -30,6 +36,6 @@ pub fn from_local_pod(config: &DatapathConfig, saddr_be: u32, ifindex: u32) -> b
 
 /// Whether a detector is configured at all (upstream's "IsImplemented").
 #[inline(always)]
-pub fn detects_local(config: &DatapathConfig) -> bool {
-    config.flags & (flags::DETECT_LOCAL_BY_CIDR | flags::DETECT_LOCAL_BY_INTERFACE) != 0
+pub fn detects_local<F: Ip>(config: &DatapathConfig) -> bool {
+    config.flags & (F::DETECT_LOCAL_BY_CIDR | flags::DETECT_LOCAL_BY_INTERFACE) != 0
 }

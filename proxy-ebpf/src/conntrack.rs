@@ -2,7 +2,7 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns};
 use proxy_common::{
-    Counter, CtKey, CtValue, DatapathConfig,
+    Counter, CtKeyOf, CtValueOf, DatapathConfig,
     conntrack::{
         DEFAULT_TCP_CLOSE_NS, DEFAULT_TCP_CLOSING_NS, DEFAULT_TCP_ESTABLISHED_NS,
         DEFAULT_TCP_SYN_SENT_NS, DEFAULT_TCP_TIME_WAIT_NS, DEFAULT_UDP_NS, DEFAULT_UDP_STREAM_NS,
@@ -11,7 +11,7 @@ use proxy_common::{
     proto,
 };
 
-use crate::maps::CONNTRACK;
+use crate::ip::Ip;
 
 #[inline(always)]
 pub fn now_ns() -> u64 {
@@ -49,9 +49,9 @@ pub fn idle_timeout(config: &DatapathConfig, proto: u8, entry_flags: u16) -> u64
     }
 }
 
-/// A live entry, as it was before this packet.
-pub struct Hit {
-    pub value: CtValue,
+/// A live entry, in place in the map (this packet's flags recorded).
+pub struct Hit<F: Ip> {
+    pub value: &'static CtValueOf<F>,
     /// Flags this packet set that the entry did not have.
     pub new_flags: u16,
     /// The idle timer was refreshed (at most once a second per entry).
@@ -61,8 +61,13 @@ pub struct Hit {
 /// The live entry for `key`, refreshing its idle timer and recording
 /// `set_flags`; expired entries count as absent.
 #[inline(always)]
-pub fn lookup(config: &DatapathConfig, key: &CtKey, now: u64, set_flags: u16) -> Option<Hit> {
-    let entry = CONNTRACK.get_ptr_mut(key)?;
+pub fn lookup<F: Ip>(
+    config: &DatapathConfig,
+    key: &CtKeyOf<F>,
+    now: u64,
+    set_flags: u16,
+) -> Option<Hit<F>> {
+    let entry = F::conntrack().get_ptr_mut(key)?;
     // SAFETY: the pointer from the map lookup stays valid for this program run.
     let entry = unsafe { &mut *entry };
     let idle = now.saturating_sub(entry.last_seen_ns);
@@ -73,30 +78,33 @@ pub fn lookup(config: &DatapathConfig, key: &CtKey, now: u64, set_flags: u16) ->
     if refreshed {
         entry.last_seen_ns = now;
     }
-    let value = *entry;
-    let new_flags = set_flags & !value.flags;
+    let new_flags = set_flags & !entry.flags;
     if new_flags != 0 {
         entry.flags |= new_flags;
     }
     Some(Hit {
-        value,
+        value: entry,
         new_flags,
         refreshed,
     })
 }
 
-/// The live entry for `key`, left as it is (its idle timer untouched).
+/// The live entry for `key`, in place and left as it is (its idle timer untouched).
 #[inline(always)]
-pub fn peek(config: &DatapathConfig, key: &CtKey, now: u64) -> Option<CtValue> {
-    // SAFETY: map values are plain data and copied out immediately.
-    let entry = *unsafe { CONNTRACK.get(key) }?;
+pub fn live<F: Ip>(
+    config: &DatapathConfig,
+    key: &CtKeyOf<F>,
+    now: u64,
+) -> Option<&'static CtValueOf<F>> {
+    // SAFETY: the reference from the map lookup stays valid for this program run.
+    let entry = unsafe { F::conntrack().get(key) }?;
     let idle = now.saturating_sub(entry.last_seen_ns);
     (idle <= idle_timeout(config, key.proto, entry.flags)).then_some(entry)
 }
 
 #[inline(always)]
-pub fn insert(key: &CtKey, value: &CtValue) -> Result<(), Counter> {
-    CONNTRACK
+pub fn insert<F: Ip>(key: &CtKeyOf<F>, value: &CtValueOf<F>) -> Result<(), Counter> {
+    F::conntrack()
         .insert(key, value, 0)
         .map_err(|_| Counter::DropConntrackFull)
 }
@@ -104,12 +112,20 @@ pub fn insert(key: &CtKey, value: &CtValue) -> Result<(), Counter> {
 /// Inserts only if `key` is free or holds an expired flow: a masquerade
 /// port must not take over a live flow's reply tuple.
 #[inline(always)]
-pub fn claim(config: &DatapathConfig, key: &CtKey, value: &CtValue, now: u64) -> bool {
-    if CONNTRACK.insert(key, value, BPF_NOEXIST as u64).is_ok() {
+pub fn claim<F: Ip>(
+    config: &DatapathConfig,
+    key: &CtKeyOf<F>,
+    value: &CtValueOf<F>,
+    now: u64,
+) -> bool {
+    if F::conntrack()
+        .insert(key, value, BPF_NOEXIST as u64)
+        .is_ok()
+    {
         return true;
     }
     if lookup(config, key, now, 0).is_some() {
         return false;
     }
-    CONNTRACK.insert(key, value, 0).is_ok()
+    F::conntrack().insert(key, value, 0).is_ok()
 }

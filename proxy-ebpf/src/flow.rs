@@ -4,40 +4,41 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use proxy_common::{
-    Backend, BackendId, Counter, CtDirection, CtKey, CtValue, DatapathConfig, Scope, ServiceKey,
-    ServiceValue, SourceRange, backend::flags as backend_flags, conntrack::flags as ct,
-    service::flags as svc,
+    BackendId, BackendOf, Counter, CtDirection, CtKeyOf, CtValueOf, DatapathConfig, Family, Scope,
+    ServiceKeyOf, ServiceValue, SourceRangeOf, backend::flags as backend_flags,
+    conntrack::flags as ct, service::flags as svc,
 };
 
 use crate::{
-    config, conntrack, lb,
-    maps::SOURCE_RANGES,
-    monitor::Tuple,
+    config, conntrack,
+    ip::{Ip, Scratch},
+    lb,
+    monitor::FlowIds,
     packet::{Packet, tcp_flags},
 };
 
 /// The tuple a packet leaves with.
 #[derive(Clone, Copy)]
-pub struct Rewrite {
-    pub saddr_be: u32,
+pub struct Rewrite<F: Family> {
+    pub saddr_be: F::Addr,
     pub sport_be: u16,
-    pub daddr_be: u32,
+    pub daddr_be: F::Addr,
     pub dport_be: u16,
 }
 
-pub enum Verdict {
+pub enum Verdict<F: Family> {
     /// Not service traffic: leave the packet alone.
     Pass,
     Drop(Counter),
     /// Answer with a TCP RST or ICMP port unreachable.
     Reject(Counter),
     /// Rewrite to the given tuple and send it on.
-    Forward(Rewrite, Counter),
+    Forward(Rewrite<F>, Counter),
 }
 
 #[inline(always)]
-fn key_of(pkt: &Packet, direction: CtDirection) -> CtKey {
-    CtKey::new(
+fn key_of<F: Ip>(pkt: &Packet<F>, direction: CtDirection) -> CtKeyOf<F> {
+    CtKeyOf::new(
         pkt.saddr_be,
         pkt.daddr_be,
         pkt.sport_be,
@@ -48,7 +49,7 @@ fn key_of(pkt: &Packet, direction: CtDirection) -> CtKey {
 }
 
 #[inline(always)]
-fn unchanged(pkt: &Packet) -> Rewrite {
+fn unchanged<F: Ip>(pkt: &Packet<F>) -> Rewrite<F> {
     Rewrite {
         saddr_be: pkt.saddr_be,
         sport_be: pkt.sport_be,
@@ -59,7 +60,7 @@ fn unchanged(pkt: &Packet) -> Rewrite {
 
 /// The conntrack flags a TCP FIN or RST in `direction` sets.
 #[inline(always)]
-fn closing(pkt: &Packet, direction: CtDirection) -> u16 {
+fn closing<F: Ip>(pkt: &Packet<F>, direction: CtDirection) -> u16 {
     if pkt.tcp_flags & tcp_flags::RST != 0 {
         ct::RST | ct::CLOSING
     } else if pkt.tcp_flags & tcp_flags::FIN != 0 {
@@ -75,32 +76,31 @@ fn closing(pkt: &Packet, direction: CtDirection) -> u16 {
 
 /// A SYN without ACK: a client opening a connection.
 #[inline(always)]
-fn opens(pkt: &Packet) -> bool {
+fn opens<F: Ip>(pkt: &Packet<F>) -> bool {
     pkt.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN
 }
 
 #[inline(always)]
-pub fn decide(pkt: &Packet, ifindex: u32, now: u64, hook: u8) -> Verdict {
-    let config = config::get();
-    if let Some(out) = reply(&config, pkt, now) {
+pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, now: u64, hook: u8) -> Verdict<F> {
+    let Some(config) = config::get() else {
+        return Verdict::Pass;
+    };
+    if let Some(out) = reply(config, pkt, now) {
         return Verdict::Forward(out, Counter::ReplyNat);
     }
 
-    let forward_key = key_of(pkt, CtDirection::Forward);
-    if let Some(hit) = conntrack::lookup(
-        &config,
-        &forward_key,
-        now,
-        closing(pkt, CtDirection::Forward),
-    ) {
+    if let Some(hit) = lookup_half(config, pkt, CtDirection::Forward, now, 0) {
         let flow = hit.value;
-        if opens(pkt) && flow.flags & ct::FINISHED != 0 {
+        // The entry as it was before this packet: a SYN that itself carries
+        // a FIN or RST does not reopen its own flow.
+        let flags_before = flow.flags & !hit.new_flags;
+        if opens(pkt) && flags_before & ct::FINISHED != 0 {
             // A client reusing the tuple of a finished connection opens a new one.
             crate::stats::count(Counter::Reopened);
         } else {
             // The agent removes a backend's entry once no service uses it; such
             // flows are balanced again rather than sent into the void.
-            match lb::backend(flow.backend_id) {
+            match lb::backend::<F>(flow.backend_id) {
                 Some(b) if b.addr_be == flow.nat_addr_be && b.port_be == flow.nat_port_be => {
                     let mut out = unchanged(pkt);
                     out.daddr_be = b.addr_be;
@@ -110,24 +110,15 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64, hook: u8) -> Verdict {
                         out.sport_be = flow.snat_port_be;
                     }
                     if hit.new_flags != 0 || hit.refreshed {
-                        let snat = flow.flags & ct::SNAT != 0;
-                        let reply = CtValue {
-                            nat_addr_be: pkt.daddr_be,
-                            nat_port_be: pkt.dport_be,
-                            snat_addr_be: if snat { pkt.saddr_be } else { 0 },
-                            snat_port_be: if snat { pkt.sport_be } else { 0 },
-                            last_seen_ns: now,
-                            flags: flow.flags | hit.new_flags,
-                            ..flow
-                        };
                         other_half(
-                            &config,
-                            &out,
-                            pkt.proto,
+                            config,
+                            &OtherHalf {
+                                pkt,
+                                out: &out,
+                                hit: &hit,
+                                now,
+                            },
                             CtDirection::Reply,
-                            now,
-                            hit.new_flags,
-                            &reply,
                         );
                     }
                     return Verdict::Forward(out, Counter::Established);
@@ -137,10 +128,10 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64, hook: u8) -> Verdict {
         }
     }
 
-    let key = ServiceKey::frontend(pkt.daddr_be, pkt.dport_be, pkt.proto);
+    let key = ServiceKeyOf::<F>::frontend(pkt.daddr_be, pkt.dport_be, pkt.proto);
     let frontend = lb::frontend(&key).filter(|f| !f.has(svc::HOST_ONLY));
     let Some(frontend) = frontend else {
-        return if lb::frontend(&ServiceKey::cluster_ip(pkt.daddr_be))
+        return if lb::frontend(&ServiceKeyOf::<F>::cluster_ip(pkt.daddr_be))
             .is_some_and(|m| m.has(svc::CLUSTER_IP_MARKER))
         {
             Verdict::Reject(Counter::RejectUnknownPort)
@@ -148,37 +139,43 @@ pub fn decide(pkt: &Packet, ifindex: u32, now: u64, hook: u8) -> Verdict {
             Verdict::Pass
         };
     };
-    match new_flow(
-        &config,
-        pkt,
-        ifindex,
-        now,
-        key,
-        &frontend,
-        &forward_key,
-        hook,
-    ) {
+    let arrival = Arrival { ifindex, now, hook };
+    match new_flow(config, pkt, &arrival, &frontend) {
         Ok(v) => v,
         Err(counter) => Verdict::Drop(counter),
     }
 }
 
-/// A reply of a translated flow, rewritten; `None` for anything else.
+/// The live entry of `pkt`'s own tuple in `direction`, recording the flags
+/// the packet sets (`extra` and a FIN or RST). The key is built in scratch
+/// memory: two 40-byte IPv6 keys on the stack would not fit beside the rest.
 #[inline(always)]
-pub fn reply(config: &DatapathConfig, pkt: &Packet, now: u64) -> Option<Rewrite> {
-    let hit = conntrack::lookup(
-        config,
-        &key_of(pkt, CtDirection::Reply),
-        now,
-        ct::SEEN_REPLY | closing(pkt, CtDirection::Reply),
-    )?;
-    Some(reply_rewrite(config, pkt, &hit, now))
+fn lookup_half<F: Ip>(
+    config: &DatapathConfig,
+    pkt: &Packet<F>,
+    direction: CtDirection,
+    now: u64,
+    extra: u16,
+) -> Option<conntrack::Hit<F>> {
+    let key = &mut F::scratch()?.key;
+    *key = key_of(pkt, direction);
+    conntrack::lookup(config, key, now, extra | closing(pkt, direction))
 }
 
-/// Replies get the frontend back as source and, when masqueraded, the client as destination.
+/// Where and when a packet arrived.
+#[derive(Clone, Copy)]
+pub struct Arrival {
+    pub ifindex: u32,
+    pub now: u64,
+    pub hook: u8,
+}
+
+/// A reply of a translated flow, rewritten; `None` for anything else.
 #[inline(always)]
-fn reply_rewrite(config: &DatapathConfig, pkt: &Packet, hit: &conntrack::Hit, now: u64) -> Rewrite {
-    let reply = &hit.value;
+pub fn reply<F: Ip>(config: &DatapathConfig, pkt: &Packet<F>, now: u64) -> Option<Rewrite<F>> {
+    let hit = lookup_half(config, pkt, CtDirection::Reply, now, ct::SEEN_REPLY)?;
+    // Replies get the frontend back as source and, when masqueraded, the client as destination.
+    let reply = hit.value;
     let mut out = unchanged(pkt);
     out.saddr_be = reply.nat_addr_be;
     out.sport_be = reply.nat_port_be;
@@ -187,61 +184,76 @@ fn reply_rewrite(config: &DatapathConfig, pkt: &Packet, hit: &conntrack::Hit, no
         out.dport_be = reply.snat_port_be;
     }
     if hit.new_flags != 0 || hit.refreshed {
-        let snat = reply.flags & ct::SNAT != 0;
-        let forward = CtValue {
-            nat_addr_be: pkt.saddr_be,
-            nat_port_be: pkt.sport_be,
-            snat_addr_be: if snat { pkt.daddr_be } else { 0 },
-            snat_port_be: if snat { pkt.dport_be } else { 0 },
-            last_seen_ns: now,
-            flags: reply.flags | hit.new_flags,
-            ..*reply
-        };
         other_half(
             config,
-            &out,
-            pkt.proto,
+            &OtherHalf {
+                pkt,
+                out: &out,
+                hit: &hit,
+                now,
+            },
             CtDirection::Forward,
-            now,
-            hit.new_flags,
-            &forward,
         );
     }
-    out
+    Some(out)
 }
 
-/// The other entry of a flow whose packet leaves as `out`: it learns the
-/// flags this packet set (a UDP stream, an established or closing TCP flow),
-/// and stays as recently used as this one, so the LRU map evicts flows, not
-/// halves of them; one it evicted anyway is rebuilt as `rebuilt`.
-#[inline(always)]
-fn other_half(
-    config: &DatapathConfig,
-    out: &Rewrite,
-    proto: u8,
-    direction: CtDirection,
+/// A packet of a live flow, leaving as `out`, whose entry `hit` was found.
+pub struct OtherHalf<'a, F: Ip> {
+    pkt: &'a Packet<F>,
+    out: &'a Rewrite<F>,
+    hit: &'a conntrack::Hit<F>,
     now: u64,
-    flags: u16,
-    rebuilt: &CtValue,
-) {
-    let key = CtKey::new(
+}
+
+/// The other entry of a flow (in `direction`): it learns the flags this
+/// packet set (a UDP stream, an established or closing TCP flow), and stays
+/// as recently used as this one, so the LRU map evicts flows, not halves of
+/// them; one it evicted anyway is rebuilt from this one. At most once a
+/// second per flow, so a call of its own (and a frame of its own) is cheap.
+#[inline(always)]
+fn other_half<F: Ip>(config: &DatapathConfig, half: &OtherHalf<F>, direction: CtDirection) {
+    let OtherHalf { pkt, out, hit, now } = *half;
+    let Some(Scratch { key, value, .. }) = F::scratch() else {
+        return;
+    };
+    *key = CtKeyOf::new(
         out.daddr_be,
         out.saddr_be,
         out.dport_be,
         out.sport_be,
-        proto,
+        pkt.proto,
         direction,
     );
-    if conntrack::lookup(config, &key, now, flags).is_none()
-        && conntrack::insert(&key, rebuilt).is_ok()
-    {
+    if conntrack::lookup(config, key, now, hit.new_flags).is_some() {
+        return;
+    }
+    // The other half's view of the same packet: a reply entry restores the
+    // frontend as source (the packet's destination) and the client as
+    // destination; a forward entry the other way round.
+    let (nat_addr_be, nat_port_be, client_addr_be, client_port_be) = match direction {
+        CtDirection::Reply => (pkt.daddr_be, pkt.dport_be, pkt.saddr_be, pkt.sport_be),
+        CtDirection::Forward => (pkt.saddr_be, pkt.sport_be, pkt.daddr_be, pkt.dport_be),
+    };
+    let snat = hit.value.flags & ct::SNAT != 0;
+    *value = *hit.value;
+    value.nat_addr_be = nat_addr_be;
+    value.nat_port_be = nat_port_be;
+    value.snat_addr_be = if snat {
+        client_addr_be
+    } else {
+        F::unspecified()
+    };
+    value.snat_port_be = if snat { client_port_be } else { 0 };
+    value.last_seen_ns = now;
+    if conntrack::insert(key, value).is_ok() {
         crate::stats::count(Counter::ConntrackRebuilt);
     }
 }
 
 /// What a new connection to a frontend gets.
-pub enum Pick {
-    Backend(BackendId, Backend),
+pub enum Pick<F: Family> {
+    Backend(BackendId, BackendOf<F>),
     /// No backend in the set the client may use.
     Empty,
 }
@@ -251,7 +263,11 @@ pub enum Pick {
 /// external frontend whose policy is Local bypass the policy, as upstream
 /// short-circuits them, as if they went out to the load balancer and back.
 #[inline(always)]
-pub fn pick(key: ServiceKey, frontend: &ServiceValue, local_client: bool) -> Result<Pick, Counter> {
+pub fn pick<F: Ip>(
+    key: ServiceKeyOf<F>,
+    frontend: &ServiceValue,
+    local_client: bool,
+) -> Result<Pick<F>, Counter> {
     let (set_key, set) =
         if frontend.has(svc::EXTERNAL) && frontend.has(svc::POLICY_LOCAL) && local_client {
             let k = key.with_scope(Scope::ClusterWide);
@@ -266,25 +282,25 @@ pub fn pick(key: ServiceKey, frontend: &ServiceValue, local_client: bool) -> Res
     Ok(Pick::Backend(id, backend))
 }
 
+// Not inlined (a BPF-to-BPF call, so at most five arguments): the
+// new-flow path's state gets a stack frame of its own, which the IPv6
+// instance needs to stay within 512 bytes.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn new_flow(
+fn new_flow<F: Ip>(
     config: &DatapathConfig,
-    pkt: &Packet,
-    ifindex: u32,
-    now: u64,
-    key: ServiceKey,
+    pkt: &Packet<F>,
+    arrival: &Arrival,
     frontend: &ServiceValue,
-    forward_key: &CtKey,
-    hook: u8,
-) -> Result<Verdict, Counter> {
-    if frontend.has(svc::SOURCE_RANGES) && !source_allowed(frontend.service_id, pkt.saddr_be) {
+) -> Result<Verdict<F>, Counter> {
+    let Arrival { ifindex, now, .. } = *arrival;
+    if frontend.has(svc::SOURCE_RANGES) && !source_allowed::<F>(frontend.service_id, pkt.saddr_be) {
         return Err(Counter::DropSourceRange);
     }
-    let local_client = config::from_local_pod(config, pkt.saddr_be, ifindex);
+    let local_client = config::from_local_pod::<F>(config, pkt.saddr_be, ifindex);
     let external = frontend.has(svc::EXTERNAL);
     let policy_local = frontend.has(svc::POLICY_LOCAL);
 
+    let key = ServiceKeyOf::<F>::frontend(pkt.daddr_be, pkt.dport_be, pkt.proto);
     let (backend_id, backend) = match pick(key, frontend, local_client)? {
         Pick::Backend(id, backend) => (id, backend),
         Pick::Empty => {
@@ -302,30 +318,18 @@ fn new_flow(
         !policy_local
     } else {
         config.flags & proxy_common::config::flags::MASQUERADE_ALL != 0
-            || (config::detects_local(config) && !local_client)
+            || (config::detects_local::<F>(config) && !local_client)
     } || backend.addr_be == pkt.saddr_be)
         && backend.flags & backend_flags::HOST_LOCAL == 0;
+    let masquerade_addr = F::masquerade_addr(config);
+    let masquerade = masquerade && masquerade_addr != F::unspecified();
 
-    let mut forward = CtValue {
-        nat_addr_be: backend.addr_be,
-        nat_port_be: backend.port_be,
-        service_id: frontend.service_id,
-        backend_id,
-        last_seen_ns: now,
-        created_ns: now,
-        ..CtValue::default()
-    };
-    let mut reply = CtValue {
-        nat_addr_be: pkt.daddr_be,
-        nat_port_be: pkt.dport_be,
-        ..forward
-    };
-    let mut out = unchanged(pkt);
-    out.daddr_be = backend.addr_be;
-    out.dport_be = backend.port_be;
-
-    let masquerade = masquerade && config.masquerade_addr_be != 0;
-    let reply_key = CtKey::new(
+    // One key and one value (in per-CPU scratch memory) serve both
+    // entries, the reply half first: a reply can never arrive before the
+    // request is forwarded.
+    let scratch = F::scratch().ok_or(Counter::DropConntrackFull)?;
+    let Scratch { key, value, .. } = scratch;
+    *key = CtKeyOf::new(
         backend.addr_be,
         pkt.saddr_be,
         backend.port_be,
@@ -333,75 +337,85 @@ fn new_flow(
         pkt.proto,
         CtDirection::Reply,
     );
+    *value = CtValueOf::<F> {
+        nat_addr_be: pkt.daddr_be,
+        nat_port_be: pkt.dport_be,
+        service_id: frontend.service_id,
+        backend_id,
+        last_seen_ns: now,
+        created_ns: now,
+        ..CtValueOf::default()
+    };
     // The source a new port is claimed on: the masquerade address, or the
     // client's own when another live flow's replies already come back on
     // this flow's reply tuple (the client reached the same endpoint from the
     // same port through another frontend); as the kernel's NAT, which picks
     // a unique tuple, this flow then gets a source port of its own.
     let snat_addr_be = if masquerade {
-        config.masquerade_addr_be
-    } else if conntrack::peek(config, &reply_key, now).is_some_and(|other| {
+        masquerade_addr
+    } else if conntrack::live(config, key, now).is_some_and(|other| {
         other.flags & ct::SNAT != 0
             || other.nat_addr_be != pkt.daddr_be
             || other.nat_port_be != pkt.dport_be
     }) {
         pkt.saddr_be
     } else {
-        0
+        F::unspecified()
     };
-    if snat_addr_be != 0 {
-        reply.flags = ct::SNAT;
-        reply.snat_addr_be = pkt.saddr_be;
-        reply.snat_port_be = pkt.sport_be;
-        let port_be = claim_snat_port(config, pkt, snat_addr_be, &backend, &reply, now)?;
-        forward.flags = ct::SNAT;
-        forward.snat_addr_be = snat_addr_be;
-        forward.snat_port_be = port_be;
+    let snat = snat_addr_be != F::unspecified();
+    let mut out = unchanged(pkt);
+    out.daddr_be = backend.addr_be;
+    out.dport_be = backend.port_be;
+    if snat {
+        value.flags = ct::SNAT;
+        value.snat_addr_be = pkt.saddr_be;
+        value.snat_port_be = pkt.sport_be;
+        key.daddr_be = snat_addr_be;
         out.saddr_be = snat_addr_be;
-        out.sport_be = port_be;
+        out.sport_be = claim_snat_port(config, key, value, now)?;
         if masquerade {
             crate::stats::count(Counter::Masqueraded);
         }
     } else {
-        // Reply state first: a reply can never arrive before the request is forwarded.
-        conntrack::insert(&reply_key, &reply)?;
+        conntrack::insert(key, value)?;
     }
-    conntrack::insert(forward_key, &forward)?;
-    let left = Tuple {
-        saddr_be: out.saddr_be,
-        daddr_be: out.daddr_be,
-        sport_be: out.sport_be,
-        dport_be: out.dport_be,
-        proto: pkt.proto,
+    // Now the forward half: the backend, and the source it leaves with.
+    value.nat_addr_be = backend.addr_be;
+    value.nat_port_be = backend.port_be;
+    value.snat_addr_be = if snat { out.saddr_be } else { F::unspecified() };
+    value.snat_port_be = if snat { out.sport_be } else { 0 };
+    *key = key_of(pkt, CtDirection::Forward);
+    conntrack::insert(key, value)?;
+    let ids = FlowIds {
+        service_id: frontend.service_id,
+        backend_id,
+        snat,
     };
-    let ids = (frontend.service_id, backend_id);
-    crate::monitor::flow(hook, ifindex, &pkt.tuple(), &left, ids, snat_addr_be != 0);
+    crate::monitor::flow(arrival, pkt, &out, &ids);
     Ok(Verdict::Forward(out, Counter::NewFlow))
 }
 
 #[inline(always)]
-pub fn source_allowed(service_id: u32, saddr_be: u32) -> bool {
+pub fn source_allowed<F: Ip>(service_id: u32, saddr_be: F::Addr) -> bool {
     let key = Key::new(
-        64,
-        SourceRange {
+        32 + F::BITS,
+        SourceRangeOf::<F> {
             service_be: service_id.to_be(),
             addr_be: saddr_be,
         },
     );
-    SOURCE_RANGES.get(&key).is_some()
+    F::source_ranges().get(&key).is_some()
 }
 
 const SNAT_ATTEMPTS: u32 = 8;
 
-/// Finds a source port whose reply tuple (backend → `addr_be`:port) no
-/// live flow uses, and claims it with the reply entry.
+/// Finds a source port whose reply tuple (`key` with that port as its
+/// destination port) no live flow uses, and claims it with `reply`.
 #[inline(always)]
-fn claim_snat_port(
+fn claim_snat_port<F: Ip>(
     config: &DatapathConfig,
-    pkt: &Packet,
-    addr_be: u32,
-    backend: &Backend,
-    reply: &CtValue,
+    key: &mut CtKeyOf<F>,
+    reply: &CtValueOf<F>,
     now: u64,
 ) -> Result<u16, Counter> {
     let (min, max) = if config.snat_port_min == 0 || config.snat_port_max < config.snat_port_min {
@@ -410,21 +424,11 @@ fn claim_snat_port(
         (config.snat_port_min as u32, config.snat_port_max as u32)
     };
     let span = max - min + 1;
-    let mut port = min + lb::below(span);
     for _ in 0..SNAT_ATTEMPTS {
-        let port_be = (port as u16).to_be();
-        let key = CtKey::new(
-            backend.addr_be,
-            addr_be,
-            backend.port_be,
-            port_be,
-            pkt.proto,
-            CtDirection::Reply,
-        );
-        if conntrack::claim(config, &key, reply, now) {
-            return Ok(port_be);
+        key.dport_be = ((min + lb::below(span)) as u16).to_be();
+        if conntrack::claim(config, key, reply, now) {
+            return Ok(key.dport_be);
         }
-        port = min + lb::below(span);
     }
     Err(Counter::DropSnatExhausted)
 }

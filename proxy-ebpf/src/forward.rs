@@ -11,33 +11,32 @@ use proxy_common::{
     action::{TC_ACT_OK, XDP_DROP, XDP_TX},
 };
 
-use crate::{
-    flow::Rewrite,
-    frame::Frame,
-    packet::{IP_CSUM_OFF, IP_TTL_OFF, Packet},
-    stats::count,
-    xdp_nat,
-};
+use crate::{flow::Rewrite, frame::Frame, ip::Ip, packet::Packet, stats::count, xdp_nat};
 
-const AF_INET: u8 = 2;
-
+/// Asks the FIB where `out` goes; the answer is in `params` (scratch memory:
+/// the query is 64 bytes).
 #[inline(always)]
-fn lookup<F: Frame>(ctx: &F, pkt: &Packet, out: &Rewrite) -> (i64, bpf_fib_lookup) {
+fn lookup<C: Frame, F: Ip>(
+    ctx: &C,
+    pkt: &Packet<F>,
+    out: &Rewrite<F>,
+    params: &mut bpf_fib_lookup,
+) -> i64 {
     // SAFETY: an all-zero bpf_fib_lookup is a valid input.
-    let mut params: bpf_fib_lookup = unsafe { core::mem::zeroed() };
-    params.family = AF_INET;
+    *params = unsafe { core::mem::zeroed() };
+    params.family = F::AF as u8;
     params.l4_protocol = pkt.proto;
     params.sport = out.sport_be;
     params.dport = out.dport_be;
-    params.__bindgen_anon_1.tot_len = pkt.tot_len;
+    // Only an MTU check reads it; a datagram beyond 64 KiB is a GSO one.
+    params.__bindgen_anon_1.tot_len = pkt.tot_len.min(u16::MAX as u32) as u16;
     params.ifindex = ctx.ifindex();
-    params.__bindgen_anon_3.ipv4_src = out.saddr_be;
-    params.__bindgen_anon_4.ipv4_dst = out.daddr_be;
-    (fib(ctx, &mut params), params)
+    F::fib_addrs(params, out.saddr_be, out.daddr_be);
+    fib(ctx, params)
 }
 
 #[inline(always)]
-fn fib<F: Frame>(ctx: &F, params: &mut bpf_fib_lookup) -> i64 {
+fn fib<C: Frame>(ctx: &C, params: &mut bpf_fib_lookup) -> i64 {
     // SAFETY: ctx is the program's own context and params lives on the stack.
     unsafe {
         aya_ebpf::helpers::bpf_fib_lookup(
@@ -52,13 +51,17 @@ fn fib<F: Frame>(ctx: &F, params: &mut bpf_fib_lookup) -> i64 {
 /// TC: redirect to the FIB's next hop, or leave it to the stack when the
 /// route is local, unreachable or the TTL runs out.
 #[inline(always)]
-pub fn tc(ctx: &TcContext, pkt: &Packet, out: &Rewrite) -> i32 {
+pub fn tc<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>) -> i32 {
     if pkt.ttl <= 1 {
         count(Counter::FibPass);
         return TC_ACT_OK;
     }
-    let (ret, params) = lookup(ctx, pkt, out);
-    let ret = ret as u32;
+    let Some(scratch) = F::scratch() else {
+        count(Counter::FibPass);
+        return TC_ACT_OK;
+    };
+    let params = &mut scratch.fib;
+    let ret = lookup(ctx, pkt, out, params) as u32;
     if ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH {
         count(Counter::FibPass);
         return TC_ACT_OK;
@@ -83,12 +86,14 @@ pub fn tc(ctx: &TcContext, pkt: &Packet, out: &Rewrite) -> i32 {
 }
 
 #[inline(always)]
-fn decrement_ttl(ctx: &TcContext, pkt: &Packet) -> Result<(), i64> {
-    // TTL and protocol share one 16-bit word of the header.
-    let old = u16::from_ne_bytes([pkt.ttl, pkt.proto]);
-    let new = u16::from_ne_bytes([pkt.ttl - 1, pkt.proto]);
-    ctx.l3_csum_replace(IP_CSUM_OFF, old as u64, new as u64, 2)?;
-    ctx.store(IP_TTL_OFF, &(pkt.ttl - 1), 0)
+fn decrement_ttl<F: Ip>(ctx: &TcContext, pkt: &Packet<F>) -> Result<(), i64> {
+    if let Some(ip_csum_off) = F::HDR_CSUM_OFF {
+        // In IPv4 the TTL is the high byte of its 16-bit checksum word.
+        let old = u16::from_ne_bytes([pkt.ttl, 0]);
+        let new = u16::from_ne_bytes([pkt.ttl - 1, 0]);
+        ctx.l3_csum_replace(ip_csum_off, old as u64, new as u64, 2)?;
+    }
+    ctx.store(F::HOP_OFF, &(pkt.ttl - 1), 0)
 }
 
 /// XDP: where to send a translated frame when it goes straight back out of
@@ -97,11 +102,16 @@ fn decrement_ttl(ctx: &TcContext, pkt: &Packet) -> Result<(), i64> {
 /// here and passing it up would show the stack local source addresses on
 /// an external interface, which it drops as martians.
 #[inline(always)]
-pub fn xdp_next_hop(ctx: &XdpContext, pkt: &Packet, out: &Rewrite) -> Option<([u8; 6], [u8; 6])> {
+pub fn xdp_next_hop<F: Ip>(
+    ctx: &XdpContext,
+    pkt: &Packet<F>,
+    out: &Rewrite<F>,
+) -> Option<([u8; 6], [u8; 6])> {
     if pkt.ttl <= 1 {
         return None;
     }
-    let (ret, params) = lookup(ctx, pkt, out);
+    let params = &mut F::scratch()?.fib;
+    let ret = lookup(ctx, pkt, out, params);
     if ret as u32 != BPF_FIB_LKUP_RET_SUCCESS || params.ifindex != ctx.ifindex() {
         return None;
     }
@@ -110,11 +120,11 @@ pub fn xdp_next_hop(ctx: &XdpContext, pkt: &Packet, out: &Rewrite) -> Option<([u
 
 /// XDP: rewrites the Ethernet addresses and TTL and sends the frame back out.
 #[inline(always)]
-pub fn xdp_transmit(ctx: &XdpContext, (dmac, smac): ([u8; 6], [u8; 6])) -> i32 {
+pub fn xdp_transmit<F: Ip>(ctx: &XdpContext, (dmac, smac): ([u8; 6], [u8; 6])) -> i32 {
     let Some(eth) = ctx.ptr_at::<[u8; 12]>(0) else {
         return XDP_DROP;
     };
-    if xdp_nat::decrement_ttl(ctx).is_err() {
+    if xdp_nat::decrement_hop::<F>(ctx).is_err() {
         return XDP_DROP;
     }
     // SAFETY: bounds-checked by ptr_at.

@@ -5,6 +5,9 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 
+/// Headers end well before this (Ethernet + IPv6 + walked extension headers).
+const MAX_OFFSET: usize = 0x3fff;
+
 pub trait Frame: EbpfContext {
     fn data(&self) -> usize;
     fn data_end(&self) -> usize;
@@ -14,6 +17,11 @@ pub trait Frame: EbpfContext {
     /// A bounds-checked pointer to a `T` at `offset`.
     #[inline(always)]
     fn ptr_at<T>(&self, offset: usize) -> Option<*mut T> {
+        // An explicit bound: an offset the compiler spilled and reloaded
+        // reaches the verifier as an unbounded scalar otherwise.
+        if offset > MAX_OFFSET {
+            return None;
+        }
         let start = self.data();
         if start + offset + core::mem::size_of::<T>() > self.data_end() {
             return None;

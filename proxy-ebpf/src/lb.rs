@@ -1,9 +1,9 @@
 //! Backend selection for a new flow.
 
 use aya_ebpf::helpers::bpf_get_prandom_u32;
-use proxy_common::{Backend, BackendId, Counter, ServiceKey, ServiceValue};
+use proxy_common::{BackendId, BackendOf, Counter, ServiceKeyOf, ServiceValue};
 
-use crate::maps::{BACKENDS, SERVICES};
+use crate::ip::Ip;
 
 /// A random number below `n` (0 when `n` is 0); the guard sits next to the
 /// division so the compiler sees it and emits no panic path.
@@ -18,24 +18,31 @@ pub fn below(n: u32) -> u32 {
 
 /// Picks one of the `set.count` backends behind `key` uniformly at random.
 #[inline(always)]
-pub fn select(key: &ServiceKey, set: &ServiceValue) -> Result<(BackendId, Backend), Counter> {
+pub fn select<F: Ip>(
+    key: &ServiceKeyOf<F>,
+    set: &ServiceValue,
+) -> Result<(BackendId, BackendOf<F>), Counter> {
     let slot = below(set.count as u32) as u16 + 1;
     // SAFETY: map values are plain data and copied out immediately.
-    let slot_value =
-        unsafe { SERVICES.get(&key.with_slot(slot)) }.ok_or(Counter::DropBackendMissing)?;
-    let backend_id = slot_value.backend_id;
-    let backend = backend(backend_id).ok_or(Counter::DropBackendMissing)?;
+    let backend_id = frontend(&key.with_slot(slot))
+        .ok_or(Counter::DropBackendMissing)?
+        .backend_id;
+    let backend = backend::<F>(backend_id).ok_or(Counter::DropBackendMissing)?;
     Ok((backend_id, backend))
 }
 
 #[inline(always)]
-pub fn backend(id: BackendId) -> Option<Backend> {
+pub fn backend<F: Ip>(id: BackendId) -> Option<BackendOf<F>> {
     // SAFETY: map values are plain data and copied out immediately.
-    unsafe { BACKENDS.get(&id) }.copied()
+    unsafe { F::backends().get(&id) }.copied()
 }
 
 #[inline(always)]
-pub fn frontend(key: &ServiceKey) -> Option<ServiceValue> {
+pub fn frontend<F: Ip>(key: &ServiceKeyOf<F>) -> Option<ServiceValue> {
+    // The key is looked up from scratch memory: the IPv6 path has no stack
+    // to spare for the several a packet needs.
+    let at = &mut F::scratch()?.service;
+    *at = *key;
     // SAFETY: map values are plain data and copied out immediately.
-    unsafe { SERVICES.get(key) }.copied()
+    unsafe { F::services().get(at) }.copied()
 }

@@ -1,13 +1,15 @@
+use crate::ip::Scratch;
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use proxy_common::{
-    Backend, BackendId, CtKey, CtValue, DatapathConfig, IfaceInfo, Ipv4Prefix, MonitorSlot,
-    ServiceKey, ServiceValue, SockKey, SockValue, SourceRange,
+    Backend, Backend6, BackendId, CtKey, CtKey6, CtValue, CtValue6, DatapathConfig,
+    DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, MonitorSlot, ServiceKey, ServiceKey6,
+    ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange, SourceRange6, V4, V6,
     maps::{
-        MAX_BACKENDS, MAX_CONNTRACK, MAX_IFACES, MAX_LOCAL_POD_CIDRS, MAX_SERVICE_ENTRIES,
-        MAX_SOCKETS, MAX_SOURCE_RANGES,
+        MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS,
+        MAX_SERVICE_ENTRIES, MAX_SOCKETS, MAX_SOURCE_RANGES,
     },
     monitor::{MONITOR_RING_BYTES, MONITOR_SLOTS},
     stats::COUNTER_MAX,
@@ -43,6 +45,39 @@ pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> =
 
 #[map]
 pub static SOCKETS: LruHashMap<SockKey, SockValue> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);
+
+// The IPv6 maps: the IPv4 ones' names with a `6` (docs/dual-stack.md).
+#[map]
+pub static SERVICES6: HashMap<ServiceKey6, ServiceValue> =
+    HashMap::with_max_entries(MAX_SERVICE_ENTRIES, 0);
+
+#[map]
+pub static BACKENDS6: HashMap<BackendId, Backend6> = HashMap::with_max_entries(MAX_BACKENDS, 0);
+
+#[map]
+pub static CONNTRACK6: LruHashMap<CtKey6, CtValue6> =
+    LruHashMap::with_max_entries(MAX_CONNTRACK6, 0);
+
+#[map]
+pub static CONFIG6: Array<DatapathConfig6> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static LOCAL_POD_CIDRS6: LpmTrie<Ipv6Prefix, u8> =
+    LpmTrie::with_max_entries(MAX_LOCAL_POD_CIDRS, 0);
+
+#[map]
+pub static SOURCE_RANGES6: LpmTrie<SourceRange6, u8> =
+    LpmTrie::with_max_entries(MAX_SOURCE_RANGES, 0);
+
+#[map]
+pub static SOCKETS6: LruHashMap<SockKey6, SockValue6> =
+    LruHashMap::with_max_entries(MAX_SOCKETS, 0);
+
+// Per-CPU working memory (`ip::Scratch`), not state: nobody reads it across runs.
+#[map]
+pub static SCRATCH: PerCpuArray<Scratch<V4>> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+pub static SCRATCH6: PerCpuArray<Scratch<V6>> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 pub static MONITOR: Array<MonitorSlot> = Array::with_max_entries(MONITOR_SLOTS as u32, 0);

@@ -4,13 +4,16 @@
 
 use aya_ebpf::maps::RingBuf;
 use proxy_common::{
-    Counter, MonitorEvent,
-    monitor::{MONITOR_SLOTS, event_flags, kind},
+    Counter, Family, MonitorEventOf, V4,
+    monitor::{MONITOR_SLOTS, event_flags, hook, kind},
 };
 
 use crate::{
     conntrack,
+    flow::{Arrival, Rewrite},
+    ip::Ip,
     maps::{MONITOR, MONITOR_RING_0, MONITOR_RING_1, MONITOR_RING_2, MONITOR_RING_3},
+    packet::Packet,
     stats::count,
 };
 
@@ -23,20 +26,22 @@ static RINGS: [&RingBuf; MONITOR_SLOTS] = [
 
 /// The tuple an event is about, before and (for flows) after translation.
 #[derive(Clone, Copy, Default)]
-pub struct Tuple {
-    pub saddr_be: u32,
-    pub daddr_be: u32,
+pub struct Tuple<F: Family> {
+    pub saddr_be: F::Addr,
+    pub daddr_be: F::Addr,
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
 }
 
-/// Sends `event` (stamped now) to every slot whose lease wants `flows` or
-/// drops. A slot never used or released holds 0: no clock is read for it,
-/// so with nobody listening this is four array lookups.
+/// Sends an event (filled by `fill`, stamped now) to every slot whose
+/// lease wants `flows` or drops. A slot never used or released holds 0: no
+/// clock is read for it, so with nobody listening this is four array
+/// lookups. The event is built in scratch memory (an IPv6 one is too large
+/// for the stack) and only when someone listens.
 #[inline(always)]
-fn report(flows: bool, event: &MonitorEvent) {
-    let mut now = 0;
+fn report<F: Ip>(flows: bool, fill: impl Fn(&mut MonitorEventOf<F>)) {
+    let mut event: Option<&mut MonitorEventOf<F>> = None;
     for (i, ring) in RINGS.iter().enumerate() {
         let Some(slot) = MONITOR.get(i as u32) else {
             continue;
@@ -49,67 +54,115 @@ fn report(flows: bool, event: &MonitorEvent) {
         if until == 0 {
             continue;
         }
-        if now == 0 {
-            now = conntrack::now_ns();
+        if event.is_none() {
+            let Some(scratch) = F::scratch() else {
+                return;
+            };
+            let e = &mut scratch.event;
+            // SAFETY: plain data; every byte is zeroed before the fields are set.
+            unsafe { core::ptr::write_bytes(e as *mut MonitorEventOf<F>, 0, 1) };
+            fill(e);
+            e.time_ns = conntrack::now_ns();
+            event = Some(e);
         }
-        if now >= until {
+        let Some(e) = event.as_deref() else {
+            return;
+        };
+        if e.time_ns >= until {
             continue;
         }
-        let stamped = MonitorEvent {
-            time_ns: now,
-            ..*event
-        };
-        if ring.output::<MonitorEvent>(&stamped, 0).is_err() {
+        if ring.output::<MonitorEventOf<F>>(e, 0).is_err() {
             count(Counter::MonitorLost);
         }
     }
 }
 
-/// A drop or reject (`what`: `kind::DROP` / `kind::REJECT`) counted by `reason`.
-#[inline(always)]
-pub fn dropped(what: u8, hook: u8, ifindex: u32, tuple: &Tuple, reason: Counter) {
-    report(
-        false,
-        &MonitorEvent {
-            kind: what,
-            hook,
-            ifindex,
-            reason: reason as u8,
-            ..event(tuple)
-        },
-    );
+/// A drop or reject of `pkt` (`what`: `kind::DROP` / `kind::REJECT`)
+/// counted by `reason`.
+// Not inlined: the event is built in a frame of its own, once for all callers.
+#[inline(never)]
+pub fn dropped<F: Ip>(what: u8, hook: u8, ifindex: u32, pkt: &Packet<F>, reason: Counter) {
+    report::<F>(false, |e| {
+        e.kind = what;
+        e.hook = hook;
+        e.ifindex = ifindex;
+        e.reason = reason as u8;
+        e.saddr_be = pkt.saddr_be;
+        e.daddr_be = pkt.daddr_be;
+        e.sport_be = pkt.sport_be;
+        e.dport_be = pkt.dport_be;
+        e.proto = pkt.proto;
+        e.family = family_byte::<F>();
+    });
 }
 
-/// A new flow to `backend_id` of `service_id`, leaving as `out`.
+/// A packet dropped before its tuple was known (malformed headers).
+#[inline(never)]
+pub fn dropped_unparsed<F: Ip>(hook: u8, ifindex: u32, reason: Counter) {
+    report::<F>(false, |e| {
+        e.kind = kind::DROP;
+        e.hook = hook;
+        e.ifindex = ifindex;
+        e.reason = reason as u8;
+        e.family = family_byte::<F>();
+    });
+}
+
+/// A connect or send the socket hooks refused: `tuple` is what was asked.
+#[inline(never)]
+pub fn refused<F: Ip>(tuple: &Tuple<F>) {
+    report::<F>(false, |e| {
+        e.kind = kind::REJECT;
+        e.hook = hook::SOCKET;
+        e.reason = Counter::SockRefused as u8;
+        put_tuple(e, tuple);
+    });
+}
+
+/// What a new flow was balanced to.
+pub struct FlowIds {
+    pub service_id: u32,
+    pub backend_id: u32,
+    /// The source was rewritten (masquerade, or a port of its own).
+    pub snat: bool,
+}
+
+/// A new flow: `pkt` leaving as `out`.
 #[inline(always)]
-pub fn flow(hook: u8, ifindex: u32, tuple: &Tuple, out: &Tuple, ids: (u32, u32), snat: bool) {
-    report(
-        true,
-        &MonitorEvent {
-            kind: kind::FLOW,
-            hook,
-            ifindex,
-            reason: Counter::NewFlow as u8,
-            service_id: ids.0,
-            backend_id: ids.1,
-            nat_saddr_be: out.saddr_be,
-            nat_daddr_be: out.daddr_be,
-            nat_sport_be: out.sport_be,
-            nat_dport_be: out.dport_be,
-            flags: if snat { event_flags::SNAT } else { 0 },
-            ..event(tuple)
-        },
-    );
+pub fn flow<F: Ip>(at: &Arrival, pkt: &Packet<F>, out: &Rewrite<F>, ids: &FlowIds) {
+    report::<F>(true, |e| {
+        e.kind = kind::FLOW;
+        e.hook = at.hook;
+        e.ifindex = at.ifindex;
+        e.reason = Counter::NewFlow as u8;
+        e.service_id = ids.service_id;
+        e.backend_id = ids.backend_id;
+        e.nat_saddr_be = out.saddr_be;
+        e.nat_daddr_be = out.daddr_be;
+        e.nat_sport_be = out.sport_be;
+        e.nat_dport_be = out.dport_be;
+        e.flags = if ids.snat { event_flags::SNAT } else { 0 };
+        e.saddr_be = pkt.saddr_be;
+        e.daddr_be = pkt.daddr_be;
+        e.sport_be = pkt.sport_be;
+        e.dport_be = pkt.dport_be;
+        e.proto = pkt.proto;
+        e.family = family_byte::<F>();
+    });
 }
 
 #[inline(always)]
-fn event(tuple: &Tuple) -> MonitorEvent {
-    MonitorEvent {
-        saddr_be: tuple.saddr_be,
-        daddr_be: tuple.daddr_be,
-        sport_be: tuple.sport_be,
-        dport_be: tuple.dport_be,
-        proto: tuple.proto,
-        ..MonitorEvent::default()
-    }
+fn put_tuple<F: Ip>(e: &mut MonitorEventOf<F>, tuple: &Tuple<F>) {
+    e.saddr_be = tuple.saddr_be;
+    e.daddr_be = tuple.daddr_be;
+    e.sport_be = tuple.sport_be;
+    e.dport_be = tuple.dport_be;
+    e.proto = tuple.proto;
+    e.family = family_byte::<F>();
+}
+
+/// [`MonitorEventOf::family`]: 0 in IPv4 events (the padding they always had).
+#[inline(always)]
+fn family_byte<F: Family>() -> u8 {
+    if F::AF == V4::AF { 0 } else { F::AF as u8 }
 }

@@ -10,33 +10,30 @@ use aya_ebpf::{
 };
 use proxy_common::{Counter, proto};
 
-use crate::{
-    flow::Rewrite,
-    packet::{IP_CSUM_OFF, IP_DADDR_OFF, IP_SADDR_OFF, Packet},
-};
+use crate::{flow::Rewrite, ip::Ip, packet::Packet};
 
 #[inline(always)]
-pub fn apply(ctx: &TcContext, pkt: &Packet, out: &Rewrite) -> Result<(), Counter> {
+pub fn apply<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Result<(), Counter> {
     rewrite(
         ctx,
         pkt,
-        (pkt.daddr_be, IP_DADDR_OFF, pkt.dport_be, pkt.l4_off + 2),
-        (out.daddr_be, out.dport_be),
+        (&pkt.daddr_be, F::DADDR_OFF, pkt.dport_be, pkt.l4_off + 2),
+        (&out.daddr_be, out.dport_be),
     )?;
     rewrite(
         ctx,
         pkt,
-        (pkt.saddr_be, IP_SADDR_OFF, pkt.sport_be, pkt.l4_off),
-        (out.saddr_be, out.sport_be),
+        (&pkt.saddr_be, F::SADDR_OFF, pkt.sport_be, pkt.l4_off),
+        (&out.saddr_be, out.sport_be),
     )
 }
 
 #[inline(always)]
-fn rewrite(
+fn rewrite<F: Ip>(
     ctx: &TcContext,
-    pkt: &Packet,
-    (old_addr, addr_off, old_port, port_off): (u32, usize, u16, usize),
-    (addr_be, port_be): (u32, u16),
+    pkt: &Packet<F>,
+    (old_addr, addr_off, old_port, port_off): (&F::Addr, usize, u16, usize),
+    (addr_be, port_be): (&F::Addr, u16),
 ) -> Result<(), Counter> {
     // A zero UDP checksum means "none" and must stay zero.
     let mangled = if pkt.proto == proto::UDP {
@@ -47,16 +44,27 @@ fn rewrite(
     let csum_off = pkt.l4_csum_off();
     let failed = |_| Counter::DropRewriteFailed;
     if old_addr != addr_be {
-        ctx.l4_csum_replace(
-            csum_off,
-            old_addr as u64,
-            addr_be as u64,
-            BPF_F_PSEUDO_HDR as u64 | mangled | 4,
-        )
-        .map_err(failed)?;
-        ctx.l3_csum_replace(IP_CSUM_OFF, old_addr as u64, addr_be as u64, 4)
+        // Word by word: the helpers take 4-byte differences; in IPv6 the
+        // words an address shares with the old one (its prefix) cost nothing.
+        let (old_words, new_words) = (F::words(old_addr), F::words(addr_be));
+        for i in 0..old_words.len() {
+            let (old, new) = (old_words[i], new_words[i]);
+            if old == new {
+                continue;
+            }
+            ctx.l4_csum_replace(
+                csum_off,
+                old as u64,
+                new as u64,
+                BPF_F_PSEUDO_HDR as u64 | mangled | 4,
+            )
             .map_err(failed)?;
-        ctx.store(addr_off, &addr_be, 0).map_err(failed)?;
+            if let Some(ip_csum_off) = F::HDR_CSUM_OFF {
+                ctx.l3_csum_replace(ip_csum_off, old as u64, new as u64, 4)
+                    .map_err(failed)?;
+            }
+        }
+        ctx.store(addr_off, addr_be, 0).map_err(failed)?;
     }
     if old_port != port_be {
         ctx.l4_csum_replace(csum_off, old_port as u64, port_be as u64, mangled | 2)

@@ -1,15 +1,13 @@
-//! Bounds-checked parsing of Ethernet / IPv4 / TCP|UDP headers, done once per packet.
+//! Bounds-checked parsing of Ethernet / IPv4 or IPv6 / TCP|UDP headers,
+//! done once per packet.
 
-use proxy_common::{Counter, proto};
+use proxy_common::{Counter, Family, V4, V6, proto};
 
-use crate::frame::Frame;
+use crate::{frame::Frame, ip::Ip};
 
 pub const ETH_HLEN: usize = 14;
-const ETH_P_IP: u16 = 0x0800;
-pub const IP_TTL_OFF: usize = ETH_HLEN + 8;
-pub const IP_SADDR_OFF: usize = ETH_HLEN + 12;
-pub const IP_DADDR_OFF: usize = ETH_HLEN + 16;
-pub const IP_CSUM_OFF: usize = ETH_HLEN + 10;
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
 
 pub mod tcp_flags {
     pub const FIN: u8 = 0x01;
@@ -18,35 +16,25 @@ pub mod tcp_flags {
     pub const ACK: u8 = 0x10;
 }
 
-/// The 5-tuple and header facts of an IPv4 TCP/UDP packet (network byte order).
+/// The 5-tuple and header facts of a TCP/UDP packet (network byte order).
 #[derive(Clone, Copy)]
-pub struct Packet {
-    pub saddr_be: u32,
-    pub daddr_be: u32,
+pub struct Packet<F: Family> {
+    pub saddr_be: F::Addr,
+    pub daddr_be: F::Addr,
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
     /// TCP flags; 0 for UDP.
     pub tcp_flags: u8,
-    pub ihl: u8,
+    /// TTL / hop limit.
     pub ttl: u8,
-    pub tot_len: u16,
+    /// The IP datagram's length, headers included; 0 when the header does
+    /// not say (BIG TCP, jumbograms).
+    pub tot_len: u32,
     pub l4_off: usize,
 }
 
-impl Packet {
-    /// The packet's 5-tuple, for monitor events.
-    #[inline(always)]
-    pub fn tuple(&self) -> crate::monitor::Tuple {
-        crate::monitor::Tuple {
-            saddr_be: self.saddr_be,
-            daddr_be: self.daddr_be,
-            sport_be: self.sport_be,
-            dport_be: self.dport_be,
-            proto: self.proto,
-        }
-    }
-
+impl<F: Ip> Packet<F> {
     /// Offset of the L4 checksum field.
     #[inline(always)]
     pub fn l4_csum_off(&self) -> usize {
@@ -55,6 +43,33 @@ impl Packet {
         } else {
             self.l4_off + 6
         }
+    }
+
+    /// Bytes of IP header (extension headers included) before L4.
+    #[inline(always)]
+    pub fn l3_len(&self) -> usize {
+        self.l4_off - ETH_HLEN
+    }
+}
+
+/// The address family an Ethernet frame carries, if it is IP.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum L3 {
+    V4,
+    V6,
+    Other,
+}
+
+#[inline(always)]
+pub fn l3_of<C: Frame>(ctx: &C) -> L3 {
+    let Some(ethertype) = ctx.ptr_at::<u16>(12) else {
+        return L3::Other;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    match u16::from_be(unsafe { *ethertype }) {
+        ETH_P_IP => L3::V4,
+        ETH_P_IPV6 => L3::V6,
+        _ => L3::Other,
     }
 }
 
@@ -72,17 +87,41 @@ pub struct Ipv4Hdr {
     pub daddr: u32,
 }
 
-/// `Ok(None)`: not a packet the service datapath handles (pass it on untouched).
-/// `Err`: a packet that claims to be IPv4 TCP/UDP but is truncated.
+#[repr(C)]
+pub struct Ipv6Hdr {
+    pub ver_tc_flow: u32,
+    pub payload_len: u16,
+    pub next_header: u8,
+    pub hop_limit: u8,
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+}
+
+/// Extension headers walked before giving up (and passing the packet).
+pub const MAX_EXT_HEADERS: usize = 4;
+/// The furthest L4 can start: each header walked is at most 2 KiB.
+const MAX_L4_OFF: usize = ETH_HLEN + 40 + MAX_EXT_HEADERS * 2048;
+
+mod ext {
+    pub const HOP_BY_HOP: u8 = 0;
+    pub const ROUTING: u8 = 43;
+    pub const FRAGMENT: u8 = 44;
+    pub const ESP: u8 = 50;
+    pub const AUTH: u8 = 51;
+    pub const DEST_OPTS: u8 = 60;
+}
+
+/// Parses the IP packet of a frame [`l3_of`] found to be of family `F`.
+/// `Ok(None)`: not a packet the service datapath handles (pass it on
+/// untouched). `Err`: one that claims to be TCP/UDP but is truncated or
+/// malformed.
 #[inline(always)]
-pub fn parse<F: Frame>(ctx: &F) -> Result<Option<Packet>, Counter> {
-    let Some(ethertype) = ctx.ptr_at::<u16>(12) else {
-        return Ok(None);
-    };
-    // SAFETY: bounds checked by ptr_at.
-    if u16::from_be(unsafe { *ethertype }) != ETH_P_IP {
-        return Ok(None);
-    }
+pub fn parse<C: Frame, F: Ip>(ctx: &C) -> Result<Option<Packet<F>>, Counter> {
+    F::parse(ctx)
+}
+
+#[inline(always)]
+pub fn parse4<C: Frame>(ctx: &C) -> Result<Option<Packet<V4>>, Counter> {
     let ip = ctx
         .ptr_at::<Ipv4Hdr>(ETH_HLEN)
         .ok_or(Counter::DropMalformed)?;
@@ -101,21 +140,113 @@ pub fn parse<F: Frame>(ctx: &F) -> Result<Option<Packet>, Counter> {
     if ip.ver_ihl >> 4 != 4 || ihl < 20 {
         return Err(Counter::DropMalformed);
     }
-    let l4_off = ETH_HLEN + ihl;
-    let (saddr_be, daddr_be, proto, ttl, tot_len) = (
-        ip.saddr,
-        ip.daddr,
+    let (saddr_be, daddr_be, ttl) = (ip.saddr, ip.daddr, ip.ttl);
+    l4(
+        ctx,
+        (saddr_be, daddr_be),
         ip.proto,
-        ip.ttl,
-        u16::from_be(ip.tot_len),
-    );
+        ttl,
+        u16::from_be(ip.tot_len) as u32,
+        ETH_HLEN + ihl,
+    )
+    .map(Some)
+}
+
+#[inline(always)]
+pub fn parse6<C: Frame>(ctx: &C) -> Result<Option<Packet<V6>>, Counter> {
+    let ip = ctx
+        .ptr_at::<Ipv6Hdr>(ETH_HLEN)
+        .ok_or(Counter::DropMalformed)?;
+    // SAFETY: bounds checked by ptr_at.
+    let ip = unsafe { &*ip };
+    // As the kernel's ipv6_rcv: a header that is not IPv6 is dropped.
+    if u32::from_be(ip.ver_tc_flow) >> 28 != 6 {
+        return Err(Counter::DropMalformed);
+    }
+    let (saddr_be, daddr_be, hop_limit) = (ip.saddr, ip.daddr, ip.hop_limit);
+    let payload_len = u16::from_be(ip.payload_len) as u32;
+    let mut next = ip.next_header;
+    let mut off = ETH_HLEN + V6::HDR_LEN;
+    let mut walked = 0;
+    while next != proto::TCP && next != proto::UDP {
+        match next {
+            ext::HOP_BY_HOP | ext::ROUTING | ext::DEST_OPTS | ext::FRAGMENT
+                if walked < MAX_EXT_HEADERS => {}
+            // More headers than walked; or encrypted; or authenticated,
+            // which address translation would break: service traffic
+            // perhaps, but not translatable here.
+            ext::HOP_BY_HOP
+            | ext::ROUTING
+            | ext::DEST_OPTS
+            | ext::FRAGMENT
+            | ext::AUTH
+            | ext::ESP => {
+                crate::stats::count(Counter::PassUnparsed);
+                return Ok(None);
+            }
+            // ICMPv6 and the rest: not service traffic.
+            _ => return Ok(None),
+        }
+        let hdr = ctx.ptr_at::<[u8; 4]>(off).ok_or(Counter::DropMalformed)?;
+        // SAFETY: bounds checked by ptr_at.
+        let hdr = unsafe { *hdr };
+        if next == ext::FRAGMENT {
+            // Later fragments carry no L4 header; they are left to the kernel.
+            if u16::from_be_bytes([hdr[2], hdr[3]]) & 0xfff8 != 0 {
+                return Ok(None);
+            }
+            // The fragment header is 8 bytes; its second byte is reserved
+            // (zero), which lets one length formula serve every header
+            // walked (one formula keeps the verifier's paths few).
+            if hdr[1] != 0 {
+                crate::stats::count(Counter::PassUnparsed);
+                return Ok(None);
+            }
+        }
+        next = hdr[0];
+        off += (hdr[1] as usize + 1) * 8;
+        walked += 1;
+    }
+    if walked != 0 {
+        // Each number of headers walked leaves the verifier its own range
+        // for `off`, and it would check the rest of the program once per
+        // range (beyond its limit). Read back from memory it does not
+        // track, the offset is one unknown value, bounded once.
+        let slot = &mut V6::scratch().ok_or(Counter::DropMalformed)?.l4_off;
+        // SAFETY: a plain per-CPU u32, written then read back.
+        off = unsafe {
+            core::ptr::write_volatile(slot, off as u32);
+            core::ptr::read_volatile(slot)
+        } as usize;
+        if off > MAX_L4_OFF {
+            return Ok(None);
+        }
+    }
+    let tot_len = if payload_len == 0 {
+        0
+    } else {
+        payload_len + V6::HDR_LEN as u32
+    };
+    l4(ctx, (saddr_be, daddr_be), next, hop_limit, tot_len, off).map(Some)
+}
+
+/// The L4 part of a packet whose IP header ends at `l4_off`.
+#[inline(always)]
+fn l4<C: Frame, F: Family>(
+    ctx: &C,
+    (saddr_be, daddr_be): (F::Addr, F::Addr),
+    proto: u8,
+    ttl: u8,
+    tot_len: u32,
+    l4_off: usize,
+) -> Result<Packet<F>, Counter> {
     // Ports plus the checksum field must be readable: 18 bytes for TCP, 8 for UDP.
     let l4_need = if proto == proto::TCP { 18 } else { 8 };
     // ... and inside the datagram the header declares. A total length of 0
     // is a BIG TCP aggregate (the length is the skb's), and the bytes
     // beyond the linear data of a GRO packet are not in view: only the
     // lower bound can be checked here.
-    if tot_len != 0 && (tot_len as usize) < ihl + l4_need {
+    if tot_len != 0 && (tot_len as usize) < l4_off - ETH_HLEN + l4_need {
         return Err(Counter::DropMalformed);
     }
     if ctx.data() + l4_off + l4_need > ctx.data_end() {
@@ -135,16 +266,15 @@ pub fn parse<F: Frame>(ctx: &F) -> Result<Option<Packet>, Counter> {
     } else {
         0
     };
-    Ok(Some(Packet {
+    Ok(Packet {
         saddr_be,
         daddr_be,
         sport_be,
         dport_be,
         proto,
         tcp_flags,
-        ihl: ihl as u8,
         ttl,
         tot_len,
         l4_off,
-    }))
+    })
 }

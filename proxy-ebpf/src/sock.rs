@@ -5,8 +5,8 @@
 //!
 //! The choice is the per-packet path's own ([`flow::pick`]): same frontends,
 //! same traffic policies. The hooks see addresses, not packets, so they are
-//! written against the address and port alone; the IPv6 hooks read
-//! `user_ip6` into the same calls.
+//! written against the address and port alone, generic over the family:
+//! the IPv6 hooks read `user_ip6` into the same calls.
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -14,18 +14,15 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use proxy_common::{
-    Counter, DatapathConfig, ServiceKey, SockDirection, SockKey, SockValue,
-    config::flags,
-    monitor::{hook, kind},
-    proto,
-    service::flags as svc,
+    Counter, DatapathConfig, ServiceKeyOf, SockDirection, SockKeyOf, SockValueOf, config::flags,
+    proto, service::flags as svc,
 };
 
 use crate::{
     config,
     flow::{self, Pick},
+    ip::Ip,
     lb,
-    maps::SOCKETS,
     monitor::{self, Tuple},
     stats::count,
 };
@@ -37,14 +34,16 @@ const ECONNREFUSED: i32 = 111;
 
 /// connect(2) (TCP and UDP) and UDP sendmsg(2) with an address.
 #[inline(always)]
-pub fn forward(ctx: &SockAddrContext) -> i32 {
+pub fn forward<F: Ip>(ctx: &SockAddrContext) -> i32 {
     // SAFETY: the kernel hands the program a valid bpf_sock_addr.
     let sa = unsafe { &mut *ctx.sock_addr };
     let Some(proto) = proto_of(sa.protocol) else {
         return ALLOW;
     };
-    let config = config::get();
-    let host = in_host_namespace(ctx, &config);
+    let Some(config) = config::get() else {
+        return ALLOW;
+    };
+    let host = in_host_namespace(ctx, config);
     let wanted = if host {
         flags::SOCKET_LB_HOST
     } else {
@@ -53,18 +52,18 @@ pub fn forward(ctx: &SockAddrContext) -> i32 {
     if config.flags & wanted == 0 {
         return ALLOW;
     }
-    let addr_be = sa.user_ip4;
+    let addr_be = F::sock_addr(sa);
     // The port sits in network order in the low 16 bits.
     let port_be = sa.user_port as u16;
-    let asked = Tuple {
+    let asked = Tuple::<F> {
         daddr_be: addr_be,
         dport_be: port_be,
         proto,
         ..Tuple::default()
     };
-    let key = ServiceKey::frontend(addr_be, port_be, proto);
+    let key = ServiceKeyOf::<F>::frontend(addr_be, port_be, proto);
     let Some(frontend) = lb::frontend(&key) else {
-        if lb::frontend(&ServiceKey::cluster_ip(addr_be))
+        if lb::frontend(&ServiceKeyOf::<F>::cluster_ip(addr_be))
             .is_some_and(|m| m.has(svc::CLUSTER_IP_MARKER))
         {
             return refuse(&asked);
@@ -79,13 +78,13 @@ pub fn forward(ctx: &SockAddrContext) -> i32 {
             count(Counter::SockDeclined);
             return ALLOW;
         }
-        if !flow::source_allowed(frontend.service_id, config.masquerade_addr_be) {
+        if !flow::source_allowed::<F>(frontend.service_id, F::masquerade_addr(config)) {
             return refuse(&asked);
         }
     }
     // SAFETY: the helper accepts this program type's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let sticky = SockKey::new(cookie, addr_be, port_be, proto, SockDirection::Forward);
+    let sticky = SockKeyOf::<F>::new(cookie, addr_be, port_be, proto, SockDirection::Forward);
     // A TCP socket connects once; only UDP sends come back to the hook.
     let kept = if proto == proto::UDP {
         kept_backend(&sticky)
@@ -106,32 +105,32 @@ pub fn forward(ctx: &SockAddrContext) -> i32 {
     let Some((backend_id, backend_addr_be, backend_port_be)) = chosen else {
         return refuse(&asked);
     };
-    let reverse = SockKey::new(
+    let reverse = SockKeyOf::<F>::new(
         cookie,
         backend_addr_be,
         backend_port_be,
         proto,
         SockDirection::Reverse,
     );
-    let service = SockValue {
+    let service = SockValueOf::<F> {
         addr_be,
         port_be,
         _pad: 0,
         service_id: frontend.service_id,
         backend_id,
     };
-    let backend = SockValue {
+    let backend = SockValueOf::<F> {
         addr_be: backend_addr_be,
         port_be: backend_port_be,
         ..service
     };
     // Only the reverse entry is needed for the application to see the
     // service; a full map costs stickiness, never the connection.
-    let _ = SOCKETS.insert(&reverse, &service, 0);
+    let _ = F::sockets().insert(&reverse, &service, 0);
     if proto == proto::UDP {
-        let _ = SOCKETS.insert(&sticky, &backend, 0);
+        let _ = F::sockets().insert(&sticky, &backend, 0);
     }
-    sa.user_ip4 = backend_addr_be;
+    F::set_sock_addr(sa, backend_addr_be);
     sa.user_port = backend_port_be as u32;
     count(Counter::SockTranslated);
     ALLOW
@@ -139,7 +138,7 @@ pub fn forward(ctx: &SockAddrContext) -> i32 {
 
 /// getpeername(2) and UDP recvmsg(2): the backend shown as the service.
 #[inline(always)]
-pub fn reverse(ctx: &SockAddrContext) -> i32 {
+pub fn reverse<F: Ip>(ctx: &SockAddrContext) -> i32 {
     // SAFETY: the kernel hands the program a valid bpf_sock_addr.
     let sa = unsafe { &mut *ctx.sock_addr };
     let Some(proto) = proto_of(sa.protocol) else {
@@ -147,16 +146,16 @@ pub fn reverse(ctx: &SockAddrContext) -> i32 {
     };
     // SAFETY: the helper accepts this program type's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let key = SockKey::new(
+    let key = SockKeyOf::<F>::new(
         cookie,
-        sa.user_ip4,
+        F::sock_addr(sa),
         sa.user_port as u16,
         proto,
         SockDirection::Reverse,
     );
     // SAFETY: map values are plain data and copied out immediately.
-    if let Some(service) = unsafe { SOCKETS.get(&key) }.copied() {
-        sa.user_ip4 = service.addr_be;
+    if let Some(service) = unsafe { F::sockets().get(&key) }.copied() {
+        F::set_sock_addr(sa, service.addr_be);
         sa.user_port = service.port_be as u32;
         count(Counter::SockReverse);
     }
@@ -166,10 +165,10 @@ pub fn reverse(ctx: &SockAddrContext) -> i32 {
 /// The backend this UDP socket's earlier datagrams to the service went to,
 /// while it still serves the service.
 #[inline(always)]
-fn kept_backend(sticky: &SockKey) -> Option<(u32, u32, u16)> {
+fn kept_backend<F: Ip>(sticky: &SockKeyOf<F>) -> Option<(u32, F::Addr, u16)> {
     // SAFETY: map values are plain data and copied out immediately.
-    let kept = unsafe { SOCKETS.get(sticky) }.copied()?;
-    let backend = lb::backend(kept.backend_id)?;
+    let kept = unsafe { F::sockets().get(sticky) }.copied()?;
+    let backend = lb::backend::<F>(kept.backend_id)?;
     (backend.addr_be == kept.addr_be && backend.port_be == kept.port_be).then_some((
         kept.backend_id,
         kept.addr_be,
@@ -178,9 +177,9 @@ fn kept_backend(sticky: &SockKey) -> Option<(u32, u32, u16)> {
 }
 
 #[inline(always)]
-fn refuse(asked: &Tuple) -> i32 {
+fn refuse<F: Ip>(asked: &Tuple<F>) -> i32 {
     count(Counter::SockRefused);
-    monitor::dropped(kind::REJECT, hook::SOCKET, 0, asked, Counter::SockRefused);
+    monitor::refused(asked);
     // SAFETY: sets this hook's error for the system call (Linux 5.18+);
     // without it the refusal would read EPERM.
     unsafe { bpf_set_retval(-ECONNREFUSED) };

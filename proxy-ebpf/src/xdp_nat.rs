@@ -4,17 +4,15 @@
 use aya_ebpf::programs::XdpContext;
 use proxy_common::{Counter, proto};
 
-use crate::{
-    csum,
-    flow::Rewrite,
-    frame::Frame,
-    packet::{ETH_HLEN, Ipv4Hdr, Packet},
-};
+use crate::{csum, flow::Rewrite, frame::Frame, ip::Ip, packet::Packet};
 
 #[inline(always)]
-pub fn apply(ctx: &XdpContext, pkt: &Packet, out: &Rewrite) -> Result<(), Counter> {
-    let ip = ctx
-        .ptr_at::<Ipv4Hdr>(ETH_HLEN)
+pub fn apply<F: Ip>(ctx: &XdpContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Result<(), Counter> {
+    let saddr = ctx
+        .ptr_at::<F::Addr>(F::SADDR_OFF)
+        .ok_or(Counter::DropMalformed)?;
+    let daddr = ctx
+        .ptr_at::<F::Addr>(F::DADDR_OFF)
         .ok_or(Counter::DropMalformed)?;
     let ports = ctx
         .ptr_at::<[u16; 2]>(pkt.l4_off)
@@ -22,19 +20,32 @@ pub fn apply(ctx: &XdpContext, pkt: &Packet, out: &Rewrite) -> Result<(), Counte
     let check = ctx
         .ptr_at::<u16>(pkt.l4_csum_off())
         .ok_or(Counter::DropMalformed)?;
-    // SAFETY: all three pointers were bounds-checked above.
-    let (ip, ports, check) = unsafe { (&mut *ip, &mut *ports, &mut *check) };
+    // SAFETY: all four pointers were bounds-checked above.
+    let (saddr, daddr, ports, check) =
+        unsafe { (&mut *saddr, &mut *daddr, &mut *ports, &mut *check) };
     let l4_has_csum = !(pkt.proto == proto::UDP && *check == 0);
     let mut l4 = *check;
-    if ip.saddr != out.saddr_be {
-        ip.check = csum::replace4(ip.check, ip.saddr, out.saddr_be);
-        l4 = csum::replace4(l4, ip.saddr, out.saddr_be);
-        ip.saddr = out.saddr_be;
+    let mut ip = 0u32;
+    let mut readdressed = false;
+    for (addr, new) in [(saddr, &out.saddr_be), (daddr, &out.daddr_be)] {
+        if *addr == *new {
+            continue;
+        }
+        let (old_words, new_words) = (F::words(addr), F::words(new));
+        for i in 0..old_words.len() {
+            l4 = csum::replace4(l4, old_words[i], new_words[i]);
+            ip = csum::add_u32(csum::add_u32(ip, !old_words[i]), new_words[i]);
+        }
+        *addr = *new;
+        readdressed = true;
     }
-    if ip.daddr != out.daddr_be {
-        ip.check = csum::replace4(ip.check, ip.daddr, out.daddr_be);
-        l4 = csum::replace4(l4, ip.daddr, out.daddr_be);
-        ip.daddr = out.daddr_be;
+    if let (true, Some(ip_csum_off)) = (readdressed, F::HDR_CSUM_OFF) {
+        let ip_check = ctx
+            .ptr_at::<u16>(ip_csum_off)
+            .ok_or(Counter::DropMalformed)?;
+        // SAFETY: bounds-checked above.
+        let ip_check = unsafe { &mut *ip_check };
+        *ip_check = !csum::fold((!*ip_check) as u32 + csum::fold(ip) as u32);
     }
     if ports[0] != out.sport_be {
         l4 = csum::replace2(l4, ports[0], out.sport_be);
@@ -55,18 +66,25 @@ pub fn apply(ctx: &XdpContext, pkt: &Packet, out: &Rewrite) -> Result<(), Counte
     Ok(())
 }
 
-/// Decrements the TTL of a packet this node forwards itself.
+/// Decrements the TTL / hop limit of a packet this node forwards itself.
 #[inline(always)]
-pub fn decrement_ttl(ctx: &XdpContext) -> Result<(), Counter> {
-    let ip = ctx
-        .ptr_at::<Ipv4Hdr>(ETH_HLEN)
-        .ok_or(Counter::DropMalformed)?;
+pub fn decrement_hop<F: Ip>(ctx: &XdpContext) -> Result<(), Counter> {
+    let hop = ctx.ptr_at::<u8>(F::HOP_OFF).ok_or(Counter::DropMalformed)?;
     // SAFETY: bounds-checked above.
-    let ip = unsafe { &mut *ip };
-    // TTL and protocol share one 16-bit word of the header.
-    let old = u16::from_ne_bytes([ip.ttl, ip.proto]);
-    ip.ttl -= 1;
-    let new = u16::from_ne_bytes([ip.ttl, ip.proto]);
-    ip.check = csum::replace2(ip.check, old, new);
+    let hop = unsafe { &mut *hop };
+    if let Some(ip_csum_off) = F::HDR_CSUM_OFF {
+        // In IPv4 the TTL is the high byte of its 16-bit checksum word.
+        let check = ctx
+            .ptr_at::<u16>(ip_csum_off)
+            .ok_or(Counter::DropMalformed)?;
+        // SAFETY: bounds-checked above.
+        let check = unsafe { &mut *check };
+        *check = csum::replace2(
+            *check,
+            u16::from_ne_bytes([*hop, 0]),
+            u16::from_ne_bytes([hop.wrapping_sub(1), 0]),
+        );
+    }
+    *hop = hop.wrapping_sub(1);
     Ok(())
 }

@@ -1033,6 +1033,12 @@ enum Shape {
     /// Shorter than an Ethernet header: the kernel refuses to run it.
     Short,
     NotIpv4,
+    /// IPv6 that reads as TCP/UDP or as something else the datapath passes
+    /// on (no IPv6 service exists in this world, so it is never translated).
+    Ipv6,
+    /// IPv6 whose fixed header, walked extension headers or L4 header do
+    /// not fit, or whose version is not 6.
+    Ipv6Malformed,
     /// IPv4 ethertype, but no room for an IPv4 header.
     Ipv4Truncated,
     NotTcpUdp,
@@ -1060,6 +1066,9 @@ impl Shape {
     fn of(pkt: &[u8]) -> Shape {
         if pkt.len() < ETH_HLEN {
             return Shape::Short;
+        }
+        if pkt[12..14] == [0x86, 0xdd] {
+            return Shape::of_ipv6(pkt);
         }
         if pkt[12..14] != [0x08, 0x00] {
             return Shape::NotIpv4;
@@ -1103,11 +1112,54 @@ impl Shape {
         })
     }
 
+    /// An IPv6 frame read as RFC 8200 lays it out: the fixed header, up to
+    /// four hop-by-hop / routing / fragment / destination-options headers,
+    /// then TCP or UDP whose ports and checksum must fit.
+    fn of_ipv6(pkt: &[u8]) -> Shape {
+        const MAX_EXT_HEADERS: usize = 4;
+        if pkt.len() < ETH_HLEN + 40 {
+            return Shape::Ipv6Malformed;
+        }
+        let ip = &pkt[ETH_HLEN..];
+        if ip[0] >> 4 != 6 {
+            return Shape::Ipv6Malformed;
+        }
+        let payload_len = u16::from_be_bytes([ip[4], ip[5]]) as usize;
+        let mut next = ip[6];
+        let mut off = ETH_HLEN + 40;
+        let mut walked = 0;
+        while next != proto::TCP && next != proto::UDP {
+            if !matches!(next, 0 | 43 | 44 | 60) || walked == MAX_EXT_HEADERS {
+                return Shape::Ipv6;
+            }
+            if off + 4 > pkt.len() {
+                return Shape::Ipv6Malformed;
+            }
+            let hdr = &pkt[off..off + 4];
+            if next == 44 && (u16::from_be_bytes([hdr[2], hdr[3]]) & 0xfff8 != 0 || hdr[1] != 0) {
+                return Shape::Ipv6;
+            }
+            next = hdr[0];
+            off += (hdr[1] as usize + 1) * 8;
+            walked += 1;
+        }
+        let l4_need = if next == proto::TCP { 18 } else { 8 };
+        let tot_len = if payload_len == 0 {
+            0
+        } else {
+            payload_len + 40
+        };
+        if (tot_len != 0 && tot_len < off - ETH_HLEN + l4_need) || off + l4_need > pkt.len() {
+            return Shape::Ipv6Malformed;
+        }
+        Shape::Ipv6
+    }
+
     /// Frames the datapath may drop as malformed instead of passing them on.
     fn malformed(&self) -> bool {
         matches!(
             self,
-            Shape::Ipv4Truncated | Shape::BadIhl | Shape::L4Truncated
+            Shape::Ipv4Truncated | Shape::BadIhl | Shape::L4Truncated | Shape::Ipv6Malformed
         )
     }
 }

@@ -13,6 +13,7 @@ mod tester;
 
 mod datapath_conntrack;
 mod datapath_frontends;
+mod datapath_ipv6;
 mod datapath_kernel;
 mod explain;
 mod fuzz_datapath;

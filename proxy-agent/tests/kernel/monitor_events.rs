@@ -187,7 +187,8 @@ fn each_monitor_gets_its_kinds_in_its_own_ring_and_established_packets_never() {
             nat_sport_be: 40001u16.to_be(),
             nat_dport_be: 8080u16.to_be(),
             flags: 0,
-            _pad: 0,
+            family: 0,
+            _pad: [0; 3],
         }
     );
     assert!(flow.service_id != 0 && flow.backend_id != 0, "{flow:?}");

@@ -1,0 +1,242 @@
+//! What the programs need from an address family beyond the map ABI's
+//! [`Family`]: its maps, where its addresses sit in the header, how they
+//! enter checksums and the FIB. Everything else is written once, generic
+//! over `F: Ip`; the compiler emits one instance per family.
+
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup, bpf_sock_addr},
+    maps::{HashMap, LpmTrie, LruHashMap},
+};
+use proxy_common::{
+    BackendId, BackendOf, Counter, CtKeyOf, CtValueOf, DatapathConfig, Family, MonitorEventOf,
+    PrefixOf, ServiceKeyOf, ServiceValue, SockKeyOf, SockValueOf, SourceRangeOf, V4, V6,
+    config::flags as config_flags, proto,
+};
+
+use crate::{
+    frame::Frame,
+    maps,
+    packet::{self, ETH_HLEN, Packet},
+};
+
+/// Working memory for the conntrack entries a packet writes, kept in a
+/// per-CPU array rather than on the 512-byte stack, which the IPv6 path
+/// would overflow (LLVM's BPF backend reuses few stack slots).
+#[repr(C)]
+pub struct Scratch<F: Family> {
+    /// A service map key being looked up.
+    pub service: ServiceKeyOf<F>,
+    pub key: CtKeyOf<F>,
+    pub value: CtValueOf<F>,
+    /// The FIB query and answer of a forwarded packet.
+    pub fib: bpf_fib_lookup,
+    /// A reject's reply frame, built here before it replaces the packet.
+    pub reply: [u8; REPLY_MAX],
+    /// A monitor event, built here and copied to each listening ring.
+    pub event: MonitorEventOf<F>,
+    /// Where L4 starts behind IPv6 extension headers (see `packet::parse6`).
+    pub l4_off: u32,
+}
+
+/// The largest reply a reject builds (an ICMPv6 error with its quote).
+pub const REPLY_MAX: usize = 112;
+
+pub trait Ip: Family {
+    /// Bytes of the fixed IP header.
+    const HDR_LEN: usize;
+    const SADDR_OFF: usize;
+    const DADDR_OFF: usize;
+    /// Offset of the TTL / hop limit.
+    const HOP_OFF: usize;
+    /// Offset of the header checksum; `None`: the family has none (IPv6).
+    const HDR_CSUM_OFF: Option<usize>;
+    /// The protocol number of this family's ICMP, and its port-unreachable (type, code).
+    const ICMP_PROTO: u8;
+    const PORT_UNREACHABLE: (u8, u8);
+    /// The `DatapathConfig` flag that turns this family's CIDR-based
+    /// local-traffic detector on.
+    const DETECT_LOCAL_BY_CIDR: u32;
+
+    /// The packet of a frame of this family (see [`crate::packet::parse`]).
+    fn parse<C: Frame>(ctx: &C) -> Result<Option<Packet<Self>>, Counter>;
+
+    fn services() -> &'static HashMap<ServiceKeyOf<Self>, ServiceValue>;
+    fn backends() -> &'static HashMap<BackendId, BackendOf<Self>>;
+    fn conntrack() -> &'static LruHashMap<CtKeyOf<Self>, CtValueOf<Self>>;
+    fn local_pod_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8>;
+    fn source_ranges() -> &'static LpmTrie<SourceRangeOf<Self>, u8>;
+    fn sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockValueOf<Self>>;
+    /// This CPU's scratch space (see [`Scratch`]).
+    fn scratch() -> Option<&'static mut Scratch<Self>>;
+
+    /// The address masqueraded traffic leaves with (unspecified: none).
+    fn masquerade_addr(config: &DatapathConfig) -> Self::Addr;
+    /// The address as the 32-bit words checksums add.
+    fn words(addr: &Self::Addr) -> &[u32];
+    fn fib_addrs(params: &mut bpf_fib_lookup, src: Self::Addr, dst: Self::Addr);
+    fn sock_addr(sa: &bpf_sock_addr) -> Self::Addr;
+    fn set_sock_addr(sa: &mut bpf_sock_addr, addr: Self::Addr);
+
+    /// The unspecified address (0.0.0.0 / ::), which no key holds.
+    #[inline(always)]
+    fn unspecified() -> Self::Addr {
+        Self::Addr::default()
+    }
+
+    /// One's-complement sum of the pseudo-header of an L4 segment (RFC 793 /
+    /// RFC 8200 §8.1): both addresses, the protocol and the L4 length.
+    #[inline(always)]
+    fn pseudo_sum(src: &Self::Addr, dst: &Self::Addr, proto: u8, l4_len: u16) -> u32 {
+        let (src, dst) = (Self::words(src), Self::words(dst));
+        let mut sum = 0;
+        for i in 0..src.len() {
+            sum = crate::csum::add_u32(sum, src[i]);
+            sum = crate::csum::add_u32(sum, dst[i]);
+        }
+        sum + (proto as u16).to_be() as u32 + l4_len.to_be() as u32
+    }
+}
+
+impl Ip for V4 {
+    const HDR_LEN: usize = 20;
+    const SADDR_OFF: usize = ETH_HLEN + 12;
+    const DADDR_OFF: usize = ETH_HLEN + 16;
+    const HOP_OFF: usize = ETH_HLEN + 8;
+    const HDR_CSUM_OFF: Option<usize> = Some(ETH_HLEN + 10);
+    const ICMP_PROTO: u8 = proto::ICMP;
+    const PORT_UNREACHABLE: (u8, u8) = (3, 3);
+    const DETECT_LOCAL_BY_CIDR: u32 = config_flags::DETECT_LOCAL_BY_CIDR;
+
+    #[inline(always)]
+    fn parse<C: Frame>(ctx: &C) -> Result<Option<Packet<Self>>, Counter> {
+        packet::parse4(ctx)
+    }
+    #[inline(always)]
+    fn services() -> &'static HashMap<ServiceKeyOf<Self>, ServiceValue> {
+        &maps::SERVICES
+    }
+    #[inline(always)]
+    fn backends() -> &'static HashMap<BackendId, BackendOf<Self>> {
+        &maps::BACKENDS
+    }
+    #[inline(always)]
+    fn conntrack() -> &'static LruHashMap<CtKeyOf<Self>, CtValueOf<Self>> {
+        &maps::CONNTRACK
+    }
+    #[inline(always)]
+    fn local_pod_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8> {
+        &maps::LOCAL_POD_CIDRS
+    }
+    #[inline(always)]
+    fn source_ranges() -> &'static LpmTrie<SourceRangeOf<Self>, u8> {
+        &maps::SOURCE_RANGES
+    }
+    #[inline(always)]
+    fn sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockValueOf<Self>> {
+        &maps::SOCKETS
+    }
+    #[inline(always)]
+    fn scratch() -> Option<&'static mut Scratch<Self>> {
+        // SAFETY: per-CPU memory, and a program run is never preempted by another on its CPU.
+        maps::SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+    }
+    #[inline(always)]
+    fn masquerade_addr(config: &DatapathConfig) -> u32 {
+        config.masquerade_addr_be
+    }
+    #[inline(always)]
+    fn words(addr: &u32) -> &[u32] {
+        core::slice::from_ref(addr)
+    }
+    #[inline(always)]
+    fn fib_addrs(params: &mut bpf_fib_lookup, src: u32, dst: u32) {
+        params.__bindgen_anon_3.ipv4_src = src;
+        params.__bindgen_anon_4.ipv4_dst = dst;
+    }
+    #[inline(always)]
+    fn sock_addr(sa: &bpf_sock_addr) -> u32 {
+        sa.user_ip4
+    }
+    #[inline(always)]
+    fn set_sock_addr(sa: &mut bpf_sock_addr, addr: u32) {
+        sa.user_ip4 = addr;
+    }
+}
+
+impl Ip for V6 {
+    const HDR_LEN: usize = 40;
+    const SADDR_OFF: usize = ETH_HLEN + 8;
+    const DADDR_OFF: usize = ETH_HLEN + 24;
+    const HOP_OFF: usize = ETH_HLEN + 7;
+    const HDR_CSUM_OFF: Option<usize> = None;
+    const ICMP_PROTO: u8 = proto::ICMPV6;
+    const PORT_UNREACHABLE: (u8, u8) = (1, 4);
+    const DETECT_LOCAL_BY_CIDR: u32 = config_flags::DETECT_LOCAL_BY_CIDR6;
+
+    #[inline(always)]
+    fn parse<C: Frame>(ctx: &C) -> Result<Option<Packet<Self>>, Counter> {
+        packet::parse6(ctx)
+    }
+    #[inline(always)]
+    fn services() -> &'static HashMap<ServiceKeyOf<Self>, ServiceValue> {
+        &maps::SERVICES6
+    }
+    #[inline(always)]
+    fn backends() -> &'static HashMap<BackendId, BackendOf<Self>> {
+        &maps::BACKENDS6
+    }
+    #[inline(always)]
+    fn conntrack() -> &'static LruHashMap<CtKeyOf<Self>, CtValueOf<Self>> {
+        &maps::CONNTRACK6
+    }
+    #[inline(always)]
+    fn local_pod_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8> {
+        &maps::LOCAL_POD_CIDRS6
+    }
+    #[inline(always)]
+    fn source_ranges() -> &'static LpmTrie<SourceRangeOf<Self>, u8> {
+        &maps::SOURCE_RANGES6
+    }
+    #[inline(always)]
+    fn sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockValueOf<Self>> {
+        &maps::SOCKETS6
+    }
+    #[inline(always)]
+    fn scratch() -> Option<&'static mut Scratch<Self>> {
+        // SAFETY: per-CPU memory, and a program run is never preempted by another on its CPU.
+        maps::SCRATCH6.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+    }
+    #[inline(always)]
+    fn masquerade_addr(_config: &DatapathConfig) -> [u32; 4] {
+        maps::CONFIG6
+            .get(0)
+            .map(|c| c.masquerade_addr_be)
+            .unwrap_or_default()
+    }
+    #[inline(always)]
+    fn words(addr: &[u32; 4]) -> &[u32] {
+        addr
+    }
+    #[inline(always)]
+    fn fib_addrs(params: &mut bpf_fib_lookup, src: [u32; 4], dst: [u32; 4]) {
+        params.__bindgen_anon_3.ipv6_src = src;
+        params.__bindgen_anon_4.ipv6_dst = dst;
+    }
+    #[inline(always)]
+    fn sock_addr(sa: &bpf_sock_addr) -> [u32; 4] {
+        // One 32-bit access per word: the verifier checks context access widths.
+        let mut addr = [0u32; 4];
+        for (i, word) in addr.iter_mut().enumerate() {
+            // SAFETY: reading a field of the kernel's context.
+            *word = unsafe { core::ptr::read_volatile(&sa.user_ip6[i]) };
+        }
+        addr
+    }
+    #[inline(always)]
+    fn set_sock_addr(sa: &mut bpf_sock_addr, addr: [u32; 4]) {
+        for (i, word) in addr.iter().enumerate() {
+            // SAFETY: writing a field of the kernel's context.
+            unsafe { core::ptr::write_volatile(&mut sa.user_ip6[i], *word) };
+        }
+    }
+}
