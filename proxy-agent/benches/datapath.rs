@@ -357,7 +357,12 @@ impl Tier {
         let facts = node_facts(ifaces)?;
         NodeProgrammer::new().apply(&facts, &mut maps)?;
         let mut programmer = Programmer::new();
-        programmer.set_node_addresses(&facts.addresses, &DesiredState::default(), &mut maps)?;
+        programmer.set_node_addresses(
+            &facts.addresses,
+            &facts.addresses6,
+            &DesiredState::default(),
+            &mut maps,
+        )?;
         let mut state = layout.state();
         let t0 = Instant::now();
         let sync = programmer
@@ -885,7 +890,8 @@ fn node_facts(ifaces: Ifaces) -> anyhow::Result<NodeFacts> {
             snat_port_max: SNAT_PORT_MAX,
             ..DatapathConfig::default()
         },
-        local_pod_cidrs: [POD_CIDR.parse::<ipnet::Ipv4Net>().context("pod CIDR")?].into(),
+        config6: Default::default(),
+        local_pod_cidrs: [POD_CIDR.parse::<ipnet::IpNet>().context("pod CIDR")?].into(),
         ifaces: [(
             ifaces.uplink,
             IfaceInfo {
@@ -894,6 +900,7 @@ fn node_facts(ifaces: Ifaces) -> anyhow::Result<NodeFacts> {
         )]
         .into(),
         addresses,
+        addresses6: Default::default(),
         external_interfaces: [(UPLINK_IFACE.to_owned(), ifaces.uplink)].into(),
     })
 }

@@ -4,7 +4,9 @@
 //! instances are byte for byte the types the datapath has always used.
 
 /// An IP address family: how its addresses sit in keys and values.
-pub trait Family: Copy + Default + Eq + core::fmt::Debug + core::hash::Hash + 'static {
+pub trait Family:
+    Copy + Default + Eq + Ord + core::fmt::Debug + core::hash::Hash + 'static
+{
     /// An address in network byte order.
     type Addr: Copy + Default + Eq + Ord + core::fmt::Debug + core::hash::Hash;
     /// The bytes a key or value of this family needs after its last field

@@ -126,8 +126,10 @@ pub fn sock_recvmsg6(ctx: SockAddrContext) -> i32 {
     sock::reverse::<V6>(&ctx)
 }
 
+// Not `sock_getpeername6`: the kernel keeps 15 characters of a program's
+// name, and that one would read as `sock_getpeername4` cut short.
 #[cgroup_sock_addr(getpeername6)]
-pub fn sock_getpeername6(ctx: SockAddrContext) -> i32 {
+pub fn sock_peername6(ctx: SockAddrContext) -> i32 {
     sock::reverse::<V6>(&ctx)
 }
 

@@ -121,6 +121,8 @@ fn run(task: Task) -> anyhow::Result<()> {
                     "datapath",
                     "--bench",
                     "socket_lb",
+                    "--bench",
+                    "families",
                 ])
                 // The datapath bench needs the eBPF object embedded.
                 .env_remove("AYA_BUILD_SKIP")

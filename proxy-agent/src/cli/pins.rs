@@ -10,7 +10,7 @@ use proxy_common::maps as names;
 
 use crate::{
     cli::values::nonempty_path,
-    modes::ebpf::{KernelMaps, MapSizes, pin},
+    modes::ebpf::{KernelMaps, MapSizes, maps::Maps6, pin},
 };
 
 /// `--pin-dir`, for any subcommand that reads the agent's pins.
@@ -58,6 +58,15 @@ impl PinnedMaps {
             local_pod_cidrs: open(dir, names::LOCAL_POD_CIDRS)?.0,
             source_ranges: open(dir, names::SOURCE_RANGES)?.0,
             sockets: open(dir, names::SOCKETS)?.0,
+            v6: Maps6 {
+                services: open(dir, names::SERVICES6)?.0,
+                backends: open(dir, names::BACKENDS6)?.0,
+                conntrack: open(dir, names::CONNTRACK6)?.0,
+                config: open(dir, names::CONFIG6)?.0,
+                local_pod_cidrs: open(dir, names::LOCAL_POD_CIDRS6)?.0,
+                source_ranges: open(dir, names::SOURCE_RANGES6)?.0,
+                sockets: open(dir, names::SOCKETS6)?.0,
+            },
         };
         Ok(PinnedMaps {
             maps,

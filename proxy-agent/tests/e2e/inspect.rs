@@ -390,9 +390,13 @@ fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments()
         socket_hooks,
         [
             "sock_connect4",
+            "sock_connect6",
             "sock_getpeername4",
+            "sock_peername6",
             "sock_recvmsg4",
-            "sock_sendmsg4"
+            "sock_recvmsg6",
+            "sock_sendmsg4",
+            "sock_sendmsg6"
         ]
     );
     let table = text(&ns, &pin_dir, &state_dir, &["interfaces"]);

@@ -119,7 +119,7 @@ impl Fixture {
             host: [ROUTED_GATEWAY, NODE_EXTERNAL_IP].into(),
         };
         self.programmer
-            .set_node_addresses(&node, &self.state, &mut self.maps)
+            .set_node_addresses(&node, &Default::default(), &self.state, &mut self.maps)
             .unwrap();
     }
 
@@ -400,7 +400,7 @@ fn a_connected_udp_client_stops_reaching_a_removed_backend_within_a_second() {
     let gone = f.programmer.take_gone_udp();
     assert!(
         gone.iter()
-            .any(|g| g.service == SocketAddrV4::new(CLUSTER_IP, 80)),
+            .any(|g| g.service == SocketAddrV4::new(CLUSTER_IP, 80).into()),
         "{gone:?}"
     );
     let sockets = &mut f.maps.sockets;

@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use proxy_agent::{
     cli::packet::Frame,
     model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
@@ -106,7 +106,7 @@ fn node(config: DatapathConfig) -> Datapath {
     let mut dp = Datapath::new(ebpf, POD_IFINDEX, ext);
     dp.maps.put_config(&config).unwrap();
     dp.maps
-        .put_local_pod_cidr(POD_CIDR.parse::<Ipv4Net>().unwrap())
+        .put_local_pod_cidr(POD_CIDR.parse::<IpNet>().unwrap())
         .unwrap();
     dp.programmer
         .set_node_addresses(
@@ -116,6 +116,7 @@ fn node(config: DatapathConfig) -> Datapath {
                 localhost_node_ports: false,
                 host: Default::default(),
             },
+            &Default::default(),
             &DesiredState::default(),
             &mut dp.maps,
         )

@@ -1,25 +1,21 @@
-//! The IPv6 instance of the programs, through BPF_PROG_TEST_RUN, with every
-//! output byte checked against frames built here independently (RFC 8200
-//! headers, RFC 2460 §8.1 pseudo-header checksums).
-//!
-//! The agent's programmer does not write the IPv6 maps yet (issue 11's
-//! next step), so these tests write `SERVICES6` / `BACKENDS6` themselves,
-//! in the layout `proxy_common` defines; once the programmer does, they
-//! move to the tester's tables beside their IPv4 counterparts.
+//! The IPv6 instance of the programs, through BPF_PROG_TEST_RUN, with maps
+//! the agent's own programmer fills and every output byte checked against
+//! frames built here independently (RFC 8200 headers, RFC 8200 §8.1
+//! pseudo-header checksums, RFC 4443 errors).
 
-use std::net::Ipv6Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aya::{
-    Ebpf,
-    maps::{HashMap, PerCpuArray},
+use proxy_agent::{
+    model::{DesiredService, Endpoint, Protocol, ServicePortName},
+    modes::ebpf::{self, test_run},
 };
-use proxy_agent::modes::ebpf::{self, test_run};
 use proxy_common::{
-    Backend6, Counter, FrontendKind, ServiceKey6, ServiceValue,
+    Counter,
     action::{TC_ACT_OK, TC_ACT_REDIRECT},
     proto,
-    service::flags,
 };
+
+use crate::tester::Datapath;
 
 const CLIENT: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 2);
 const VIP: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 10);
@@ -29,55 +25,32 @@ const TARGET_PORT: u16 = 8080;
 const ETH_HLEN: usize = 14;
 const IP6_HLEN: usize = 40;
 
-fn words(ip: Ipv6Addr) -> [u32; 4] {
-    let o = ip.octets();
-    std::array::from_fn(|i| {
-        u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
-    })
+fn port_name(name: &str, protocol: Protocol) -> ServicePortName {
+    ServicePortName {
+        namespace: "default".into(),
+        name: name.into(),
+        port_name: protocol.to_string(),
+        protocol,
+    }
 }
 
-/// VIP:80/TCP and VIP:53/UDP -> BACKEND:8080; EMPTY_VIP:80/TCP and :53/UDP
-/// without endpoints (rejected).
-fn fixture() -> Ebpf {
-    let mut ebpf = ebpf::load().expect("load the eBPF object (are we root?)");
-    {
-        let mut backends: HashMap<_, u32, Backend6> =
-            HashMap::try_from(ebpf.map_mut("BACKENDS6").expect("BACKENDS6")).unwrap();
-        for (id, p) in [(1, proto::TCP), (2, proto::UDP)] {
-            let b = Backend6 {
-                addr_be: words(BACKEND),
-                port_be: TARGET_PORT.to_be(),
-                proto: p,
-                flags: 0,
-            };
-            backends.insert(id, b, 0).unwrap();
-        }
-    }
-    let mut services: HashMap<_, ServiceKey6, ServiceValue> =
-        HashMap::try_from(ebpf.map_mut("SERVICES6").expect("SERVICES6")).unwrap();
-    let kind = ServiceValue::kind_flags(FrontendKind::ClusterIp);
-    for (service_id, port, p) in [(1, 80u16, proto::TCP), (2, 53, proto::UDP)] {
-        let key = ServiceKey6::frontend(words(VIP), port.to_be(), p);
-        services
-            .insert(
-                key.with_slot(1),
-                ServiceValue::slot(service_id, service_id),
-                0,
-            )
-            .unwrap();
-        services
-            .insert(key, ServiceValue::frontend(1, service_id, kind), 0)
-            .unwrap();
-        let empty = ServiceKey6::frontend(words(EMPTY_VIP), port.to_be(), p);
-        let value = ServiceValue::frontend(0, 10 + service_id, kind | flags::REJECT_WHEN_EMPTY);
-        services.insert(empty, value, 0).unwrap();
-    }
-    ebpf
-}
-
-fn counter(ebpf: &Ebpf, c: Counter) -> u64 {
-    let stats: PerCpuArray<_, u64> = PerCpuArray::try_from(ebpf.map("STATS").unwrap()).unwrap();
-    stats.get(&(c as u32), 0).unwrap().iter().sum()
+/// web: VIP:80/TCP and VIP:53/UDP -> BACKEND:8080; empty: EMPTY_VIP:80/TCP
+/// and :53/UDP without endpoints (rejected). Programmed as an agent sync.
+fn fixture() -> Datapath {
+    let ebpf = ebpf::load().expect("load the eBPF object (are we root?)");
+    let mut dp = Datapath::new(ebpf, 0, 0);
+    let ep = vec![Endpoint::new(IpAddr::V6(BACKEND), TARGET_PORT)];
+    let services = [
+        ("web", VIP, Protocol::Tcp, 80, ep.clone()),
+        ("web", VIP, Protocol::Udp, 53, ep),
+        ("empty", EMPTY_VIP, Protocol::Tcp, 80, vec![]),
+        ("empty", EMPTY_VIP, Protocol::Udp, 53, vec![]),
+    ]
+    .map(|(name, vip, protocol, port, eps)| {
+        DesiredService::cluster_ip(port_name(name, protocol), vec![IpAddr::V6(vip)], port, eps)
+    });
+    dp.program(services.into());
+    dp
 }
 
 /// One's-complement sum of 16-bit big-endian words.
@@ -203,10 +176,10 @@ fn dest_opts(n: usize, next: u8) -> (u8, Vec<u8>) {
 
 #[test]
 fn ipv6_tcp_to_a_cluster_ip_is_dnatted_with_a_valid_checksum_and_the_reply_restored() {
-    let ebpf = fixture();
+    let dp = fixture();
     let request = V6Frame::tcp(CLIENT, 40000, VIP, 80);
     let input = request.build(b"GET /");
-    let out = test_run::from_pod(&ebpf, &input).unwrap();
+    let out = test_run::from_pod(&dp.ebpf, &input).unwrap();
     // No route in the test run's namespace: translated, then left to the stack.
     assert_eq!(out.verdict, TC_ACT_OK);
     let expected = V6Frame {
@@ -221,7 +194,7 @@ fn ipv6_tcp_to_a_cluster_ip_is_dnatted_with_a_valid_checksum_and_the_reply_resto
         tcp_flags: SYN | ACK,
         ..V6Frame::tcp(BACKEND, TARGET_PORT, CLIENT, 40000)
     };
-    let out = test_run::from_pod(&ebpf, &reply.build(b"")).unwrap();
+    let out = test_run::from_pod(&dp.ebpf, &reply.build(b"")).unwrap();
     assert_eq!(out.verdict, TC_ACT_OK);
     let restored = V6Frame {
         src: VIP,
@@ -229,29 +202,29 @@ fn ipv6_tcp_to_a_cluster_ip_is_dnatted_with_a_valid_checksum_and_the_reply_resto
         ..reply
     };
     assert_eq!(out.packet, restored.build(b""), "the reply, from the VIP");
-    assert_eq!(counter(&ebpf, Counter::NewFlow), 1);
-    assert_eq!(counter(&ebpf, Counter::ReplyNat), 1);
+    assert_eq!(dp.counter(Counter::NewFlow), 1);
+    assert_eq!(dp.counter(Counter::ReplyNat), 1);
 
     // The next packet of the flow finds its conntrack entry.
     let again = V6Frame {
         tcp_flags: ACK,
         ..V6Frame::tcp(CLIENT, 40000, VIP, 80)
     };
-    let out = test_run::from_pod(&ebpf, &again.build(b"x")).unwrap();
+    let out = test_run::from_pod(&dp.ebpf, &again.build(b"x")).unwrap();
     let expected = V6Frame {
         dst: BACKEND,
         dport: TARGET_PORT,
         ..again
     };
     assert_eq!(out.packet, expected.build(b"x"));
-    assert_eq!(counter(&ebpf, Counter::Established), 1);
+    assert_eq!(dp.counter(Counter::Established), 1);
 }
 
 #[test]
 fn ipv6_udp_is_dnatted_and_a_zero_checksum_stays_zero() {
-    let ebpf = fixture();
+    let dp = fixture();
     let request = V6Frame::udp(CLIENT, 5353, VIP, 53);
-    let out = test_run::from_pod(&ebpf, &request.build(b"query")).unwrap();
+    let out = test_run::from_pod(&dp.ebpf, &request.build(b"query")).unwrap();
     let expected = V6Frame {
         dst: BACKEND,
         dport: TARGET_PORT,
@@ -264,20 +237,20 @@ fn ipv6_udp_is_dnatted_and_a_zero_checksum_stays_zero() {
     let mut zero = V6Frame::udp(CLIENT, 5354, VIP, 53).build(b"q");
     let csum = ETH_HLEN + IP6_HLEN + 6;
     zero[csum..csum + 2].copy_from_slice(&[0, 0]);
-    let out = test_run::from_pod(&ebpf, &zero).unwrap();
+    let out = test_run::from_pod(&dp.ebpf, &zero).unwrap();
     assert_eq!(&out.packet[csum..csum + 2], &[0, 0]);
     assert_eq!(&out.packet[ETH_HLEN + 24..ETH_HLEN + 40], &BACKEND.octets());
 }
 
 #[test]
 fn ipv6_extension_headers_are_walked_and_what_cannot_be_parsed_passes_untouched() {
-    let ebpf = fixture();
+    let dp = fixture();
     // Two destination-options headers before TCP: walked, translated.
     let walked = V6Frame {
         ext: Some(dest_opts(2, proto::TCP)),
         ..V6Frame::tcp(CLIENT, 40001, VIP, 80)
     };
-    let out = test_run::from_pod(&ebpf, &walked.build(b"")).unwrap();
+    let out = test_run::from_pod(&dp.ebpf, &walked.build(b"")).unwrap();
     let expected = V6Frame {
         dst: BACKEND,
         dport: TARGET_PORT,
@@ -291,10 +264,10 @@ fn ipv6_extension_headers_are_walked_and_what_cannot_be_parsed_passes_untouched(
         ..V6Frame::tcp(CLIENT, 40002, VIP, 80)
     }
     .build(b"");
-    let before = counter(&ebpf, Counter::PassUnparsed);
-    let out = test_run::from_pod(&ebpf, &deep).unwrap();
+    let before = dp.counter(Counter::PassUnparsed);
+    let out = test_run::from_pod(&dp.ebpf, &deep).unwrap();
     assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &deep));
-    assert_eq!(counter(&ebpf, Counter::PassUnparsed), before + 1);
+    assert_eq!(dp.counter(Counter::PassUnparsed), before + 1);
 
     // A later fragment carries no ports: left to the kernel.
     let fragment = (44, vec![proto::TCP, 0, 0x05, 0x01, 0, 0, 0, 7]);
@@ -303,16 +276,16 @@ fn ipv6_extension_headers_are_walked_and_what_cannot_be_parsed_passes_untouched(
         ..V6Frame::tcp(CLIENT, 40003, VIP, 80)
     }
     .build(b"");
-    let out = test_run::from_pod(&ebpf, &later).unwrap();
+    let out = test_run::from_pod(&dp.ebpf, &later).unwrap();
     assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &later));
-    assert_eq!(counter(&ebpf, Counter::NewFlow), 1);
+    assert_eq!(dp.counter(Counter::NewFlow), 1);
 }
 
 #[test]
 fn ipv6_without_endpoints_is_answered_with_a_reset_or_icmpv6_port_unreachable() {
-    let ebpf = fixture();
+    let dp = fixture();
     let syn = V6Frame::tcp(CLIENT, 40000, EMPTY_VIP, 80);
-    let out = test_run::from_pod(&ebpf, &syn.build(b"")).unwrap();
+    let out = test_run::from_pod(&dp.ebpf, &syn.build(b"")).unwrap();
     assert_eq!(out.verdict, TC_ACT_REDIRECT);
     // RFC 793: a SYN without ACK is answered RST|ACK, ack = seq + 1, from the
     // address it was sent to; MACs swapped; hop limit 64.
@@ -332,7 +305,7 @@ fn ipv6_without_endpoints_is_answered_with_a_reset_or_icmpv6_port_unreachable() 
     assert_eq!(out.packet, rst);
 
     let query = V6Frame::udp(CLIENT, 5353, EMPTY_VIP, 53).build(b"query");
-    let out = test_run::from_pod(&ebpf, &query).unwrap();
+    let out = test_run::from_pod(&dp.ebpf, &query).unwrap();
     assert_eq!(out.verdict, TC_ACT_REDIRECT);
     // RFC 4443: type 1 code 4, quoting the invoking header and 8 bytes of UDP.
     let quoted = &query[ETH_HLEN..ETH_HLEN + IP6_HLEN + 8];
@@ -348,12 +321,12 @@ fn ipv6_without_endpoints_is_answered_with_a_reset_or_icmpv6_port_unreachable() 
     unreachable.extend(CLIENT.octets());
     unreachable.extend(icmp);
     assert_eq!(out.packet, unreachable);
-    assert_eq!(counter(&ebpf, Counter::RejectNoEndpoints), 2);
+    assert_eq!(dp.counter(Counter::RejectNoEndpoints), 2);
 }
 
 #[test]
 fn ipv6_with_another_version_or_a_truncated_l4_header_is_dropped() {
-    let ebpf = fixture();
+    let dp = fixture();
     let mut bad_version = V6Frame::tcp(CLIENT, 40000, VIP, 80).build(b"");
     bad_version[ETH_HLEN] = 0x40;
     let truncated =
@@ -362,8 +335,71 @@ fn ipv6_with_another_version_or_a_truncated_l4_header_is_dropped() {
         ("version 4 in an IPv6 frame", bad_version),
         ("TCP cut short", truncated),
     ] {
-        let out = test_run::from_pod(&ebpf, &frame).unwrap();
+        let out = test_run::from_pod(&dp.ebpf, &frame).unwrap();
         assert_eq!(out.verdict, proxy_common::action::TC_ACT_SHOT, "{what}");
     }
-    assert_eq!(counter(&ebpf, Counter::DropMalformed), 2);
+    assert_eq!(dp.counter(Counter::DropMalformed), 2);
+}
+
+#[test]
+fn a_dual_stack_service_serves_each_family_from_its_own_endpoints() {
+    use proxy_agent::cli::packet::Frame;
+    let dp = {
+        let ebpf = ebpf::load().expect("load the eBPF object (are we root?)");
+        let mut dp = Datapath::new(ebpf, 0, 0);
+        let vip4 = Ipv4Addr::new(198, 19, 0, 20);
+        let only4 = Ipv4Addr::new(198, 19, 0, 21);
+        let backend4 = Ipv4Addr::new(198, 18, 2, 2);
+        let dual = DesiredService::cluster_ip(
+            port_name("dual", Protocol::Tcp),
+            vec![IpAddr::V4(vip4), IpAddr::V6(VIP)],
+            80,
+            vec![
+                Endpoint::new(IpAddr::V4(backend4), TARGET_PORT),
+                Endpoint::new(IpAddr::V6(BACKEND), TARGET_PORT),
+            ],
+        );
+        // Dual-stack, but its slices hold IPv4 endpoints only.
+        let v4_endpoints = DesiredService::cluster_ip(
+            port_name("only4", Protocol::Tcp),
+            vec![IpAddr::V4(only4), IpAddr::V6(EMPTY_VIP)],
+            80,
+            vec![Endpoint::new(IpAddr::V4(backend4), TARGET_PORT)],
+        );
+        dp.program(vec![dual, v4_endpoints]);
+        dp
+    };
+    let client4 = Ipv4Addr::new(198, 18, 1, 2);
+    let out = test_run::from_pod(
+        &dp.ebpf,
+        &Frame::tcp(client4, 40000, Ipv4Addr::new(198, 19, 0, 20), 80).build(b""),
+    )
+    .unwrap();
+    let left = Frame::parse(&out.packet).unwrap();
+    assert_eq!(
+        (left.dst, left.dport),
+        (Ipv4Addr::new(198, 18, 2, 2), TARGET_PORT)
+    );
+
+    let request = V6Frame::tcp(CLIENT, 40000, VIP, 80);
+    let out = test_run::from_pod(&dp.ebpf, &request.build(b"")).unwrap();
+    let expected = V6Frame {
+        dst: BACKEND,
+        dport: TARGET_PORT,
+        ..request
+    };
+    assert_eq!(
+        out.packet,
+        expected.build(b""),
+        "IPv6 goes to the IPv6 endpoint"
+    );
+
+    // The IPv4 endpoint is never used for IPv6: the IPv6 frontend has none
+    // and answers with a reset, as upstream's IPv6 proxier rejects it.
+    let syn = V6Frame::tcp(CLIENT, 40001, EMPTY_VIP, 80);
+    let out = test_run::from_pod(&dp.ebpf, &syn.build(b"")).unwrap();
+    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    assert_eq!(out.packet[ETH_HLEN + IP6_HLEN + 13], RST | ACK);
+    assert_eq!(dp.counter(Counter::NewFlow), 2);
+    assert_eq!(dp.counter(Counter::RejectNoEndpoints), 1);
 }

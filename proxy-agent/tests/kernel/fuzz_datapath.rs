@@ -1938,6 +1938,7 @@ impl Fixture {
         };
         let facts = NodeFacts {
             config,
+            config6: Default::default(),
             local_pod_cidrs: [POD_CIDR.parse().unwrap()].into(),
             ifaces: [
                 (
@@ -1960,6 +1961,7 @@ impl Fixture {
                 localhost_node_ports: false,
                 host: Default::default(),
             },
+            addresses6: Default::default(),
             external_interfaces: [("ext0".to_string(), ext)].into(),
         };
         NodeProgrammer::new().apply(&facts, &mut maps).unwrap();
@@ -1975,7 +1977,7 @@ impl Fixture {
         };
         let mut programmer = Programmer::new();
         programmer
-            .set_node_addresses(&facts.addresses, &state, &mut maps)
+            .set_node_addresses(&facts.addresses, &facts.addresses6, &state, &mut maps)
             .unwrap();
         programmer.sync(&state, &mut maps).unwrap();
         Fixture {

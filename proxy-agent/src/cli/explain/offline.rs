@@ -75,7 +75,12 @@ pub fn prepare(args: &Offline) -> anyhow::Result<(Datapath, frontend::Names)> {
         .context("writing the node facts")?;
     let mut programmer = Programmer::new();
     programmer
-        .set_node_addresses(&facts.addresses, &DesiredState::default(), &mut maps)
+        .set_node_addresses(
+            &facts.addresses,
+            &facts.addresses6,
+            &DesiredState::default(),
+            &mut maps,
+        )
         .context("writing the node addresses")?;
     programmer
         .sync(&desired, &mut maps)

@@ -17,6 +17,7 @@ pub const OUR_PROGRAMS: &[&str] = &[
     "tc_from_host",
     "xdp_from_netdev",
     "sock_getpeername4",
+    "sock_peername6",
     "tc_to_pod",
     "tc_ingress",
     "tc_egress",

@@ -8,23 +8,11 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-use aya::maps::{HashMap, LpmTrie, MapData, lpm_trie::Key};
+use aya::{Pod, maps::lpm_trie::Key};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use proxy_common::{
-    BackendId, BackendOf, CtKeyOf, CtValueOf, Family, PrefixOf, ServiceKeyOf, ServiceValue,
-    SourceRangeOf, V4, V6, maps as names,
-};
+use proxy_common::{Family, PrefixOf, SourceRangeOf, V4, V6, maps as names};
 
 use crate::model::IpFamily;
-
-/// One family's maps in a loaded datapath.
-pub struct FamilyMaps<F: AgentFamily> {
-    pub services: HashMap<MapData, ServiceKeyOf<F>, ServiceValue>,
-    pub backends: HashMap<MapData, BackendId, BackendOf<F>>,
-    pub conntrack: HashMap<MapData, CtKeyOf<F>, CtValueOf<F>>,
-    pub source_ranges: LpmTrie<MapData, SourceRangeOf<F>, u8>,
-    pub local_pod_cidrs: LpmTrie<MapData, PrefixOf<F>, u8>,
-}
 
 pub trait AgentFamily: Family + fmt::Debug {
     /// The model's address of this family.
@@ -51,27 +39,36 @@ pub trait AgentFamily: Family + fmt::Debug {
 
     /// The `SOURCE_RANGES*` key of `range` for `service_id`: the id is
     /// matched exactly (its 32 bits come first), then the range's prefix.
-    fn source_range_key(service_id: u32, range: Self::Net) -> Key<SourceRangeOf<Self>> {
-        let (len, addr) = Self::prefix(&range);
-        Key::new(
-            32 + u32::from(len),
-            SourceRangeOf {
-                service_be: service_id.to_be(),
-                addr_be: Self::to_be(addr),
-            },
-        )
-    }
-
+    fn source_range_key(service_id: u32, range: Self::Net) -> Key<SourceRangeOf<Self>>;
     /// The `LOCAL_POD_CIDRS*` key of `cidr`.
-    fn local_pod_cidr_key(cidr: Self::Net) -> Key<PrefixOf<Self>> {
-        let (len, addr) = Self::prefix(&cidr);
-        Key::new(
-            u32::from(len),
-            PrefixOf {
-                addr_be: Self::to_be(addr),
-            },
-        )
-    }
+    fn local_pod_cidr_key(cidr: Self::Net) -> Key<PrefixOf<Self>>;
+}
+
+fn source_range_key<F: AgentFamily>(service_id: u32, range: F::Net) -> Key<SourceRangeOf<F>>
+where
+    SourceRangeOf<F>: Pod,
+{
+    let (len, addr) = F::prefix(&range);
+    Key::new(
+        32 + u32::from(len),
+        SourceRangeOf {
+            service_be: service_id.to_be(),
+            addr_be: F::to_be(addr),
+        },
+    )
+}
+
+fn local_pod_cidr_key<F: AgentFamily>(cidr: F::Net) -> Key<PrefixOf<F>>
+where
+    PrefixOf<F>: Pod,
+{
+    let (len, addr) = F::prefix(&cidr);
+    Key::new(
+        u32::from(len),
+        PrefixOf {
+            addr_be: F::to_be(addr),
+        },
+    )
 }
 
 impl AgentFamily for V4 {
@@ -111,6 +108,12 @@ impl AgentFamily for V4 {
     fn prefix(net: &Ipv4Net) -> (u8, Ipv4Addr) {
         let net = net.trunc();
         (net.prefix_len(), net.addr())
+    }
+    fn source_range_key(service_id: u32, range: Ipv4Net) -> Key<SourceRangeOf<Self>> {
+        source_range_key::<Self>(service_id, range)
+    }
+    fn local_pod_cidr_key(cidr: Ipv4Net) -> Key<PrefixOf<Self>> {
+        local_pod_cidr_key::<Self>(cidr)
     }
     fn net_of(ip: Ipv4Addr, prefix_len: u8) -> Ipv4Net {
         Ipv4Net::new(ip, prefix_len.min(32)).unwrap_or_default()
@@ -162,6 +165,12 @@ impl AgentFamily for V6 {
         let net = net.trunc();
         (net.prefix_len(), net.addr())
     }
+    fn source_range_key(service_id: u32, range: Ipv6Net) -> Key<SourceRangeOf<Self>> {
+        source_range_key::<Self>(service_id, range)
+    }
+    fn local_pod_cidr_key(cidr: Ipv6Net) -> Key<PrefixOf<Self>> {
+        local_pod_cidr_key::<Self>(cidr)
+    }
     fn net_of(ip: Ipv6Addr, prefix_len: u8) -> Ipv6Net {
         Ipv6Net::new(ip, prefix_len.min(128)).unwrap_or_default()
     }
@@ -185,7 +194,10 @@ mod tests {
         let key = V6::source_range_key(7, "2001:db8:1::5/48".parse().unwrap());
         assert_eq!(key.prefix_len(), 32 + 48);
         assert_eq!(key.data().service_be.to_ne_bytes(), [0, 0, 0, 7]);
-        assert_eq!(V6::from_be(key.data().addr_be), "2001:db8:1::".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(
+            V6::from_be(key.data().addr_be),
+            "2001:db8:1::".parse::<Ipv6Addr>().unwrap()
+        );
         let key = V4::source_range_key(7, "10.1.2.3/16".parse().unwrap());
         assert_eq!(key.prefix_len(), 48);
         assert_eq!(key.data().addr_be.to_ne_bytes(), [10, 1, 0, 0]);

@@ -1,16 +1,21 @@
 //! The maps as the programmers see them: real aya maps, or fakes in tests.
 
-use super::programmer::{Capacity, ServiceSnapshot};
+use super::programmer::{Capacity, ServiceSnapshotOf};
 use anyhow::Context as _;
+use aya::Pod;
 use aya::{
     Ebpf,
     maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
 };
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use proxy_common::{
-    Backend, BackendId, CtKey, CtValue, DatapathConfig, IfaceInfo, Ipv4Prefix, ServiceKey,
-    ServiceValue, SockKey, SockValue, SourceRange, maps as names,
+    Backend, Backend6, BackendId, BackendOf, CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf,
+    DatapathConfig, DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, PrefixOf, ServiceKey,
+    ServiceKey6, ServiceKeyOf, ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange,
+    SourceRange6, SourceRangeOf, V4, V6, maps as names,
 };
+
+use super::family::AgentFamily;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
@@ -42,54 +47,54 @@ pub enum MapError {
     },
 }
 
-/// What the service programmer writes: services, backends, source ranges, conntrack flushes.
-pub trait ServiceMaps {
-    fn put_backend(&mut self, id: BackendId, backend: &Backend) -> Result<(), MapError>;
+/// What a family's service programmer writes: services, backends, source
+/// ranges, conntrack flushes, all in the maps of family `F`.
+pub trait ServiceMaps<F: AgentFamily> {
+    fn put_backend(&mut self, id: BackendId, backend: &BackendOf<F>) -> Result<(), MapError>;
     fn delete_backend(&mut self, id: BackendId) -> Result<(), MapError>;
-    fn put_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError>;
-    fn delete_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
+    fn put_service(&mut self, key: &ServiceKeyOf<F>, value: &ServiceValue) -> Result<(), MapError>;
+    fn delete_service(&mut self, key: &ServiceKeyOf<F>) -> Result<(), MapError>;
     /// Allows sources in `range` for the frontends of `service_id` that carry
     /// [`proxy_common::service::flags::SOURCE_RANGES`].
-    fn put_source_range(&mut self, service_id: u32, range: Ipv4Net) -> Result<(), MapError>;
-    fn delete_source_range(&mut self, service_id: u32, range: Ipv4Net) -> Result<(), MapError>;
+    fn put_source_range(&mut self, service_id: u32, range: F::Net) -> Result<(), MapError>;
+    fn delete_source_range(&mut self, service_id: u32, range: F::Net) -> Result<(), MapError>;
     /// Deletes every conntrack entry matching `matches`, returning how many.
     fn flush_flows(
         &mut self,
-        matches: &dyn Fn(&CtKey, &CtValue) -> bool,
+        matches: &dyn Fn(&CtKeyOf<F>, &CtValueOf<F>) -> bool,
     ) -> Result<usize, MapError>;
 }
 
 /// What the node programmer writes: the node-wide settings and interface table.
 pub trait NodeMaps {
     fn put_config(&mut self, config: &DatapathConfig) -> Result<(), MapError>;
+    fn put_config6(&mut self, config: &DatapathConfig6) -> Result<(), MapError>;
     fn put_iface(&mut self, ifindex: u32, info: &IfaceInfo) -> Result<(), MapError>;
     fn delete_iface(&mut self, ifindex: u32) -> Result<(), MapError>;
-    fn put_local_pod_cidr(&mut self, cidr: Ipv4Net) -> Result<(), MapError>;
-    fn delete_local_pod_cidr(&mut self, cidr: Ipv4Net) -> Result<(), MapError>;
+    fn put_local_pod_cidr(&mut self, cidr: IpNet) -> Result<(), MapError>;
+    fn delete_local_pod_cidr(&mut self, cidr: IpNet) -> Result<(), MapError>;
 }
 
 /// The `SOURCE_RANGES` key of `range` for `service_id`: the id is matched
 /// exactly (its 32 bits come first), then the range's prefix.
 pub fn source_range_key(service_id: u32, range: Ipv4Net) -> Key<SourceRange> {
-    let range = range.trunc();
-    Key::new(
-        32 + u32::from(range.prefix_len()),
-        SourceRange {
-            service_be: service_id.to_be(),
-            addr_be: u32::from(range.addr()).to_be(),
-        },
-    )
+    V4::source_range_key(service_id, range)
 }
 
 /// The `LOCAL_POD_CIDRS` key of `cidr`.
 pub fn local_pod_cidr_key(cidr: Ipv4Net) -> Key<Ipv4Prefix> {
-    let cidr = cidr.trunc();
-    Key::new(
-        u32::from(cidr.prefix_len()),
-        Ipv4Prefix {
-            addr_be: u32::from(cidr.addr()).to_be(),
-        },
-    )
+    V4::local_pod_cidr_key(cidr)
+}
+
+/// The IPv6 maps of a loaded datapath.
+pub struct Maps6 {
+    pub services: HashMap<MapData, ServiceKey6, ServiceValue>,
+    pub backends: HashMap<MapData, BackendId, Backend6>,
+    pub conntrack: HashMap<MapData, CtKey6, CtValue6>,
+    pub config: Array<MapData, DatapathConfig6>,
+    pub local_pod_cidrs: LpmTrie<MapData, Ipv6Prefix, u8>,
+    pub source_ranges: LpmTrie<MapData, SourceRange6, u8>,
+    pub sockets: HashMap<MapData, SockKey6, SockValue6>,
 }
 
 /// The kernel maps of a loaded datapath.
@@ -103,6 +108,7 @@ pub struct KernelMaps {
     pub source_ranges: LpmTrie<MapData, SourceRange, u8>,
     /// The socket hooks' choices (written only by the programs).
     pub sockets: HashMap<MapData, SockKey, SockValue>,
+    pub v6: Maps6,
 }
 
 impl KernelMaps {
@@ -117,6 +123,15 @@ impl KernelMaps {
             local_pod_cidrs: take_map(ebpf, names::LOCAL_POD_CIDRS)?,
             source_ranges: take_map(ebpf, names::SOURCE_RANGES)?,
             sockets: take_map(ebpf, names::SOCKETS)?,
+            v6: Maps6 {
+                services: take_map(ebpf, names::SERVICES6)?,
+                backends: take_map(ebpf, names::BACKENDS6)?,
+                conntrack: take_map(ebpf, names::CONNTRACK6)?,
+                config: take_map(ebpf, names::CONFIG6)?,
+                local_pod_cidrs: take_map(ebpf, names::LOCAL_POD_CIDRS6)?,
+                source_ranges: take_map(ebpf, names::SOURCE_RANGES6)?,
+                sockets: take_map(ebpf, names::SOCKETS6)?,
+            },
         };
         Ok((maps, take_map(ebpf, names::STATS)?))
     }
@@ -133,36 +148,37 @@ impl KernelMaps {
         }
     }
 
-    /// What the service maps hold (for adopting pinned maps).
-    pub fn service_snapshot(&self) -> Result<ServiceSnapshot, MapError> {
+    /// What family `F`'s service maps hold (for adopting pinned maps).
+    pub fn service_snapshot<F: FamilyMapsOf>(&mut self) -> Result<ServiceSnapshotOf<F>, MapError>
+    where
+        ServiceKeyOf<F>: Pod,
+        BackendOf<F>: Pod,
+        SourceRangeOf<F>: Pod,
+    {
         let read = |map: &'static str| move |source| MapError::Read { map, source };
-        Ok(ServiceSnapshot {
-            services: self
-                .services
+        Ok(ServiceSnapshotOf {
+            services: F::services(self)
                 .iter()
                 .collect::<Result<_, _>>()
-                .map_err(read(names::SERVICES))?,
-            backends: self
-                .backends
+                .map_err(read(F::SERVICES))?,
+            backends: F::backends(self)
                 .iter()
                 .collect::<Result<_, _>>()
-                .map_err(read(names::BACKENDS))?,
-            source_ranges: self
-                .source_ranges
+                .map_err(read(F::BACKENDS))?,
+            source_ranges: F::source_ranges(self)
                 .keys()
                 .map(|k| {
                     k.map(|k| {
                         let data = k.data();
-                        let prefix = (k.prefix_len().saturating_sub(32)) as u8;
-                        let addr = std::net::Ipv4Addr::from(u32::from_be(data.addr_be));
+                        let prefix = k.prefix_len().saturating_sub(32) as u8;
                         (
                             u32::from_be(data.service_be),
-                            Ipv4Net::new(addr, prefix.min(32)).unwrap_or_default(),
+                            F::net_of(F::from_be(data.addr_be), prefix),
                         )
                     })
                 })
                 .collect::<Result<_, _>>()
-                .map_err(read(names::SOURCE_RANGES))?,
+                .map_err(read(F::SOURCE_RANGES))?,
         })
     }
 
@@ -171,6 +187,7 @@ impl KernelMaps {
         let read = |map: &'static str| move |source| MapError::Read { map, source };
         Ok(NodeSnapshot {
             config: self.config.get(&0, 0).map_err(read(names::CONFIG))?,
+            config6: self.v6.config.get(&0, 0).map_err(read(names::CONFIG6))?,
             ifaces: self
                 .ifaces
                 .iter()
@@ -181,10 +198,20 @@ impl KernelMaps {
                 .keys()
                 .map(|k| {
                     k.map(|k| {
-                        let addr = std::net::Ipv4Addr::from(u32::from_be(k.data().addr_be));
-                        Ipv4Net::new(addr, k.prefix_len().min(32) as u8).unwrap_or_default()
+                        IpNet::from(V4::net_of(
+                            V4::from_be(k.data().addr_be),
+                            k.prefix_len() as u8,
+                        ))
                     })
                 })
+                .chain(self.v6.local_pod_cidrs.keys().map(|k| {
+                    k.map(|k| {
+                        IpNet::from(V6::net_of(
+                            V6::from_be(k.data().addr_be),
+                            k.prefix_len() as u8,
+                        ))
+                    })
+                }))
                 .collect::<Result<_, _>>()
                 .map_err(read(names::LOCAL_POD_CIDRS))?,
         })
@@ -195,8 +222,10 @@ impl KernelMaps {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeSnapshot {
     pub config: DatapathConfig,
+    pub config6: DatapathConfig6,
     pub ifaces: Vec<(u32, IfaceInfo)>,
-    pub local_pod_cidrs: Vec<Ipv4Net>,
+    /// Both families'.
+    pub local_pod_cidrs: Vec<IpNet>,
 }
 
 fn take_map<M>(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<M>
@@ -229,54 +258,103 @@ fn ignore_missing(result: Result<(), aya::maps::MapError>) -> Result<(), aya::ma
 /// Value stored in the LPM tries: only the key's presence matters.
 const PRESENT: u8 = 1;
 
-impl ServiceMaps for KernelMaps {
-    fn put_backend(&mut self, id: BackendId, backend: &Backend) -> Result<(), MapError> {
-        self.backends
+/// One family's maps in [`KernelMaps`], for the generic [`ServiceMaps`] impl.
+pub trait FamilyMapsOf: AgentFamily {
+    fn services(maps: &mut KernelMaps) -> &mut HashMap<MapData, ServiceKeyOf<Self>, ServiceValue>;
+    fn backends(maps: &mut KernelMaps) -> &mut HashMap<MapData, BackendId, BackendOf<Self>>;
+    fn conntrack(maps: &mut KernelMaps) -> &mut HashMap<MapData, CtKeyOf<Self>, CtValueOf<Self>>;
+    fn source_ranges(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, SourceRangeOf<Self>, u8>;
+    fn local_pod_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, PrefixOf<Self>, u8>;
+}
+
+impl FamilyMapsOf for V4 {
+    fn services(maps: &mut KernelMaps) -> &mut HashMap<MapData, ServiceKey, ServiceValue> {
+        &mut maps.services
+    }
+    fn backends(maps: &mut KernelMaps) -> &mut HashMap<MapData, BackendId, Backend> {
+        &mut maps.backends
+    }
+    fn conntrack(maps: &mut KernelMaps) -> &mut HashMap<MapData, CtKey, CtValue> {
+        &mut maps.conntrack
+    }
+    fn source_ranges(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, SourceRange, u8> {
+        &mut maps.source_ranges
+    }
+    fn local_pod_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, Ipv4Prefix, u8> {
+        &mut maps.local_pod_cidrs
+    }
+}
+
+impl FamilyMapsOf for V6 {
+    fn services(maps: &mut KernelMaps) -> &mut HashMap<MapData, ServiceKey6, ServiceValue> {
+        &mut maps.v6.services
+    }
+    fn backends(maps: &mut KernelMaps) -> &mut HashMap<MapData, BackendId, Backend6> {
+        &mut maps.v6.backends
+    }
+    fn conntrack(maps: &mut KernelMaps) -> &mut HashMap<MapData, CtKey6, CtValue6> {
+        &mut maps.v6.conntrack
+    }
+    fn source_ranges(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, SourceRange6, u8> {
+        &mut maps.v6.source_ranges
+    }
+    fn local_pod_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, Ipv6Prefix, u8> {
+        &mut maps.v6.local_pod_cidrs
+    }
+}
+
+impl<F: FamilyMapsOf> ServiceMaps<F> for KernelMaps
+where
+    ServiceKeyOf<F>: Pod,
+    BackendOf<F>: Pod,
+    CtKeyOf<F>: Pod,
+    CtValueOf<F>: Pod,
+    SourceRangeOf<F>: Pod,
+{
+    fn put_backend(&mut self, id: BackendId, backend: &BackendOf<F>) -> Result<(), MapError> {
+        F::backends(self)
             .insert(id, backend, 0)
-            .map_err(write_error(names::BACKENDS))
+            .map_err(write_error(F::BACKENDS))
     }
 
     fn delete_backend(&mut self, id: BackendId) -> Result<(), MapError> {
-        ignore_missing(self.backends.remove(&id)).map_err(write_error(names::BACKENDS))
+        ignore_missing(F::backends(self).remove(&id)).map_err(write_error(F::BACKENDS))
     }
 
-    fn put_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError> {
-        self.services
+    fn put_service(&mut self, key: &ServiceKeyOf<F>, value: &ServiceValue) -> Result<(), MapError> {
+        F::services(self)
             .insert(key, value, 0)
-            .map_err(write_error(names::SERVICES))
+            .map_err(write_error(F::SERVICES))
     }
 
-    fn delete_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {
-        ignore_missing(self.services.remove(key)).map_err(write_error(names::SERVICES))
+    fn delete_service(&mut self, key: &ServiceKeyOf<F>) -> Result<(), MapError> {
+        ignore_missing(F::services(self).remove(key)).map_err(write_error(F::SERVICES))
     }
 
-    fn put_source_range(&mut self, service_id: u32, range: Ipv4Net) -> Result<(), MapError> {
-        self.source_ranges
-            .insert(&source_range_key(service_id, range), PRESENT, 0)
-            .map_err(write_error(names::SOURCE_RANGES))
+    fn put_source_range(&mut self, service_id: u32, range: F::Net) -> Result<(), MapError> {
+        F::source_ranges(self)
+            .insert(&F::source_range_key(service_id, range), PRESENT, 0)
+            .map_err(write_error(F::SOURCE_RANGES))
     }
 
-    fn delete_source_range(&mut self, service_id: u32, range: Ipv4Net) -> Result<(), MapError> {
-        ignore_missing(
-            self.source_ranges
-                .remove(&source_range_key(service_id, range)),
-        )
-        .map_err(write_error(names::SOURCE_RANGES))
+    fn delete_source_range(&mut self, service_id: u32, range: F::Net) -> Result<(), MapError> {
+        ignore_missing(F::source_ranges(self).remove(&F::source_range_key(service_id, range)))
+            .map_err(write_error(F::SOURCE_RANGES))
     }
 
     fn flush_flows(
         &mut self,
-        matches: &dyn Fn(&CtKey, &CtValue) -> bool,
+        matches: &dyn Fn(&CtKeyOf<F>, &CtValueOf<F>) -> bool,
     ) -> Result<usize, MapError> {
-        let doomed: Vec<CtKey> = self
-            .conntrack
+        let conntrack = F::conntrack(self);
+        let doomed: Vec<CtKeyOf<F>> = conntrack
             .iter()
             .filter_map(Result::ok)
             .filter(|(k, v)| matches(k, v))
             .map(|(k, _)| k)
             .collect();
         for key in &doomed {
-            ignore_missing(self.conntrack.remove(key)).map_err(write_error(names::CONNTRACK))?;
+            ignore_missing(conntrack.remove(key)).map_err(write_error(F::CONNTRACK))?;
         }
         Ok(doomed.len())
     }
@@ -289,6 +367,13 @@ impl NodeMaps for KernelMaps {
             .map_err(write_error(names::CONFIG))
     }
 
+    fn put_config6(&mut self, config: &DatapathConfig6) -> Result<(), MapError> {
+        self.v6
+            .config
+            .set(0, config, 0)
+            .map_err(write_error(names::CONFIG6))
+    }
+
     fn put_iface(&mut self, ifindex: u32, info: &IfaceInfo) -> Result<(), MapError> {
         self.ifaces
             .insert(ifindex, info, 0)
@@ -299,15 +384,31 @@ impl NodeMaps for KernelMaps {
         ignore_missing(self.ifaces.remove(&ifindex)).map_err(write_error(names::IFACES))
     }
 
-    fn put_local_pod_cidr(&mut self, cidr: Ipv4Net) -> Result<(), MapError> {
-        self.local_pod_cidrs
-            .insert(&local_pod_cidr_key(cidr), PRESENT, 0)
-            .map_err(write_error(names::LOCAL_POD_CIDRS))
+    fn put_local_pod_cidr(&mut self, cidr: IpNet) -> Result<(), MapError> {
+        match cidr {
+            IpNet::V4(c) => {
+                V4::local_pod_cidrs(self).insert(&V4::local_pod_cidr_key(c), PRESENT, 0)
+            }
+            IpNet::V6(c) => {
+                V6::local_pod_cidrs(self).insert(&V6::local_pod_cidr_key(c), PRESENT, 0)
+            }
+        }
+        .map_err(write_error(local_pod_cidrs_name(&cidr)))
     }
 
-    fn delete_local_pod_cidr(&mut self, cidr: Ipv4Net) -> Result<(), MapError> {
-        ignore_missing(self.local_pod_cidrs.remove(&local_pod_cidr_key(cidr)))
-            .map_err(write_error(names::LOCAL_POD_CIDRS))
+    fn delete_local_pod_cidr(&mut self, cidr: IpNet) -> Result<(), MapError> {
+        ignore_missing(match cidr {
+            IpNet::V4(c) => V4::local_pod_cidrs(self).remove(&V4::local_pod_cidr_key(c)),
+            IpNet::V6(c) => V6::local_pod_cidrs(self).remove(&V6::local_pod_cidr_key(c)),
+        })
+        .map_err(write_error(local_pod_cidrs_name(&cidr)))
+    }
+}
+
+fn local_pod_cidrs_name(cidr: &IpNet) -> &'static str {
+    match cidr {
+        IpNet::V4(_) => V4::LOCAL_POD_CIDRS,
+        IpNet::V6(_) => V6::LOCAL_POD_CIDRS,
     }
 }
 

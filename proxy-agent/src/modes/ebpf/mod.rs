@@ -3,6 +3,7 @@
 
 mod attach;
 pub mod cleanup;
+pub mod family;
 mod interfaces;
 pub mod introspect;
 pub mod maps;
@@ -31,7 +32,10 @@ pub use node::{EbpfNodeSettings, NodeFacts, NodeProgrammer, node_facts};
 pub use object::{
     OBJECT, PROG_FROM_HOST, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP, SOCKET_PROGRAMS,
 };
-pub use programmer::{AdoptStats, Capacity, Programmer, ServiceSnapshot, SyncStats};
+pub use programmer::{
+    AdoptStats, Capacity, FamilyProgrammer, Programmer, ServiceSnapshot, ServiceSnapshotOf,
+    SyncStats,
+};
 pub use proxier::EbpfProxier;
 pub use run::{EbpfMode, Opened, Takeover, open as open_pinned};
 
@@ -83,7 +87,11 @@ fn load_object(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyhow::R
     loader
         .map_max_entries(names::SERVICES, sizes.services)
         .map_max_entries(names::BACKENDS, sizes.backends)
-        .map_max_entries(names::CONNTRACK, sizes.conntrack);
+        .map_max_entries(names::CONNTRACK, sizes.conntrack)
+        // Each family's tables take the same configured sizes (IPv6
+        // conntrack keeps its own, smaller default until configured apart).
+        .map_max_entries(names::SERVICES6, sizes.services)
+        .map_max_entries(names::BACKENDS6, sizes.backends);
     let shapes = object_maps()?;
     if let Some(dir) = maps_dir {
         for name in shapes.keys() {

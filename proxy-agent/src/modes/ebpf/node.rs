@@ -10,18 +10,19 @@ mod snat_ports;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
 };
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 use proxy_common::{
-    DatapathConfig, IfaceInfo,
+    DatapathConfig, DatapathConfig6, IfaceInfo, V4, V6,
     config::{flags, iface},
     conntrack::{DEFAULT_TCP_CLOSE_NS, DEFAULT_TCP_SYN_SENT_NS, DEFAULT_TCP_TIME_WAIT_NS},
 };
 
 pub use snat_ports::{snat_port_overlap, warn_if_snat_ports_overlap};
 
+use super::family::AgentFamily;
 use super::maps::{MapError, NodeMaps, NodeSnapshot};
 use crate::{
     model::NodeModel,
@@ -37,14 +38,16 @@ use crate::{
 pub const SNAT_PORT_MIN: u16 = 61_000;
 pub const SNAT_PORT_MAX: u16 = 65_535;
 
-/// How local pod traffic is recognised (`detectLocalMode`), IPv4 only.
+/// How local pod traffic is recognised (`detectLocalMode`). By CIDR, each
+/// family has a detector of its own, as upstream's per-family proxiers do:
+/// a family without a CIDR has none (upstream's no-op detector).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DetectLocal {
-    /// No detection, like upstream's no-op detector (ClusterCIDR mode without
-    /// an IPv4 cluster CIDR, or NodeCIDR before the Node has an IPv4 podCIDR).
+    /// No detection (ClusterCIDR mode without any cluster CIDR).
     None,
-    ClusterCidr(Vec<Ipv4Net>),
-    /// The Node's IPv4 podCIDRs.
+    /// `clusterCIDR`, both families.
+    ClusterCidr(Vec<IpNet>),
+    /// The Node's podCIDRs, both families.
     NodeCidr,
     BridgeInterface(String),
     InterfaceNamePrefix(String),
@@ -95,7 +98,7 @@ impl EbpfNodeSettings {
                 DetectLocal::InterfaceNamePrefix(config.detect_local.interface_name_prefix.clone())
             }
             _ => {
-                let cidrs = ipv4_nets(&opts.cluster_cidrs());
+                let cidrs: Vec<IpNet> = opts.cluster_cidrs().iter().map(IpNet::trunc).collect();
                 if cidrs.is_empty() {
                     DetectLocal::None
                 } else {
@@ -179,29 +182,48 @@ pub struct InterfaceRoles {
 }
 
 /// The node addresses the service programmer needs.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeAddresses {
-    /// The node's primary IPv4: masquerade source, and the address upstream
-    /// checks loadBalancerSourceRanges against to allow LB IPs as sources.
-    pub primary: Option<Ipv4Addr>,
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeAddressesOf<F: AgentFamily> {
+    /// The node's primary address of the family: masquerade source, and the
+    /// address upstream checks loadBalancerSourceRanges against to allow LB
+    /// IPs as sources.
+    pub primary: Option<F::Ip>,
     /// Where NodePorts are served (nodePortAddresses applied), sorted.
-    pub node_ports: Vec<Ipv4Addr>,
+    pub node_ports: Vec<F::Ip>,
     /// NodePorts are served on 127.0.0.1 to the node's own sockets too
-    /// (`iptables.localhostNodePorts`, where nodePortAddresses allows loopback).
+    /// (`iptables.localhostNodePorts`, where nodePortAddresses allows
+    /// loopback). IPv4 only, as upstream's.
     pub localhost_node_ports: bool,
-    /// Every IPv4 address of the node's interfaces: endpoints there are
-    /// the node itself (hostNetwork pods).
-    pub host: BTreeSet<Ipv4Addr>,
+    /// Every address of the family on the node's interfaces: endpoints
+    /// there are the node itself (hostNetwork pods).
+    pub host: BTreeSet<F::Ip>,
 }
+
+impl<F: AgentFamily> Default for NodeAddressesOf<F> {
+    fn default() -> Self {
+        NodeAddressesOf {
+            primary: None,
+            node_ports: Vec::new(),
+            localhost_node_ports: false,
+            host: BTreeSet::new(),
+        }
+    }
+}
+
+/// The node's IPv4 addresses.
+pub type NodeAddresses = NodeAddressesOf<V4>;
 
 /// Everything the datapath needs to know about this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeFacts {
     pub config: DatapathConfig,
-    pub local_pod_cidrs: BTreeSet<Ipv4Net>,
+    pub config6: DatapathConfig6,
+    /// Both families' local pod CIDRs.
+    pub local_pod_cidrs: BTreeSet<IpNet>,
     /// Interfaces with at least one flag, by ifindex.
     pub ifaces: BTreeMap<u32, IfaceInfo>,
     pub addresses: NodeAddresses,
+    pub addresses6: NodeAddressesOf<V6>,
     /// The interfaces flagged external, name -> ifindex.
     pub external_interfaces: BTreeMap<String, u32>,
 }
@@ -210,16 +232,8 @@ pub struct NodeFacts {
 pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
     let primary = node.primary_ipv4;
     let (detect_flag, local_pod_cidrs) = match &settings.detect_local {
-        DetectLocal::ClusterCidr(cidrs) => (flags::DETECT_LOCAL_BY_CIDR, cidrs.clone()),
-        DetectLocal::NodeCidr => {
-            let cidrs = ipv4_nets(&node.pod_cidrs);
-            let flag = if cidrs.is_empty() {
-                0
-            } else {
-                flags::DETECT_LOCAL_BY_CIDR
-            };
-            (flag, cidrs)
-        }
+        DetectLocal::ClusterCidr(cidrs) => (by_cidr(cidrs), cidrs.clone()),
+        DetectLocal::NodeCidr => (by_cidr(&node.pod_cidrs), node.pod_cidrs.clone()),
         DetectLocal::BridgeInterface(_) | DetectLocal::InterfaceNamePrefix(_) => {
             (flags::DETECT_LOCAL_BY_INTERFACE, Vec::new())
         }
@@ -250,20 +264,44 @@ pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
     let roles = settings.interface_roles(&node.host);
     NodeFacts {
         config,
+        config6: DatapathConfig6 {
+            masquerade_addr_be: node.primary_ipv6.map_or([0; 4], V6::to_be),
+        },
         local_pod_cidrs: local_pod_cidrs.into_iter().map(|c| c.trunc()).collect(),
         ifaces: roles.flags,
-        addresses: NodeAddresses {
-            primary,
-            node_ports: node.node_port_ipv4().collect(),
-            localhost_node_ports: settings.localhost_node_ports,
-            host: node
-                .interfaces()
-                .iter()
-                .flat_map(|i| i.ipv4.iter().copied())
-                .filter(|a| !a.is_loopback())
-                .collect(),
-        },
+        addresses: addresses_of::<V4>(node, primary, settings.localhost_node_ports),
+        addresses6: addresses_of::<V6>(node, node.primary_ipv6, false),
         external_interfaces: roles.external,
+    }
+}
+
+/// The `DatapathConfig` flags of CIDR-based detection: one per family that has a CIDR.
+fn by_cidr(cidrs: &[IpNet]) -> u32 {
+    let v4 = cidrs.iter().any(|c| matches!(c, IpNet::V4(_)));
+    let v6 = cidrs.iter().any(|c| matches!(c, IpNet::V6(_)));
+    (if v4 { flags::DETECT_LOCAL_BY_CIDR } else { 0 })
+        | (if v6 { flags::DETECT_LOCAL_BY_CIDR6 } else { 0 })
+}
+
+fn addresses_of<F: AgentFamily>(
+    node: &NodeModel,
+    primary: Option<F::Ip>,
+    localhost_node_ports: bool,
+) -> NodeAddressesOf<F> {
+    let interfaces = node.interfaces().iter();
+    let host = interfaces
+        .flat_map(|i| {
+            let v4 = i.ipv4.iter().map(|a| IpAddr::V4(*a));
+            v4.chain(i.ipv6.iter().map(|a| IpAddr::V6(*a)))
+        })
+        .filter(|a| !a.is_loopback())
+        .filter_map(|a| F::ip(&a))
+        .collect();
+    NodeAddressesOf {
+        primary,
+        node_ports: node.node_port_addresses.iter().filter_map(F::ip).collect(),
+        localhost_node_ports,
+        host,
     }
 }
 
@@ -285,15 +323,6 @@ fn nanos(d: GoDuration) -> u64 {
     u64::try_from(d.nanos()).unwrap_or(0)
 }
 
-fn ipv4_nets(nets: &[IpNet]) -> Vec<Ipv4Net> {
-    nets.iter()
-        .filter_map(|n| match n {
-            IpNet::V4(n) => Some(n.trunc()),
-            IpNet::V6(_) => None,
-        })
-        .collect()
-}
-
 /// The programs run on the bridge's ports, so those count as the bridge.
 fn is_local_pod_interface(detect: &DetectLocal, i: &HostInterface) -> bool {
     match detect {
@@ -312,7 +341,8 @@ fn is_local_pod_interface(detect: &DetectLocal, i: &HostInterface) -> bool {
 #[derive(Debug, Default)]
 pub struct NodeProgrammer {
     config: Option<DatapathConfig>,
-    local_pod_cidrs: BTreeSet<Ipv4Net>,
+    config6: Option<DatapathConfig6>,
+    local_pod_cidrs: BTreeSet<IpNet>,
     ifaces: BTreeMap<u32, IfaceInfo>,
 }
 
@@ -326,6 +356,7 @@ impl NodeProgrammer {
     pub fn adopt(snapshot: &NodeSnapshot) -> Self {
         NodeProgrammer {
             config: Some(snapshot.config),
+            config6: Some(snapshot.config6),
             local_pod_cidrs: snapshot.local_pod_cidrs.iter().copied().collect(),
             ifaces: snapshot.ifaces.iter().copied().collect(),
         }
@@ -352,12 +383,18 @@ impl NodeProgrammer {
                 ops += 1;
             }
         }
+        // The IPv6 settings before the flags that may turn IPv6 detection on.
+        if self.config6 != Some(facts.config6) {
+            maps.put_config6(&facts.config6)?;
+            self.config6 = Some(facts.config6);
+            ops += 1;
+        }
         if self.config != Some(facts.config) {
             maps.put_config(&facts.config)?;
             self.config = Some(facts.config);
             ops += 1;
         }
-        let stale: Vec<Ipv4Net> = self
+        let stale: Vec<IpNet> = self
             .local_pod_cidrs
             .difference(&facts.local_pod_cidrs)
             .copied()

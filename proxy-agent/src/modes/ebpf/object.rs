@@ -10,10 +10,15 @@ pub const PROG_FROM_NETDEV: &str = "tc_from_netdev";
 pub const PROG_XDP: &str = "xdp_from_netdev";
 /// TC egress of pod-facing and external interfaces: replies of this node's own sockets.
 pub const PROG_FROM_HOST: &str = "tc_from_host";
-/// The cgroup socket-address programs of socket-level balancing.
-pub const SOCKET_PROGRAMS: [&str; 4] = [
+/// The cgroup socket-address programs of socket-level balancing, both families.
+pub const SOCKET_PROGRAMS: [&str; 8] = [
     "sock_connect4",
     "sock_sendmsg4",
     "sock_recvmsg4",
     "sock_getpeername4",
+    "sock_connect6",
+    "sock_sendmsg6",
+    "sock_recvmsg6",
+    // 15 characters at most: the kernel's name must tell it from getpeername4.
+    "sock_peername6",
 ];

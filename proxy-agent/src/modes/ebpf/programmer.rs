@@ -17,12 +17,12 @@ mod markers;
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet, hash_map::Entry},
-    net::Ipv4Addr,
+    net::SocketAddr,
 };
 
-use ipnet::Ipv4Net;
 use proxy_common::{
-    Backend, BackendId, CtDirection, FrontendKind, Scope, ServiceKey, ServiceValue, proto,
+    BackendId, BackendOf, CtDirection, FrontendKind, Scope, ServiceKeyOf, ServiceValue, V4, V6,
+    proto,
 };
 
 use self::{
@@ -30,12 +30,13 @@ use self::{
     ids::Ids,
     markers::ClusterIpMarkers,
 };
+use super::family::AgentFamily;
 use super::maps::{MapError, ServiceMaps};
-use super::node::NodeAddresses;
+use super::node::{NodeAddresses, NodeAddressesOf};
 use super::stale_sockets::GoneUdp;
 use crate::model::{DesiredService, DesiredState, ServicePortName};
 
-pub use adopt::{AdoptStats, ServiceSnapshot};
+pub use adopt::{AdoptStats, ServiceSnapshot, ServiceSnapshotOf};
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SyncStats {
@@ -56,28 +57,40 @@ struct Frontend {
 }
 
 /// A backend that left a UDP frontend during this sync.
-struct GoneBackend {
-    frontend: ServiceKey,
+struct GoneBackend<F: AgentFamily> {
+    frontend: ServiceKeyOf<F>,
     id: BackendId,
-    backend: Backend,
+    backend: BackendOf<F>,
 }
 
 /// What one sync collects on its way: counters, and the work left for the end.
-#[derive(Default)]
-struct SyncRun {
+struct SyncRun<F: AgentFamily> {
     stats: SyncStats,
-    gone: Vec<GoneBackend>,
-    cluster_ip_frontends: Vec<ServiceKey>,
+    gone: Vec<GoneBackend<F>>,
+    cluster_ip_frontends: Vec<ServiceKeyOf<F>>,
 }
 
-pub struct Programmer {
-    node: NodeAddresses,
+impl<F: AgentFamily> Default for SyncRun<F> {
+    fn default() -> Self {
+        SyncRun {
+            stats: SyncStats::default(),
+            gone: Vec::new(),
+            cluster_ip_frontends: Vec::new(),
+        }
+    }
+}
+
+/// One family's programmer: it writes that family's maps from the model's
+/// addresses and endpoints of that family, as upstream runs one proxier per
+/// family. [`Programmer`] holds one per family.
+pub struct FamilyProgrammer<F: AgentFamily> {
+    node: NodeAddressesOf<F>,
     /// UDP backends that left a frontend since [`Programmer::take_gone_udp`].
     gone_udp: Vec<GoneUdp>,
-    frontends: HashMap<ServiceKey, Frontend>,
-    by_service: HashMap<ServicePortName, BTreeSet<ServiceKey>>,
-    backends: HashMap<Backend, BackendId>,
-    backend_by_id: HashMap<BackendId, Backend>,
+    frontends: HashMap<ServiceKeyOf<F>, Frontend>,
+    by_service: HashMap<ServicePortName, BTreeSet<ServiceKeyOf<F>>>,
+    backends: HashMap<BackendOf<F>, BackendId>,
+    backend_by_id: HashMap<BackendId, BackendOf<F>>,
     /// How many slots name each backend.
     backend_refs: HashMap<BackendId, u32>,
     /// Backends that may have no slot left: deleted at the end of a sync
@@ -87,8 +100,8 @@ pub struct Programmer {
     service_ids: HashMap<ServicePortName, u32>,
     service_id_pool: Ids,
     /// Source ranges written, by service id.
-    source_ranges: HashMap<u32, BTreeSet<Ipv4Net>>,
-    markers: ClusterIpMarkers,
+    source_ranges: HashMap<u32, BTreeSet<F::Net>>,
+    markers: ClusterIpMarkers<F>,
     /// What `SERVICES` and `BACKENDS` hold; a sync that would not fit is refused.
     capacity: Option<Capacity>,
 }
@@ -100,18 +113,28 @@ pub struct Capacity {
     pub backends: u32,
 }
 
-impl Default for Programmer {
+impl<F: AgentFamily> Default for FamilyProgrammer<F> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl Programmer {
+/// Ids of each family in a range of its own: an id alone says which family
+/// it is in (docs/dual-stack.md), and 0 is never used.
+fn id_range<F: AgentFamily>() -> (u32, u32) {
+    match F::FAMILY {
+        crate::model::IpFamily::V4 => (1, (1 << 31) - 1),
+        crate::model::IpFamily::V6 => (1 << 31, u32::MAX - 1),
+    }
+}
+
+impl<F: AgentFamily> FamilyProgrammer<F> {
     /// A programmer with no node addresses yet: NodePorts are programmed
-    /// once [`Programmer::set_node_addresses`] names some.
+    /// once [`FamilyProgrammer::set_node_addresses`] names some.
     pub fn new() -> Self {
+        let (first, last) = id_range::<F>();
         Self {
-            node: NodeAddresses::default(),
+            node: NodeAddressesOf::default(),
             gone_udp: Vec::new(),
             frontends: HashMap::new(),
             by_service: HashMap::new(),
@@ -119,9 +142,9 @@ impl Programmer {
             backend_by_id: HashMap::new(),
             backend_refs: HashMap::new(),
             unreferenced: BTreeSet::new(),
-            backend_ids: Ids::new(u32::MAX - 1),
+            backend_ids: Ids::range(first, last),
             service_ids: HashMap::new(),
-            service_id_pool: Ids::new(u32::MAX - 1),
+            service_id_pool: Ids::range(first, last),
             source_ranges: HashMap::new(),
             markers: ClusterIpMarkers::default(),
             capacity: None,
@@ -133,7 +156,7 @@ impl Programmer {
         self.capacity = Some(capacity);
     }
 
-    pub fn node_addresses(&self) -> &NodeAddresses {
+    pub fn node_addresses(&self) -> &NodeAddressesOf<F> {
         &self.node
     }
 
@@ -142,8 +165,8 @@ impl Programmer {
         self.service_ids.iter().map(|(name, id)| (name, *id))
     }
 
-    /// Every backend in `BACKENDS`, by id.
-    pub fn backend_ids(&self) -> impl Iterator<Item = (BackendId, &Backend)> {
+    /// Every backend in this family's `BACKENDS` map, by id.
+    pub fn backend_ids(&self) -> impl Iterator<Item = (BackendId, &BackendOf<F>)> {
         self.backend_by_id.iter().map(|(id, b)| (*id, b))
     }
 
@@ -151,7 +174,7 @@ impl Programmer {
     pub fn sync(
         &mut self,
         state: &DesiredState,
-        maps: &mut impl ServiceMaps,
+        maps: &mut impl ServiceMaps<F>,
     ) -> Result<SyncStats, MapError> {
         let mut ports: BTreeSet<ServicePortName> = state.services.keys().cloned().collect();
         ports.extend(self.by_service.keys().cloned());
@@ -166,7 +189,7 @@ impl Programmer {
         &mut self,
         state: &DesiredState,
         changed: &BTreeSet<ServicePortName>,
-        maps: &mut impl ServiceMaps,
+        maps: &mut impl ServiceMaps<F>,
     ) -> Result<SyncStats, MapError> {
         self.sync_ports(state, changed, maps)
     }
@@ -175,15 +198,15 @@ impl Programmer {
     /// depend on them (node ports, LB source ranges); nothing when unchanged.
     pub fn set_node_addresses(
         &mut self,
-        node: &NodeAddresses,
+        node: &NodeAddressesOf<F>,
         state: &DesiredState,
-        maps: &mut impl ServiceMaps,
+        maps: &mut impl ServiceMaps<F>,
     ) -> Result<SyncStats, MapError> {
         if *node == self.node {
             return Ok(self.totals(SyncStats::default()));
         }
         // Endpoints on an address the node gained or lost change flags.
-        let moved: BTreeSet<Ipv4Addr> = self
+        let moved: BTreeSet<F::Ip> = self
             .node
             .host
             .symmetric_difference(&node.host)
@@ -193,7 +216,7 @@ impl Programmer {
         let ports: BTreeSet<ServicePortName> = state
             .services
             .values()
-            .filter(|svc| depends_on_node(svc) || has_endpoint_on(svc, &moved))
+            .filter(|svc| depends_on_node(svc) || has_endpoint_on::<F>(svc, &moved))
             .map(|svc| svc.name.clone())
             .collect();
         self.sync_ports(state, &ports, maps)
@@ -211,11 +234,11 @@ impl Programmer {
         &mut self,
         state: &DesiredState,
         ports: &BTreeSet<ServicePortName>,
-        maps: &mut impl ServiceMaps,
+        maps: &mut impl ServiceMaps<F>,
     ) -> Result<SyncStats, MapError> {
         self.check_capacity(state, ports)?;
         let mut run = SyncRun::default();
-        let mut wanted_keys: HashMap<&ServicePortName, BTreeSet<ServiceKey>> = HashMap::new();
+        let mut wanted_keys: HashMap<&ServicePortName, BTreeSet<ServiceKeyOf<F>>> = HashMap::new();
 
         for spn in ports {
             if let Some(svc) = state.services.get(spn) {
@@ -283,13 +306,13 @@ impl Programmer {
         let backends = self.backends.len() + new_backends.len();
         for (map, setting, needed, capacity) in [
             (
-                "SERVICES",
+                F::SERVICES,
                 "maps.services (--ebpf-map-size-services)",
                 entries,
                 capacity.services,
             ),
             (
-                "BACKENDS",
+                F::BACKENDS,
                 "maps.backends (--ebpf-map-size-backends)",
                 backends,
                 capacity.backends,
@@ -312,9 +335,9 @@ impl Programmer {
         &mut self,
         spn: &ServicePortName,
         svc: &DesiredService,
-        maps: &mut impl ServiceMaps,
-        run: &mut SyncRun,
-    ) -> Result<BTreeSet<ServiceKey>, MapError> {
+        maps: &mut impl ServiceMaps<F>,
+        run: &mut SyncRun<F>,
+    ) -> Result<BTreeSet<ServiceKeyOf<F>>, MapError> {
         let service_id = self.service_id(spn)?;
         let ranges = wanted_source_ranges(svc, &self.node);
         self.add_source_ranges(service_id, &ranges, maps, run)?;
@@ -359,8 +382,8 @@ impl Programmer {
     fn release_service(
         &mut self,
         spn: &ServicePortName,
-        maps: &mut impl ServiceMaps,
-        run: &mut SyncRun,
+        maps: &mut impl ServiceMaps<F>,
+        run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
         if let Some(id) = self.service_ids.get(spn).copied() {
             self.remove_source_ranges(id, &BTreeSet::new(), maps, run)?;
@@ -374,9 +397,9 @@ impl Programmer {
     fn add_source_ranges(
         &mut self,
         service_id: u32,
-        wanted: &BTreeSet<Ipv4Net>,
-        maps: &mut impl ServiceMaps,
-        run: &mut SyncRun,
+        wanted: &BTreeSet<F::Net>,
+        maps: &mut impl ServiceMaps<F>,
+        run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
         for range in wanted {
             if self
@@ -399,14 +422,14 @@ impl Programmer {
     fn remove_source_ranges(
         &mut self,
         service_id: u32,
-        keep: &BTreeSet<Ipv4Net>,
-        maps: &mut impl ServiceMaps,
-        run: &mut SyncRun,
+        keep: &BTreeSet<F::Net>,
+        maps: &mut impl ServiceMaps<F>,
+        run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
         let Some(written) = self.source_ranges.get_mut(&service_id) else {
             return Ok(());
         };
-        let stale: Vec<Ipv4Net> = written.difference(keep).copied().collect();
+        let stale: Vec<F::Net> = written.difference(keep).copied().collect();
         for range in stale {
             maps.delete_source_range(service_id, range)?;
             run.stats.deletes += 1;
@@ -420,9 +443,9 @@ impl Programmer {
 
     fn ensure_backend(
         &mut self,
-        backend: &Backend,
-        maps: &mut impl ServiceMaps,
-        run: &mut SyncRun,
+        backend: &BackendOf<F>,
+        maps: &mut impl ServiceMaps<F>,
+        run: &mut SyncRun<F>,
     ) -> Result<BackendId, MapError> {
         if let Some(id) = self.backends.get(backend) {
             return Ok(*id);
@@ -444,13 +467,13 @@ impl Programmer {
     #[allow(clippy::too_many_arguments)]
     fn program_frontend(
         &mut self,
-        key: ServiceKey,
+        key: ServiceKeyOf<F>,
         owner: &ServicePortName,
         service_id: u32,
         flags: u16,
         wanted: &[BackendId],
-        maps: &mut impl ServiceMaps,
-        run: &mut SyncRun,
+        maps: &mut impl ServiceMaps<F>,
+        run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
         let frontend = self.frontends.entry(key).or_insert_with(|| Frontend {
             owner: owner.clone(),
@@ -518,9 +541,9 @@ impl Programmer {
 
     fn remove_frontend(
         &mut self,
-        key: ServiceKey,
-        maps: &mut impl ServiceMaps,
-        run: &mut SyncRun,
+        key: ServiceKeyOf<F>,
+        maps: &mut impl ServiceMaps<F>,
+        run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
         let Some(frontend) = self.frontends.get_mut(&key) else {
             return Ok(());
@@ -558,12 +581,12 @@ impl Programmer {
     /// packet to a frontend without backends before creating any flow state.
     fn flush_gone_udp_flows(
         &mut self,
-        maps: &mut impl ServiceMaps,
-        run: &mut SyncRun,
+        maps: &mut impl ServiceMaps<F>,
+        run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
         let mut forward = HashSet::new();
         let mut reply = HashSet::new();
-        let left: Vec<&GoneBackend> = run
+        let left: Vec<&GoneBackend<F>> = run
             .gone
             .iter()
             .filter(|g| !self.still_serves(g.frontend, g.id))
@@ -571,8 +594,8 @@ impl Programmer {
         for g in left {
             let fe = g.frontend;
             self.gone_udp.push(GoneUdp {
-                service: socket_addr(fe.addr_be, fe.port_be),
-                backend: socket_addr(g.backend.addr_be, g.backend.port_be),
+                service: socket_addr::<F>(fe.addr_be, fe.port_be),
+                backend: socket_addr::<F>(g.backend.addr_be, g.backend.port_be),
             });
             forward.insert((fe.addr_be, fe.port_be, fe.proto, g.id));
             reply.insert((
@@ -611,7 +634,7 @@ impl Programmer {
         std::mem::take(&mut self.gone_udp)
     }
 
-    fn still_serves(&self, frontend: ServiceKey, id: BackendId) -> bool {
+    fn still_serves(&self, frontend: ServiceKeyOf<F>, id: BackendId) -> bool {
         [Scope::Primary, Scope::ClusterWide]
             .into_iter()
             .any(|scope| {
@@ -623,8 +646,8 @@ impl Programmer {
 
     fn delete_unreferenced_backends(
         &mut self,
-        maps: &mut impl ServiceMaps,
-        run: &mut SyncRun,
+        maps: &mut impl ServiceMaps<F>,
+        run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
         while let Some(id) = self.unreferenced.first().copied() {
             if self.backend_refs.get(&id).copied().unwrap_or(0) == 0 {
@@ -648,11 +671,11 @@ fn depends_on_node(svc: &DesiredService) -> bool {
         || (!svc.load_balancer_ips.is_empty() && !svc.load_balancer_source_ranges.is_empty())
 }
 
-fn note_gone(
-    backend_by_id: &HashMap<BackendId, Backend>,
-    frontend: ServiceKey,
+fn note_gone<F: AgentFamily>(
+    backend_by_id: &HashMap<BackendId, BackendOf<F>>,
+    frontend: ServiceKeyOf<F>,
     id: BackendId,
-    run: &mut SyncRun,
+    run: &mut SyncRun<F>,
 ) {
     if let Some(backend) = backend_by_id.get(&id) {
         run.gone.push(GoneBackend {
@@ -696,9 +719,118 @@ fn stable_slots(current: &[BackendId], wanted: &[BackendId]) -> Vec<BackendId> {
     out
 }
 
+/// Both families' programmers: each writes its own maps from the same
+/// desired state, and neither sees the other's addresses.
+pub struct Programmer {
+    pub v4: FamilyProgrammer<V4>,
+    pub v6: FamilyProgrammer<V6>,
+}
+
+impl Default for Programmer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Programmer {
+    pub fn new() -> Self {
+        Programmer {
+            v4: FamilyProgrammer::new(),
+            v6: FamilyProgrammer::new(),
+        }
+    }
+
+    /// Refuse syncs that would not fit in maps of these sizes (each
+    /// family's maps are created with the same configured sizes).
+    pub fn set_capacity(&mut self, capacity: Capacity) {
+        self.v4.set_capacity(capacity);
+        self.v6.set_capacity(capacity);
+    }
+
+    pub fn node_addresses(&self) -> &NodeAddresses {
+        self.v4.node_addresses()
+    }
+
+    /// The id of every service port programmed, in either family (a
+    /// dual-stack port has one per family).
+    pub fn service_ids(&self) -> impl Iterator<Item = (&ServicePortName, u32)> {
+        self.v4.service_ids().chain(self.v6.service_ids())
+    }
+
+    /// Makes both families' maps hold exactly `state`.
+    pub fn sync<M: ServiceMaps<V4> + ServiceMaps<V6>>(
+        &mut self,
+        state: &DesiredState,
+        maps: &mut M,
+    ) -> Result<SyncStats, MapError> {
+        let v4 = self.v4.sync(state, maps)?;
+        Ok(v4.plus(&self.v6.sync(state, maps)?))
+    }
+
+    /// Brings only the service ports in `changed` to what `state` says.
+    pub fn sync_changed<M: ServiceMaps<V4> + ServiceMaps<V6>>(
+        &mut self,
+        state: &DesiredState,
+        changed: &BTreeSet<ServicePortName>,
+        maps: &mut M,
+    ) -> Result<SyncStats, MapError> {
+        let v4 = self.v4.sync_changed(state, changed, maps)?;
+        Ok(v4.plus(&self.v6.sync_changed(state, changed, maps)?))
+    }
+
+    /// Records the node's addresses of both families (see
+    /// [`FamilyProgrammer::set_node_addresses`]).
+    pub fn set_node_addresses<M: ServiceMaps<V4> + ServiceMaps<V6>>(
+        &mut self,
+        node: &NodeAddresses,
+        node6: &NodeAddressesOf<V6>,
+        state: &DesiredState,
+        maps: &mut M,
+    ) -> Result<SyncStats, MapError> {
+        let v4 = self.v4.set_node_addresses(node, state, maps)?;
+        Ok(v4.plus(&self.v6.set_node_addresses(node6, state, maps)?))
+    }
+
+    /// Rebuilds both families' bookkeeping from what their maps hold (see
+    /// [`FamilyProgrammer::adopt`]).
+    pub fn adopt(
+        &mut self,
+        snapshots: (&ServiceSnapshotOf<V4>, &ServiceSnapshotOf<V6>),
+        state: &DesiredState,
+        nodes: (&NodeAddresses, &NodeAddressesOf<V6>),
+    ) -> AdoptStats {
+        let v4 = self.v4.adopt(snapshots.0, state, nodes.0);
+        let v6 = self.v6.adopt(snapshots.1, state, nodes.1);
+        AdoptStats {
+            frontends: v4.frontends + v6.frontends,
+            backends: v4.backends + v6.backends,
+            stale_frontends: v4.stale_frontends + v6.stale_frontends,
+        }
+    }
+
+    /// The UDP backends that left a frontend, in either family.
+    pub fn take_gone_udp(&mut self) -> Vec<GoneUdp> {
+        let mut gone = self.v4.take_gone_udp();
+        gone.extend(self.v6.take_gone_udp());
+        gone
+    }
+}
+
+impl SyncStats {
+    fn plus(&self, other: &SyncStats) -> SyncStats {
+        SyncStats {
+            frontends: self.frontends + other.frontends,
+            backends: self.backends + other.backends,
+            writes: self.writes + other.writes,
+            deletes: self.deletes + other.deletes,
+            flushed_flows: self.flushed_flows + other.flushed_flows,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
-fn socket_addr(addr_be: u32, port_be: u16) -> std::net::SocketAddrV4 {
-    std::net::SocketAddrV4::new(Ipv4Addr::from(u32::from_be(addr_be)), u16::from_be(port_be))
+fn socket_addr<F: AgentFamily>(addr_be: F::Addr, port_be: u16) -> SocketAddr {
+    SocketAddr::new(F::from_be(addr_be).into(), u16::from_be(port_be))
 }

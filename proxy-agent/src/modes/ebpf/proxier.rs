@@ -1,6 +1,7 @@
 use std::time::{Duration, Instant};
 
 use aya::maps::IterableMap as _;
+use proxy_common::{V4, V6};
 
 use tracing::{debug, info, warn};
 
@@ -87,7 +88,12 @@ impl EbpfProxier {
         programmer.set_capacity(maps.capacity());
         let facts = node_facts(&settings, node);
         node_programmer.apply(&facts, &mut maps)?;
-        programmer.set_node_addresses(&facts.addresses, &DesiredState::default(), &mut maps)?;
+        programmer.set_node_addresses(
+            &facts.addresses,
+            &facts.addresses6,
+            &DesiredState::default(),
+            &mut maps,
+        )?;
         Ok(Self {
             maps,
             programmer,
@@ -141,9 +147,14 @@ impl EbpfProxier {
 
     fn adopt(&mut self, desired: &DesiredState) -> Result<(), MapError> {
         let facts = node_facts(&self.settings, &desired.node);
-        let services = self.maps.service_snapshot()?;
+        let services = self.maps.service_snapshot::<V4>()?;
+        let services6 = self.maps.service_snapshot::<V6>()?;
         self.node_programmer = NodeProgrammer::adopt(&self.maps.node_snapshot()?);
-        let stats = self.programmer.adopt(&services, desired, &facts.addresses);
+        let stats = self.programmer.adopt(
+            (&services, &services6),
+            desired,
+            (&facts.addresses, &facts.addresses6),
+        );
         info!(
             frontends = stats.frontends,
             backends = stats.backends,
@@ -184,9 +195,12 @@ impl EbpfProxier {
             return Ok(());
         }
         let writes = self.node_programmer.apply(&facts, &mut self.maps)?;
-        let stats =
-            self.programmer
-                .set_node_addresses(&facts.addresses, desired, &mut self.maps)?;
+        let stats = self.programmer.set_node_addresses(
+            &facts.addresses,
+            &facts.addresses6,
+            desired,
+            &mut self.maps,
+        )?;
         info!(
             node_writes = writes,
             node_port_addresses = ?facts.addresses.node_ports,

@@ -5,16 +5,17 @@
 
 use std::{
     collections::HashMap,
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     path::PathBuf,
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use proxy_common::ABI_VERSION;
+use proxy_common::{ABI_VERSION, V4, V6};
 use tracing::{info, warn};
 
 use super::{
     Programmer,
+    family::AgentFamily,
     introspect::names::{
         NAMES_FORMAT, PublishedBackend, PublishedNames, PublishedService, write_names,
     },
@@ -93,26 +94,31 @@ pub fn published_names(
         .collect();
     services.sort_by_key(|s| s.id);
 
-    let mut endpoints: HashMap<(Ipv4Addr, u16, u8), &Endpoint> = HashMap::new();
+    let mut endpoints: HashMap<(IpAddr, u16, u8), &Endpoint> = HashMap::new();
     for svc in desired.services.values() {
         let proto = svc.name.protocol.ip_proto();
         for ep in svc.cluster_endpoints.iter().chain(&svc.local_endpoints) {
-            if let IpAddr::V4(ip) = ep.ip {
-                endpoints.entry((ip, ep.port, proto)).or_insert(ep);
-            }
+            endpoints.entry((ep.ip, ep.port, proto)).or_insert(ep);
         }
     }
-    let mut backends: Vec<PublishedBackend> = programmer
+    let v4 = programmer
+        .v4
         .backend_ids()
-        .map(|(id, b)| {
-            let address = Ipv4Addr::from(u32::from_be(b.addr_be));
-            let port = u16::from_be(b.port_be);
-            let ep = endpoints.get(&(address, port, b.proto));
+        .map(|(id, b)| (id, IpAddr::from(V4::from_be(b.addr_be)), b.port_be, b.proto));
+    let v6 = programmer
+        .v6
+        .backend_ids()
+        .map(|(id, b)| (id, IpAddr::from(V6::from_be(b.addr_be)), b.port_be, b.proto));
+    let mut backends: Vec<PublishedBackend> = v4
+        .chain(v6)
+        .map(|(id, address, port_be, proto)| {
+            let port = u16::from_be(port_be);
+            let ep = endpoints.get(&(address, port, proto));
             PublishedBackend {
                 id,
                 address: address.to_string(),
                 port,
-                protocol: protocol_name(b.proto).to_owned(),
+                protocol: protocol_name(proto).to_owned(),
                 node: ep.and_then(|e| e.node_name.as_deref()).map(str::to_owned),
                 ready: ep.is_some_and(|e| e.ready),
                 serving: ep.is_some_and(|e| e.serving),

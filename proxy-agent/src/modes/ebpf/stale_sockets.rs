@@ -29,8 +29,8 @@ use proxy_common::{SockDirection, SockKey, SockValue, proto};
 /// A backend that left a UDP service frontend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GoneUdp {
-    pub service: SocketAddrV4,
-    pub backend: SocketAddrV4,
+    pub service: std::net::SocketAddr,
+    pub backend: std::net::SocketAddr,
 }
 
 /// What [`forget_and_terminate`] did.
@@ -79,8 +79,9 @@ pub fn forget_and_terminate(
             service: SocketAddrV4::new(
                 u32::from_be(service.addr_be).into(),
                 u16::from_be(service.port_be),
-            ),
-            backend: SocketAddrV4::new(addr, port),
+            )
+            .into(),
+            backend: SocketAddrV4::new(addr, port).into(),
         };
         if gone.contains(&pair) {
             diag.destroy(id)?;
@@ -93,12 +94,16 @@ pub fn forget_and_terminate(
 
 /// Whether a socket's kept choice (`key`: the service, `value`: the backend) is gone.
 fn was_gone(gone: &[GoneUdp], key: &SockKey, value: &SockValue) -> bool {
+    let addr = |addr_be: u32, port_be: u16| {
+        std::net::SocketAddr::from(SocketAddrV4::new(
+            u32::from_be(addr_be).into(),
+            u16::from_be(port_be),
+        ))
+    };
     key.proto == proto::UDP
         && gone.iter().any(|g| {
-            u32::from(*g.service.ip()).to_be() == key.addr_be
-                && g.service.port().to_be() == key.port_be
-                && u32::from(*g.backend.ip()).to_be() == value.addr_be
-                && g.backend.port().to_be() == value.port_be
+            g.service == addr(key.addr_be, key.port_be)
+                && g.backend == addr(value.addr_be, value.port_be)
         })
 }
 

@@ -1,5 +1,7 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
+use ipnet::IpNet;
+
 use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus};
 use proxy_common::conntrack::{DEFAULT_UDP_NS, DEFAULT_UDP_STREAM_NS};
 
@@ -29,7 +31,7 @@ fn ip(s: &str) -> Ipv4Addr {
     s.parse().unwrap()
 }
 
-fn net(s: &str) -> Ipv4Net {
+fn net(s: &str) -> IpNet {
     s.parse().unwrap()
 }
 
@@ -133,17 +135,45 @@ fn cluster_cidr_mode_without_an_ipv4_cidr_detects_nothing() {
 }
 
 #[test]
-fn node_cidr_mode_uses_the_nodes_ipv4_pod_cidrs_once_known() {
+fn node_cidr_mode_uses_the_nodes_pod_cidrs_of_each_family_once_known() {
     let s = settings(DetectLocal::NodeCidr);
     let before = derive(&s, None, &host());
     assert_eq!(before.config.flags, 0, "no podCIDR yet: no detection");
 
     let n = node(&["192.0.2.10"], &[], &["10.244.1.0/24", "fd00:1::/64"]);
     let after = derive(&s, Some(&n), &host());
-    assert_eq!(after.config.flags, flags::DETECT_LOCAL_BY_CIDR);
+    assert_eq!(
+        after.config.flags,
+        flags::DETECT_LOCAL_BY_CIDR | flags::DETECT_LOCAL_BY_CIDR6
+    );
     assert_eq!(
         after.local_pod_cidrs.iter().copied().collect::<Vec<_>>(),
-        vec![net("10.244.1.0/24")]
+        vec![net("10.244.1.0/24"), net("fd00:1::/64")]
+    );
+
+    // A family without a podCIDR has no detector, as upstream's no-op one.
+    let v4_only = derive(
+        &s,
+        Some(&node(&["192.0.2.10"], &[], &["10.244.1.0/24"])),
+        &host(),
+    );
+    assert_eq!(v4_only.config.flags, flags::DETECT_LOCAL_BY_CIDR);
+}
+
+#[test]
+fn the_ipv6_facts_come_from_the_nodes_ipv6_addresses() {
+    let mut h = host();
+    h.interfaces[1].ipv6 = vec!["2001:db8::10".parse().unwrap(), "fe80::1".parse().unwrap()];
+    let n = node(&["192.0.2.10", "2001:db8::10"], &[], &[]);
+    let facts = derive(&settings(DetectLocal::None), Some(&n), &h);
+    let primary6: std::net::Ipv6Addr = "2001:db8::10".parse().unwrap();
+    assert_eq!(facts.addresses6.primary, Some(primary6));
+    assert_eq!(facts.config6.masquerade_addr_be, V6::to_be(primary6));
+    assert!(facts.addresses6.host.contains(&primary6));
+    assert!(facts.addresses6.node_ports.contains(&primary6));
+    assert!(
+        !facts.addresses6.localhost_node_ports,
+        "127.0.0.1 is IPv4's only"
     );
 }
 
@@ -151,7 +181,7 @@ fn node_cidr_mode_uses_the_nodes_ipv4_pod_cidrs_once_known() {
 fn node_cidr_falls_back_to_the_singular_pod_cidr() {
     let mut n = node(&[], &[], &[]);
     n.spec.as_mut().unwrap().pod_cidr = Some("10.244.9.0/24".into());
-    assert_eq!(node_pod_cidrs(&n), vec![IpNet::V4(net("10.244.9.0/24"))]);
+    assert_eq!(node_pod_cidrs(&n), vec![net("10.244.9.0/24")]);
 }
 
 #[test]
@@ -325,7 +355,8 @@ fn settings_follow_the_options() {
     );
     assert_eq!(
         s.detect_local,
-        DetectLocal::ClusterCidr(vec![net("10.244.0.0/16")])
+        DetectLocal::ClusterCidr(vec![net("10.244.0.0/16"), net("fd00::/48")]),
+        "both families' cluster CIDRs, each its family's detector"
     );
     assert!(s.masquerade_all);
     assert_eq!(n.bind_address, Some(IpAddr::V4(ip("192.0.2.10"))));
@@ -366,7 +397,7 @@ fn settings_follow_the_options() {
 struct FakeNodeMaps {
     config: Option<DatapathConfig>,
     ifaces: BTreeMap<u32, IfaceInfo>,
-    cidrs: BTreeSet<Ipv4Net>,
+    cidrs: BTreeSet<IpNet>,
     log: Vec<String>,
 }
 
@@ -374,6 +405,10 @@ impl NodeMaps for FakeNodeMaps {
     fn put_config(&mut self, config: &DatapathConfig) -> Result<(), MapError> {
         self.log.push("config".into());
         self.config = Some(*config);
+        Ok(())
+    }
+    fn put_config6(&mut self, _config: &DatapathConfig6) -> Result<(), MapError> {
+        self.log.push("config6".into());
         Ok(())
     }
     fn put_iface(&mut self, ifindex: u32, info: &IfaceInfo) -> Result<(), MapError> {
@@ -386,12 +421,12 @@ impl NodeMaps for FakeNodeMaps {
         self.ifaces.remove(&ifindex);
         Ok(())
     }
-    fn put_local_pod_cidr(&mut self, cidr: Ipv4Net) -> Result<(), MapError> {
+    fn put_local_pod_cidr(&mut self, cidr: IpNet) -> Result<(), MapError> {
         self.log.push(format!("cidr {cidr}"));
         self.cidrs.insert(cidr);
         Ok(())
     }
-    fn delete_local_pod_cidr(&mut self, cidr: Ipv4Net) -> Result<(), MapError> {
+    fn delete_local_pod_cidr(&mut self, cidr: IpNet) -> Result<(), MapError> {
         self.log.push(format!("-cidr {cidr}"));
         self.cidrs.remove(&cidr);
         Ok(())
@@ -407,7 +442,13 @@ fn node_programmer_writes_data_before_config_and_removes_stale_entries_after() {
     p.apply(&by_cidr, &mut maps).unwrap();
     assert_eq!(
         maps.log,
-        ["cidr 10.244.1.0/24", "iface 2", "iface 3", "config"]
+        [
+            "cidr 10.244.1.0/24",
+            "iface 2",
+            "iface 3",
+            "config6",
+            "config"
+        ]
     );
     assert_eq!(p.apply(&by_cidr, &mut maps).unwrap(), 0, "nothing changed");
 

@@ -5,36 +5,50 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use ipnet::Ipv4Net;
-use proxy_common::{Backend, BackendId, FrontendKind, ServiceKey, ServiceValue, service::flags};
-
-use super::{Frontend, Programmer, frontends::wanted_frontends};
-use crate::{
-    model::{DesiredState, NamespacedName, Protocol, ServicePortName},
-    modes::ebpf::node::NodeAddresses,
+use proxy_common::{
+    BackendId, BackendOf, FrontendKind, ServiceKeyOf, ServiceValue, V4, service::flags,
 };
 
-/// What the service maps hold.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ServiceSnapshot {
-    pub services: Vec<(ServiceKey, ServiceValue)>,
-    pub backends: Vec<(BackendId, Backend)>,
-    pub source_ranges: Vec<(u32, Ipv4Net)>,
+use super::{FamilyProgrammer, Frontend, frontends::wanted_frontends};
+use crate::{
+    model::{DesiredState, NamespacedName, Protocol, ServicePortName},
+    modes::ebpf::{family::AgentFamily, node::NodeAddressesOf},
+};
+
+/// What one family's service maps hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceSnapshotOf<F: AgentFamily> {
+    pub services: Vec<(ServiceKeyOf<F>, ServiceValue)>,
+    pub backends: Vec<(BackendId, BackendOf<F>)>,
+    pub source_ranges: Vec<(u32, F::Net)>,
 }
 
-impl Programmer {
+impl<F: AgentFamily> Default for ServiceSnapshotOf<F> {
+    fn default() -> Self {
+        ServiceSnapshotOf {
+            services: Vec::new(),
+            backends: Vec::new(),
+            source_ranges: Vec::new(),
+        }
+    }
+}
+
+/// What the IPv4 service maps hold.
+pub type ServiceSnapshot = ServiceSnapshotOf<V4>;
+
+impl<F: AgentFamily> FamilyProgrammer<F> {
     /// Rebuilds the bookkeeping from `snapshot`. Frontends are matched to the
     /// service ports of `state` that want them (under `node`'s addresses);
     /// the rest get a placeholder owner no service port has, so the next full
     /// sync removes them. Call once, before the first sync.
     pub fn adopt(
         &mut self,
-        snapshot: &ServiceSnapshot,
+        snapshot: &ServiceSnapshotOf<F>,
         state: &DesiredState,
-        node: &NodeAddresses,
+        node: &NodeAddressesOf<F>,
     ) -> AdoptStats {
         self.node = node.clone();
-        let owners: HashMap<ServiceKey, &ServicePortName> = state
+        let owners: HashMap<ServiceKeyOf<F>, &ServicePortName> = state
             .services
             .values()
             .flat_map(|svc| {
@@ -43,7 +57,7 @@ impl Programmer {
                     .map(move |f| (f.key, &svc.name))
             })
             .collect();
-        let entries: BTreeMap<ServiceKey, ServiceValue> =
+        let entries: BTreeMap<ServiceKeyOf<F>, ServiceValue> =
             snapshot.services.iter().copied().collect();
 
         for (id, backend) in &snapshot.backends {

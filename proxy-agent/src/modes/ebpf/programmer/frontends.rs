@@ -1,19 +1,18 @@
-//! Which IPv4 frontends one service port needs, with which flags and
-//! endpoints, and which source ranges guard them. Pure functions.
+//! Which frontends of one family one service port needs, with which flags
+//! and endpoints, and which source ranges guard them. Pure functions.
 
 use std::{
     collections::{BTreeSet, HashSet},
     net::{IpAddr, Ipv4Addr},
 };
 
-use ipnet::{IpNet, Ipv4Net};
 use proxy_common::{
-    Backend, FrontendKind, Scope, ServiceKey, ServiceValue, backend::flags as backend_flags,
+    BackendOf, FrontendKind, Scope, ServiceKeyOf, ServiceValue, backend::flags as backend_flags,
     service::flags,
 };
 
 use crate::model::{DesiredService, Endpoint};
-use crate::modes::ebpf::node::NodeAddresses;
+use crate::modes::ebpf::{family::AgentFamily, node::NodeAddressesOf};
 
 /// Which of the service's endpoint lists a frontend balances over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -27,44 +26,54 @@ pub(super) enum EndpointSet {
 }
 
 impl EndpointSet {
-    /// The set's IPv4 backends; those on one of `host`'s addresses (the
-    /// node itself) are flagged so.
-    pub(super) fn backends(self, svc: &DesiredService, host: &BTreeSet<Ipv4Addr>) -> Vec<Backend> {
+    /// The set's backends of family `F`; those on one of `host`'s
+    /// addresses (the node itself) are flagged so.
+    pub(super) fn backends<F: AgentFamily>(
+        self,
+        svc: &DesiredService,
+        host: &BTreeSet<F::Ip>,
+    ) -> Vec<BackendOf<F>> {
         let endpoints = match self {
             EndpointSet::Internal => svc.internal_endpoints(),
             EndpointSet::External => svc.external_endpoints(),
             EndpointSet::Cluster => &svc.cluster_endpoints,
         };
-        ipv4_backends(endpoints, svc.protocol.ip_proto(), host)
+        backends_of::<F>(endpoints, svc.protocol.ip_proto(), host)
     }
 }
 
 /// Whether one of `svc`'s endpoints is on one of `addrs`.
-pub(super) fn has_endpoint_on(svc: &DesiredService, addrs: &BTreeSet<Ipv4Addr>) -> bool {
+pub(super) fn has_endpoint_on<F: AgentFamily>(
+    svc: &DesiredService,
+    addrs: &BTreeSet<F::Ip>,
+) -> bool {
     svc.cluster_endpoints
         .iter()
         .chain(&svc.local_endpoints)
-        .any(|ep| matches!(ep.ip, IpAddr::V4(ip) if addrs.contains(&ip)))
+        .any(|ep| F::ip(&ep.ip).is_some_and(|ip| addrs.contains(&ip)))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct WantedFrontend {
-    pub key: ServiceKey,
+pub(super) struct WantedFrontend<F: AgentFamily> {
+    pub key: ServiceKeyOf<F>,
     pub flags: u16,
     pub endpoints: EndpointSet,
 }
 
-impl WantedFrontend {
+impl<F: AgentFamily> WantedFrontend<F> {
     pub(super) fn kind(&self) -> FrontendKind {
         ServiceValue::frontend(0, 0, self.flags).kind()
     }
 }
 
-/// Every frontend of `svc` in the IPv4 maps. A key appears once: the first
-/// kind claiming it wins (cluster IP, node port, external IP, LB IP).
-pub(super) fn wanted_frontends(svc: &DesiredService, node: &NodeAddresses) -> Vec<WantedFrontend> {
+/// Every frontend of `svc` in family `F`'s maps. A key appears once: the
+/// first kind claiming it wins (cluster IP, node port, external IP, LB IP).
+pub(super) fn wanted_frontends<F: AgentFamily>(
+    svc: &DesiredService,
+    node: &NodeAddressesOf<F>,
+) -> Vec<WantedFrontend<F>> {
     let proto = svc.protocol.ip_proto();
-    let reject = if svc.has_any_endpoints.v4 {
+    let reject = if svc.has_any_endpoints.contains(F::FAMILY) {
         0
     } else {
         flags::REJECT_WHEN_EMPTY
@@ -72,9 +81,9 @@ pub(super) fn wanted_frontends(svc: &DesiredService, node: &NodeAddresses) -> Ve
     let policy_local = |local: bool| if local { flags::POLICY_LOCAL } else { 0 };
     let mut out = Vec::new();
 
-    for vip in ipv4(&svc.cluster_ips) {
+    for vip in of_family::<F>(&svc.cluster_ips) {
         out.push(WantedFrontend {
-            key: ServiceKey::frontend(be(vip), svc.port.to_be(), proto),
+            key: ServiceKeyOf::frontend(F::to_be(vip), svc.port.to_be(), proto),
             flags: ServiceValue::kind_flags(FrontendKind::ClusterIp)
                 | reject
                 | policy_local(svc.internal_policy_local),
@@ -87,21 +96,26 @@ pub(super) fn wanted_frontends(svc: &DesiredService, node: &NodeAddresses) -> Ve
             .iter()
             .map(move |a| (FrontendKind::NodePort, *a, port))
     });
+    // Upstream serves localhost NodePorts on 127.0.0.1 only (route_localnet).
     let localhost = svc
         .node_port
         .filter(|_| node.localhost_node_ports)
-        .map(|port| (FrontendKind::NodePort, Ipv4Addr::LOCALHOST, port));
-    let external_ips = ipv4(&svc.external_ips).map(|a| (FrontendKind::ExternalIp, a, svc.port));
-    let lb_ips = ipv4(&svc.load_balancer_ips).map(|a| (FrontendKind::LoadBalancer, a, svc.port));
-    let has_source_ranges = !ipv4_ranges(&svc.load_balancer_source_ranges).is_empty();
+        .and_then(|port| {
+            F::ip(&IpAddr::V4(Ipv4Addr::LOCALHOST)).map(|a| (FrontendKind::NodePort, a, port))
+        });
+    let external_ips =
+        of_family::<F>(&svc.external_ips).map(|a| (FrontendKind::ExternalIp, a, svc.port));
+    let lb_ips =
+        of_family::<F>(&svc.load_balancer_ips).map(|a| (FrontendKind::LoadBalancer, a, svc.port));
+    let has_source_ranges = !ranges_of::<F>(&svc.load_balancer_source_ranges).is_empty();
     for (kind, addr, port) in node_ports
         .chain(localhost)
         .chain(external_ips)
         .chain(lb_ips)
     {
-        let key = ServiceKey::frontend(be(addr), port.to_be(), proto);
+        let key = ServiceKeyOf::frontend(F::to_be(addr), port.to_be(), proto);
         let mut flags = ServiceValue::kind_flags(kind) | flags::EXTERNAL | reject;
-        if addr.is_loopback() {
+        if Into::<IpAddr>::into(addr).is_loopback() {
             flags |= flags::HOST_ONLY;
         }
         if kind == FrontendKind::LoadBalancer && has_source_ranges {
@@ -129,53 +143,45 @@ pub(super) fn wanted_frontends(svc: &DesiredService, node: &NodeAddresses) -> Ve
 /// The source ranges of `svc`'s LB frontends (empty: none, or no LB IP).
 /// As upstream, when a range holds the node's primary IP the LB IPs are
 /// allowed as sources too: a node that routes its LB IPs locally sends from them.
-pub(super) fn wanted_source_ranges(
+pub(super) fn wanted_source_ranges<F: AgentFamily>(
     svc: &DesiredService,
-    node: &NodeAddresses,
-) -> BTreeSet<Ipv4Net> {
-    let lb_ips: Vec<Ipv4Addr> = ipv4(&svc.load_balancer_ips).collect();
-    let mut ranges: BTreeSet<Ipv4Net> = ipv4_ranges(&svc.load_balancer_source_ranges);
+    node: &NodeAddressesOf<F>,
+) -> BTreeSet<F::Net> {
+    let lb_ips: Vec<F::Ip> = of_family::<F>(&svc.load_balancer_ips).collect();
+    let mut ranges: BTreeSet<F::Net> = ranges_of::<F>(&svc.load_balancer_source_ranges);
     if lb_ips.is_empty() {
         return BTreeSet::new();
     }
     let allow_from_node = node
         .primary
-        .is_some_and(|primary| ranges.iter().any(|r| r.contains(&primary)));
+        .is_some_and(|primary| ranges.iter().any(|r| F::contains(r, &primary)));
     if allow_from_node {
-        ranges.extend(lb_ips.into_iter().map(Ipv4Net::from));
+        ranges.extend(lb_ips.into_iter().map(F::host_net));
     }
     ranges
 }
 
-fn ipv4_ranges(ranges: &[IpNet]) -> BTreeSet<Ipv4Net> {
-    ranges
-        .iter()
-        .filter_map(|r| match r {
-            IpNet::V4(r) => Some(r.trunc()),
-            IpNet::V6(_) => None,
-        })
-        .collect()
+fn ranges_of<F: AgentFamily>(ranges: &[ipnet::IpNet]) -> BTreeSet<F::Net> {
+    ranges.iter().filter_map(F::net).collect()
 }
 
-fn ipv4(addrs: &[IpAddr]) -> impl Iterator<Item = Ipv4Addr> + '_ {
-    addrs.iter().filter_map(|a| match a {
-        IpAddr::V4(a) => Some(*a),
-        IpAddr::V6(_) => None,
-    })
+fn of_family<F: AgentFamily>(addrs: &[IpAddr]) -> impl Iterator<Item = F::Ip> + '_ {
+    addrs.iter().filter_map(F::ip)
 }
 
-fn be(addr: Ipv4Addr) -> u32 {
-    u32::from(addr).to_be()
-}
-
-/// The IPv4 endpoints as backends, deduplicated.
-fn ipv4_backends(endpoints: &[Endpoint], proto: u8, host: &BTreeSet<Ipv4Addr>) -> Vec<Backend> {
+/// The endpoints of family `F` as backends, deduplicated.
+fn backends_of<F: AgentFamily>(
+    endpoints: &[Endpoint],
+    proto: u8,
+    host: &BTreeSet<F::Ip>,
+) -> Vec<BackendOf<F>> {
     let mut seen = BTreeSet::new();
     endpoints
         .iter()
-        .filter_map(|ep| match ep.ip {
-            IpAddr::V4(ip) => Some(Backend {
-                addr_be: be(ip),
+        .filter_map(|ep| {
+            let ip = F::ip(&ep.ip)?;
+            Some(BackendOf::<F> {
+                addr_be: F::to_be(ip),
                 port_be: ep.port.to_be(),
                 proto,
                 flags: if host.contains(&ip) {
@@ -183,8 +189,7 @@ fn ipv4_backends(endpoints: &[Endpoint], proto: u8, host: &BTreeSet<Ipv4Addr>) -
                 } else {
                     0
                 },
-            }),
-            IpAddr::V6(_) => None,
+            })
         })
         .filter(|b| seen.insert((b.addr_be, b.port_be)))
         .collect()

@@ -2,15 +2,18 @@
 /// zeroed map value never names anything.
 #[derive(Debug)]
 pub(super) struct Ids {
+    first: u32,
     next: u32,
     max: u32,
     free: Vec<u32>,
 }
 
 impl Ids {
-    pub(super) fn new(max: u32) -> Self {
+    /// Ids from `first` to `max`, both included (`first` > 0).
+    pub(super) fn range(first: u32, max: u32) -> Self {
         Self {
-            next: 1,
+            first: first.max(1),
+            next: first.max(1),
             max,
             free: Vec::new(),
         }
@@ -34,13 +37,15 @@ impl Ids {
     /// Takes over ids already in use (read back from the maps): new ids are
     /// the gaps below the highest, then above it.
     pub(super) fn adopt(&mut self, used: impl IntoIterator<Item = u32>) {
-        let used: std::collections::BTreeSet<u32> =
-            used.into_iter().filter(|id| *id != 0).collect();
+        let used: std::collections::BTreeSet<u32> = used
+            .into_iter()
+            .filter(|id| (self.first..=self.max).contains(id))
+            .collect();
         let Some(highest) = used.last().copied() else {
             return;
         };
         self.next = self.next.max(highest.saturating_add(1));
-        self.free = (1..self.next)
+        self.free = (self.first..self.next)
             .rev()
             .filter(|id| !used.contains(id) && !self.free.contains(id))
             .collect();
@@ -53,7 +58,7 @@ mod tests {
 
     #[test]
     fn adopted_ids_are_never_handed_out_again() {
-        let mut ids = Ids::new(100);
+        let mut ids = Ids::range(1, 100);
         ids.adopt([2, 5, 3]);
         let taken: Vec<u32> = (0..4).filter_map(|_| ids.take()).collect();
         assert_eq!(taken, vec![1, 4, 6, 7]);

@@ -1,38 +1,51 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use proxy_common::{ServiceKey, ServiceValue, service::flags};
+use proxy_common::{ServiceKeyOf, ServiceValue, service::flags};
 
 use super::SyncStats;
-use crate::modes::ebpf::maps::{MapError, ServiceMaps};
+use crate::modes::ebpf::{
+    family::AgentFamily,
+    maps::{MapError, ServiceMaps},
+};
 
-/// The [`ServiceKey::cluster_ip`] markers: one per cluster IP while any
+/// The [`ServiceKeyOf::cluster_ip`] markers: one per cluster IP while any
 /// service port on it is programmed (several ports share one VIP).
-#[derive(Debug, Default)]
-pub(super) struct ClusterIpMarkers {
+#[derive(Debug)]
+pub(super) struct ClusterIpMarkers<F: AgentFamily> {
     /// VIP -> the ClusterIP frontends on it.
-    users: HashMap<u32, BTreeSet<ServiceKey>>,
-    written: HashSet<u32>,
+    users: HashMap<F::Addr, BTreeSet<ServiceKeyOf<F>>>,
+    written: HashSet<F::Addr>,
     /// Markers found in adopted maps that no frontend uses: deleted by the next sync.
-    unused: Vec<u32>,
+    unused: Vec<F::Addr>,
 }
 
-impl ClusterIpMarkers {
+impl<F: AgentFamily> Default for ClusterIpMarkers<F> {
+    fn default() -> Self {
+        ClusterIpMarkers {
+            users: HashMap::new(),
+            written: HashSet::new(),
+            unused: Vec::new(),
+        }
+    }
+}
+
+impl<F: AgentFamily> ClusterIpMarkers<F> {
     /// Markers written.
     pub(super) fn len(&self) -> usize {
         self.written.len()
     }
 
-    pub(super) fn has(&self, vip: u32) -> bool {
+    pub(super) fn has(&self, vip: F::Addr) -> bool {
         self.written.contains(&vip)
     }
 
     /// A marker found in adopted maps.
-    pub(super) fn adopt_written(&mut self, vip: u32) {
+    pub(super) fn adopt_written(&mut self, vip: F::Addr) {
         self.written.insert(vip);
     }
 
     /// A ClusterIP frontend found in adopted maps.
-    pub(super) fn adopt_user(&mut self, frontend: ServiceKey) {
+    pub(super) fn adopt_user(&mut self, frontend: ServiceKeyOf<F>) {
         self.users
             .entry(frontend.addr_be)
             .or_default()
@@ -52,12 +65,12 @@ impl ClusterIpMarkers {
     /// Deletes the unused markers adoption found.
     pub(super) fn delete_unused(
         &mut self,
-        maps: &mut impl ServiceMaps,
+        maps: &mut impl ServiceMaps<F>,
         stats: &mut SyncStats,
     ) -> Result<(), MapError> {
         while let Some(vip) = self.unused.last().copied() {
             if !self.users.contains_key(&vip) && self.written.contains(&vip) {
-                maps.delete_service(&ServiceKey::cluster_ip(vip))?;
+                maps.delete_service(&ServiceKeyOf::<F>::cluster_ip(vip))?;
                 stats.deletes += 1;
                 self.written.remove(&vip);
             }
@@ -68,15 +81,15 @@ impl ClusterIpMarkers {
 
     pub(super) fn add(
         &mut self,
-        frontend: ServiceKey,
-        maps: &mut impl ServiceMaps,
+        frontend: ServiceKeyOf<F>,
+        maps: &mut impl ServiceMaps<F>,
         stats: &mut SyncStats,
     ) -> Result<(), MapError> {
         let vip = frontend.addr_be;
         self.users.entry(vip).or_default().insert(frontend);
         if !self.written.contains(&vip) {
             maps.put_service(
-                &ServiceKey::cluster_ip(vip),
+                &ServiceKeyOf::<F>::cluster_ip(vip),
                 &ServiceValue::frontend(0, 0, flags::CLUSTER_IP_MARKER),
             )?;
             stats.writes += 1;
@@ -88,8 +101,8 @@ impl ClusterIpMarkers {
     /// Forgets `frontend` (a no-op unless it was added); deletes the marker with the last one.
     pub(super) fn remove(
         &mut self,
-        frontend: ServiceKey,
-        maps: &mut impl ServiceMaps,
+        frontend: ServiceKeyOf<F>,
+        maps: &mut impl ServiceMaps<F>,
         stats: &mut SyncStats,
     ) -> Result<(), MapError> {
         let vip = frontend.addr_be;
@@ -100,7 +113,7 @@ impl ClusterIpMarkers {
             return Ok(());
         }
         if users.len() == 1 && self.written.contains(&vip) {
-            maps.delete_service(&ServiceKey::cluster_ip(vip))?;
+            maps.delete_service(&ServiceKeyOf::<F>::cluster_ip(vip))?;
             stats.deletes += 1;
             self.written.remove(&vip);
         }

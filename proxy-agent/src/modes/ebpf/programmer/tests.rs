@@ -2,9 +2,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::Ipv4Net;
-use proxy_common::{CtDirection, CtKey, CtValue, FrontendKind, Scope, service::flags};
+use proxy_common::{
+    Backend, CtDirection, CtKey, CtValue, FrontendKind, Scope, ServiceKey, service::flags,
+};
 
 use super::*;
+
+/// These tests drive the IPv4 programmer; both families share its code.
+type Programmer = FamilyProgrammer<V4>;
 use crate::model::{DesiredService, Endpoint, Protocol};
 
 type CtTuple = (u32, u32, u16, u16, u8, u8);
@@ -111,7 +116,7 @@ impl FakeMaps {
     }
 }
 
-impl ServiceMaps for FakeMaps {
+impl ServiceMaps<V4> for FakeMaps {
     fn put_backend(&mut self, id: BackendId, backend: &Backend) -> Result<(), MapError> {
         self.step()?;
         self.backends.insert(id, *backend);
