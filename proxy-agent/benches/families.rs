@@ -133,7 +133,8 @@ fn run() -> anyhow::Result<()> {
             let p = &plans[f].1;
             // Established, in a loop of mirrored flows.
             let probe = tcp(p.client, 33_333, p.vip, 80, ACK);
-            let warm = test_run::run(&ebpf, test_run::Hook::FromPod, &probe, pod, 1)?;
+            // Creates both flows (the probe's and the mirror's) the first time.
+            let warm = test_run::run(&ebpf, test_run::Hook::FromPod, &probe, pod, 2)?;
             ensure!(
                 warm.verdict == TC_ACT_REDIRECT,
                 "{}: probe not forwarded",

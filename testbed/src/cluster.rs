@@ -335,6 +335,7 @@ impl Cluster {
             name: name.to_owned(),
             ns: pod_ns,
             ip,
+            ip6: None,
             host_veth: format!("{POD_VETH_PREFIX}{index}"),
         };
         let (node_ns, gateway) = (n.ns.clone(), n.ip);

@@ -18,7 +18,7 @@ pub mod netns;
 pub mod servers;
 pub mod xdp_pass;
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use anyhow::Context as _;
 
@@ -39,6 +39,9 @@ pub const BRIDGE_NAME: &str = "cbr0";
 /// The node's address on the external link, and the external client's.
 pub const NODE_EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 100, 1);
 pub const EXTERNAL_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 100, 2);
+/// The same in a dual-stack testbed, in IPv6.
+pub const NODE_EXTERNAL_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 1);
+pub const EXTERNAL_CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 2);
 /// The node's interface towards the external client.
 pub const NODE_EXTERNAL_IFACE: &str = "ext0";
 /// Host-side pod veths are named with this prefix, as many CNIs do.
@@ -49,6 +52,8 @@ pub struct Pod {
     pub name: String,
     pub ns: String,
     pub ip: Ipv4Addr,
+    /// The pod's IPv6 address in a dual-stack testbed.
+    pub ip6: Option<Ipv6Addr>,
     /// The pod's veth end inside the node namespace.
     pub host_veth: String,
 }
@@ -56,6 +61,8 @@ pub struct Pod {
 pub struct Testbed {
     pub id: String,
     pub cni: Cni,
+    /// Pods, the node and the external client have IPv6 addresses too.
+    pub dual_stack: bool,
     pub node_ns: String,
     pub external_ns: String,
     pub pods: Vec<Pod>,
@@ -67,6 +74,18 @@ impl Testbed {
     /// A node with `pod_names` pods (in that order, addresses 198.18.1.10, .11, ...)
     /// and an external client.
     pub fn new(cni: Cni, pod_names: &[&str]) -> anyhow::Result<Self> {
+        Self::build(cni, pod_names, false)
+    }
+
+    /// The same in both families: pods also get 2001:db8:1::10, ::11, ...
+    /// (routed, with the node's `fe80::1` on each pod veth as gateway), the
+    /// node's external interface [`NODE_EXTERNAL_IP6`] and the external
+    /// client [`EXTERNAL_CLIENT_IP6`]. Routed pods only.
+    pub fn new_dual_stack(pod_names: &[&str]) -> anyhow::Result<Self> {
+        Self::build(Cni::Routed, pod_names, true)
+    }
+
+    fn build(cni: Cni, pod_names: &[&str], dual_stack: bool) -> anyhow::Result<Self> {
         cleanup::sweep_stale();
         let id = cleanup::unique_id();
         let mut tb = Testbed {
@@ -74,6 +93,7 @@ impl Testbed {
             external_ns: format!("{id}-ext"),
             id,
             cni,
+            dual_stack,
             pods: Vec::new(),
             pods_created: 0,
             namespaces: Vec::new(),
@@ -82,6 +102,9 @@ impl Testbed {
         tb.setup_node().context("setting up the node namespace")?;
         tb.setup_external()
             .context("setting up the external client")?;
+        if dual_stack {
+            tb.setup_ipv6().context("setting up IPv6")?;
+        }
         for name in pod_names {
             tb.add_pod(name)?;
         }
@@ -175,12 +198,40 @@ impl Testbed {
         )
     }
 
+    fn setup_ipv6(&self) -> anyhow::Result<()> {
+        netns::sysctl(&self.node_ns, "net.ipv6.conf.all.forwarding", "1")?;
+        let (node, ext) = (Some(self.node_ns.as_str()), Some(self.external_ns.as_str()));
+        let v6 = |ns, args: &[&str]| {
+            let mut all = vec!["-6"];
+            all.extend_from_slice(args);
+            netns::ip(ns, &all)
+        };
+        let node_ip = format!("{NODE_EXTERNAL_IP6}/64");
+        v6(
+            node,
+            &["addr", "add", &node_ip, "dev", NODE_EXTERNAL_IFACE, "nodad"],
+        )?;
+        let client_ip = format!("{EXTERNAL_CLIENT_IP6}/64");
+        v6(ext, &["addr", "add", &client_ip, "dev", "eth0", "nodad"])?;
+        v6(
+            ext,
+            &[
+                "route",
+                "add",
+                "default",
+                "via",
+                &NODE_EXTERNAL_IP6.to_string(),
+            ],
+        )
+    }
+
     /// Adds a pod (a namespace on a new veth), as a CNI does when a pod starts.
     /// Addresses are 198.18.1.10, .11, ... in order of creation, never reused.
     pub fn add_pod(&mut self, name: &str) -> anyhow::Result<Pod> {
         let n = self.pods_created;
         self.pods_created += 1;
-        let ip = Ipv4Addr::new(198, 18, 1, 10 + u8::try_from(n).context("too many pods")?);
+        let host = 10 + u8::try_from(n).context("too many pods")?;
+        let ip = Ipv4Addr::new(198, 18, 1, host);
         self.wire_pod(name, ip, &format!("{POD_VETH_PREFIX}{n}"))
             .with_context(|| format!("setting up pod {name}"))?;
         Ok(self.pod(name).clone())
@@ -216,10 +267,18 @@ impl Testbed {
                 )?;
             }
         }
+        let ip6 = if self.dual_stack {
+            let ip6 = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, u16::from(ip.octets()[3]));
+            wire_routed_pod6(&self.node_ns, &pod_ns, &host_veth, ip6)?;
+            Some(ip6)
+        } else {
+            None
+        };
         self.pods.push(Pod {
             name: name.to_owned(),
             ns: pod_ns,
             ip,
+            ip6,
             host_veth,
         });
         Ok(())
@@ -279,6 +338,44 @@ pub(crate) fn wire_routed_pod(
     netns::ip(
         pod,
         &["route", "add", "default", "via", &gateway, "dev", "eth0"],
+    )
+}
+
+/// The IPv6 half of a routed pod: its /128 routed to its veth, and a
+/// default route via the node's link-local `fe80::1` on that veth (as
+/// Calico does: no address of the node needs to be reachable on-link).
+fn wire_routed_pod6(
+    node_ns: &str,
+    pod_ns: &str,
+    host_veth: &str,
+    ip: Ipv6Addr,
+) -> anyhow::Result<()> {
+    let (node, pod) = (Some(node_ns), Some(pod_ns));
+    netns::ip(
+        node,
+        &["-6", "addr", "add", "fe80::1/64", "dev", host_veth, "nodad"],
+    )?;
+    netns::ip(
+        node,
+        &["-6", "route", "add", &format!("{ip}/128"), "dev", host_veth],
+    )?;
+    netns::ip(
+        pod,
+        &[
+            "-6",
+            "addr",
+            "add",
+            &format!("{ip}/128"),
+            "dev",
+            "eth0",
+            "nodad",
+        ],
+    )?;
+    netns::ip(
+        pod,
+        &[
+            "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
+        ],
     )
 }
 

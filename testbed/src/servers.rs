@@ -33,42 +33,54 @@ pub struct IdentityServer {
 
 impl IdentityServer {
     pub fn start(ns: &str, identity: &str, port: u16) -> anyhow::Result<Self> {
+        Self::start_on(ns, identity, port, false)
+    }
+
+    /// The same, answering in IPv6 too (a second, IPv6-only pair of sockets).
+    pub fn start_dual_stack(ns: &str, identity: &str, port: u16) -> anyhow::Result<Self> {
+        Self::start_on(ns, identity, port, true)
+    }
+
+    fn start_on(ns: &str, identity: &str, port: u16, ipv6: bool) -> anyhow::Result<Self> {
         let seen = Arc::new(Seen::default());
         let stop = Arc::new(AtomicBool::new(false));
-        let addr = SocketAddr::from(([0, 0, 0, 0], port));
-        let tcp = netns::run_in(ns, move || TcpListener::bind(addr))?
-            .context("binding the TCP server")?;
-        let udp =
-            netns::run_in(ns, move || UdpSocket::bind(addr))?.context("binding the UDP server")?;
-        tcp.set_nonblocking(true)?;
-        udp.set_read_timeout(Some(Duration::from_millis(50)))?;
-        let mut threads = Vec::new();
-        {
-            let (id, seen, stop) = (identity.as_bytes().to_vec(), seen.clone(), stop.clone());
-            threads.push(std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    match tcp.accept() {
-                        Ok((mut conn, peer)) => {
-                            seen.tcp.lock().unwrap().push(peer);
-                            let _ = conn.set_nonblocking(false);
-                            let _ = conn.write_all(&id);
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
-                    }
-                }
-            }));
+        let mut addrs = vec![SocketAddr::from(([0, 0, 0, 0], port))];
+        if ipv6 {
+            addrs.push(SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)));
         }
-        {
-            let (id, seen, stop) = (identity.as_bytes().to_vec(), seen.clone(), stop.clone());
-            threads.push(std::thread::spawn(move || {
-                let mut buf = [0u8; 1500];
-                while !stop.load(Ordering::Relaxed) {
-                    if let Ok((_, peer)) = udp.recv_from(&mut buf) {
-                        seen.udp.lock().unwrap().push(peer);
-                        let _ = udp.send_to(&id, peer);
+        let mut threads = Vec::new();
+        for addr in addrs {
+            let (tcp, udp) = netns::run_in(ns, move || bind_pair(addr))?
+                .with_context(|| format!("binding the servers on {addr}"))?;
+            tcp.set_nonblocking(true)?;
+            udp.set_read_timeout(Some(Duration::from_millis(50)))?;
+            {
+                let (id, seen, stop) = (identity.as_bytes().to_vec(), seen.clone(), stop.clone());
+                threads.push(std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        match tcp.accept() {
+                            Ok((mut conn, peer)) => {
+                                seen.tcp.lock().unwrap().push(peer);
+                                let _ = conn.set_nonblocking(false);
+                                let _ = conn.write_all(&id);
+                            }
+                            Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                        }
                     }
-                }
-            }));
+                }));
+            }
+            {
+                let (id, seen, stop) = (identity.as_bytes().to_vec(), seen.clone(), stop.clone());
+                threads.push(std::thread::spawn(move || {
+                    let mut buf = [0u8; 1500];
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok((_, peer)) = udp.recv_from(&mut buf) {
+                            seen.udp.lock().unwrap().push(peer);
+                            let _ = udp.send_to(&id, peer);
+                        }
+                    }
+                }));
+            }
         }
         Ok(Self {
             identity: identity.to_owned(),
@@ -77,6 +89,26 @@ impl IdentityServer {
             threads,
         })
     }
+}
+
+/// A TCP listener and a UDP socket on `addr`; an IPv6 one answers IPv6
+/// only, beside its IPv4 twin on the same port.
+fn bind_pair(addr: SocketAddr) -> std::io::Result<(TcpListener, UdpSocket)> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let domain = Domain::for_address(addr);
+    let bind = |ty: Type, proto: Protocol| -> std::io::Result<Socket> {
+        let sock = Socket::new(domain, ty, Some(proto))?;
+        if addr.is_ipv6() {
+            sock.set_only_v6(true)?;
+        }
+        sock.set_reuse_address(true)?;
+        sock.bind(&addr.into())?;
+        Ok(sock)
+    };
+    let tcp = bind(Type::STREAM, Protocol::TCP)?;
+    tcp.listen(128)?;
+    let udp = bind(Type::DGRAM, Protocol::UDP)?;
+    Ok((tcp.into(), udp.into()))
 }
 
 impl IdentityServer {
@@ -134,7 +166,12 @@ pub fn tcp_identity(target: SocketAddr, timeout: Duration) -> anyhow::Result<Str
 /// One UDP request to `target` from a fresh socket: the identity and the
 /// address the reply came from. Must run inside the client's namespace.
 pub fn udp_identity(target: SocketAddr, timeout: Duration) -> anyhow::Result<(String, SocketAddr)> {
-    let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
+    let any = if target.is_ipv6() {
+        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0))
+    } else {
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    };
+    let sock = UdpSocket::bind(any)?;
     sock.set_read_timeout(Some(timeout))?;
     sock.send_to(b"who", target)?;
     let mut buf = [0u8; 1500];

@@ -24,6 +24,7 @@ mod cleanup_binary;
 mod cleanup_netns;
 mod e2e_cluster;
 mod e2e_clusterip;
+mod e2e_dual_stack;
 mod e2e_host_network;
 mod e2e_restart;
 mod explain;
