@@ -1,9 +1,11 @@
-//! IPv6 and dual-stack end to end: the real agent binary programs a
-//! dual-stack Service (two `clusterIPs`, a NodePort, an EndpointSlice per
-//! family) from manifest files, and real TCP and UDP reach it over both
-//! families at once, from a pod (ClusterIP) and from the external client
-//! (NodePort on the node's IPv6 and IPv4 addresses). Addresses from
-//! 198.18.0.0/15 and 2001:db8::/32. Needs root.
+//! IPv6 and dual-stack end to end: the real agent binary programs
+//! dual-stack Services (two `clusterIPs`, a NodePort, external IPs and
+//! load-balancer IPs of both families, an EndpointSlice per family) from
+//! manifest files, and real TCP and UDP reach every frontend kind over both
+//! families at once, from a pod and from the external client, in native
+//! XDP, generic XDP and TC-only modes: externalTrafficPolicy Cluster
+//! masquerades to the node's address of the family, Local keeps the
+//! client's. Addresses from 198.18.0.0/15 and 2001:db8::/32. Needs root.
 
 use std::{
     collections::BTreeMap,
@@ -13,37 +15,83 @@ use std::{
 };
 
 use crate::support::{Agent, wait_for};
-use testbed::{NODE_EXTERNAL_IP, NODE_EXTERNAL_IP6, Testbed, netns, servers};
+use testbed::{
+    EXTERNAL_CLIENT_IP, EXTERNAL_CLIENT_IP6, NODE_EXTERNAL_IP, NODE_EXTERNAL_IP6, Testbed, netns,
+    servers,
+};
 
 const VIP4: &str = "198.19.0.20";
 const VIP6: &str = "2001:db8:ffff::20";
 const NODE_PORT: u16 = 30_620;
+/// The eTP Local service.
+const KEEP_VIP4: &str = "198.19.0.21";
+const KEEP_VIP6: &str = "2001:db8:ffff::21";
+const KEEP_NODE_PORT: u16 = 30_621;
+/// External and load-balancer IPs, routed to the node by the external
+/// client's default routes.
+const EXTERNAL_IPS: [&str; 2] = ["2001:db8:200::30", "198.19.200.30"];
+const LB_IPS: [&str; 2] = ["2001:db8:200::31", "198.19.200.31"];
+const KEEP_LB_IPS: [&str; 2] = ["2001:db8:200::32", "198.19.200.32"];
 const BACKENDS: [&str; 3] = ["web-0", "web-1", "web-2"];
 const TIMEOUT: Duration = Duration::from_secs(2);
 
-fn service_yaml() -> String {
+fn service_yaml(
+    name: &str,
+    vips: (&str, &str),
+    node_port: u16,
+    policy: &str,
+    external_ips: &[&str],
+    lb_ips: &[&str],
+) -> String {
+    let (vip6, vip4) = vips;
+    let list = |ips: &[&str]| {
+        ips.iter()
+            .map(|ip| format!("\"{ip}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let ingress = lb_ips
+        .iter()
+        .map(|ip| format!("{{ip: \"{ip}\"}}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
         r#"
 apiVersion: v1
 kind: Service
-metadata: {{name: web, namespace: demo}}
+metadata: {{name: {name}, namespace: demo}}
 spec:
-  type: NodePort
+  type: LoadBalancer
+  externalTrafficPolicy: {policy}
   ipFamilyPolicy: RequireDualStack
   ipFamilies: [IPv6, IPv4]
-  clusterIP: {VIP6}
-  clusterIPs: [{VIP6}, {VIP4}]
+  clusterIP: {vip6}
+  clusterIPs: [{vip6}, {vip4}]
+  externalIPs: [{}]
   ports:
-    - {{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: {NODE_PORT}}}
-    - {{name: dns, protocol: UDP, port: 80, targetPort: 8080, nodePort: {NODE_PORT}}}
-"#
+    - {{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: {node_port}}}
+    - {{name: dns, protocol: UDP, port: 80, targetPort: 8080, nodePort: {node_port}}}
+status:
+  loadBalancer:
+    ingress: [{ingress}]
+"#,
+        list(external_ips)
+    )
+}
+
+/// This node, with an InternalIP of each family: the primary IPs that
+/// masqueraded traffic leaves with.
+fn node_yaml() -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: node-a}}\nstatus:\n  addresses:\n    - {{type: InternalIP, address: \"{NODE_EXTERNAL_IP}\"}}\n    - {{type: InternalIP, address: \"{NODE_EXTERNAL_IP6}\"}}\n"
     )
 }
 
 /// One EndpointSlice per family, as the EndpointSlice controller writes them.
-fn slice_yaml(name: &str, address_type: &str, ips: &[String]) -> String {
+fn slice_yaml(service: &str, address_type: &str, ips: &[String]) -> String {
+    let name = format!("{service}-{}", address_type.to_lowercase());
     let mut s = format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: demo\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {address_type}\nports:\n  - {{name: http, protocol: TCP, port: 8080}}\n  - {{name: dns, protocol: UDP, port: 8080}}\nendpoints:\n"
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: demo\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: {address_type}\nports:\n  - {{name: http, protocol: TCP, port: 8080}}\n  - {{name: dns, protocol: UDP, port: 8080}}\nendpoints:\n"
     );
     for ip in ips {
         s.push_str(&format!(
@@ -72,8 +120,33 @@ fn exercise(ns: &str, target: SocketAddr, count: usize) -> BTreeMap<String, usiz
     .unwrap()
 }
 
-#[test]
-fn a_dual_stack_service_is_reached_over_both_families_from_pods_and_from_outside() {
+/// TCP from `ns` to `target` until it answers.
+fn wait_answers(ns: &str, target: SocketAddr) {
+    let ns = ns.to_owned();
+    wait_for(
+        Duration::from_secs(20),
+        &format!("{target} to answer"),
+        || {
+            netns::run_in(&ns, move || {
+                servers::tcp_identity(target, Duration::from_millis(300)).ok()
+            })
+            .unwrap()
+        },
+    );
+}
+
+/// The source addresses the backends saw since the last call.
+fn sources(servers: &[servers::IdentityServer]) -> Vec<IpAddr> {
+    let mut all = Vec::new();
+    for s in servers {
+        all.extend(s.seen.tcp.lock().unwrap().iter().map(|p| p.ip()));
+        all.extend(s.seen.udp.lock().unwrap().iter().map(|p| p.ip()));
+        s.clear_seen();
+    }
+    all
+}
+
+fn dual_stack_end_to_end(xdp_mode: &str, expect_logged: &str) {
     let mut pods: Vec<&str> = BACKENDS.to_vec();
     pods.push("client");
     let tb = Testbed::new_dual_stack(&pods).unwrap();
@@ -89,88 +162,141 @@ fn a_dual_stack_service_is_reached_over_both_families_from_pods_and_from_outside
         .iter()
         .map(|b| tb.pod(b).ip6.unwrap().to_string())
         .collect();
-    fs::write(dir.path().join("service.yaml"), service_yaml()).unwrap();
-    fs::write(
-        dir.path().join("slice4.yaml"),
-        slice_yaml("web-v4", "IPv4", &v4),
-    )
-    .unwrap();
-    fs::write(
-        dir.path().join("slice6.yaml"),
-        slice_yaml("web-v6", "IPv6", &v6),
-    )
-    .unwrap();
-    let agent = Agent::start(&tb.node_ns, dir.path(), dir.path().join("agent.log"));
+    let web = service_yaml(
+        "web",
+        (VIP6, VIP4),
+        NODE_PORT,
+        "Cluster",
+        &EXTERNAL_IPS,
+        &LB_IPS,
+    );
+    let keep = service_yaml(
+        "keep",
+        (KEEP_VIP6, KEEP_VIP4),
+        KEEP_NODE_PORT,
+        "Local",
+        &[],
+        &KEEP_LB_IPS,
+    );
+    fs::write(dir.path().join("services.yaml"), format!("{web}---{keep}")).unwrap();
+    fs::write(dir.path().join("node.yaml"), node_yaml()).unwrap();
+    for service in ["web", "keep"] {
+        for (family, ips) in [("IPv4", &v4), ("IPv6", &v6)] {
+            let file = dir.path().join(format!("{service}-{family}.yaml"));
+            fs::write(file, slice_yaml(service, family, ips)).unwrap();
+        }
+    }
+    let agent = Agent::start_as(
+        &tb.node_ns,
+        "node-a",
+        dir.path(),
+        dir.path().join("agent.log"),
+        &["--ebpf-xdp-mode", xdp_mode],
+    );
 
     let client = tb.pod("client").ns.clone();
-    let client6 = tb.pod("client").ip6.unwrap();
+    let (client4, client6) = (tb.pod("client").ip, tb.pod("client").ip6.unwrap());
     let vip6 = SocketAddr::new(VIP6.parse().unwrap(), 80);
     let vip4 = SocketAddr::new(VIP4.parse().unwrap(), 80);
-    for target in [vip6, vip4] {
-        let c = client.clone();
-        wait_for(
-            Duration::from_secs(20),
-            &format!("{target} to answer"),
-            || {
-                netns::run_in(&c, move || {
-                    servers::tcp_identity(target, Duration::from_millis(300)).ok()
-                })
-                .unwrap()
-            },
-        );
-    }
+    wait_answers(&client, vip6);
+    wait_answers(&client, vip4);
+    assert!(
+        agent.log_text().contains(&format!("xdp={expect_logged}")),
+        "the chosen XDP mode is logged\n{}",
+        agent.log_text()
+    );
 
     // From a pod, both cluster IPs, both protocols: every backend is
     // reached in each family, from the pod's own address of that family.
-    for s in &servers {
-        s.clear_seen();
-    }
+    sources(&servers);
     for target in [vip6, vip4] {
-        let hits = exercise(&client, target, 60);
-        assert_eq!(hits.values().sum::<usize>(), 120, "{target}: {hits:?}");
+        let hits = exercise(&client, target, 45);
+        assert_eq!(hits.values().sum::<usize>(), 90, "{target}: {hits:?}");
         for b in BACKENDS {
             assert!(
-                hits.get(b).copied().unwrap_or(0) >= 10,
+                hits.get(b).copied().unwrap_or(0) >= 5,
                 "{target}: {b} in {hits:?}"
             );
         }
     }
-    for s in &servers {
-        let peers: Vec<IpAddr> = s.seen.tcp.lock().unwrap().iter().map(|p| p.ip()).collect();
+    let seen = sources(&servers);
+    assert!(
+        seen.contains(&IpAddr::V6(client6)) && seen.contains(&IpAddr::V4(client4)),
+        "each family's connections come from the pod's address of that family: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|p| *p == IpAddr::V6(client6) || *p == IpAddr::V4(client4)),
+        "no connection crossed families, none was masqueraded: {seen:?}"
+    );
+
+    // From outside: the NodePort on the node's addresses, the external IPs
+    // and the LB IPs of both families. eTP Cluster masquerades to the
+    // node's address of the family.
+    let ext = tb.external_ns.clone();
+    let node = [IpAddr::V6(NODE_EXTERNAL_IP6), IpAddr::V4(NODE_EXTERNAL_IP)];
+    let mut targets: Vec<SocketAddr> = node
+        .iter()
+        .map(|ip| SocketAddr::new(*ip, NODE_PORT))
+        .collect();
+    targets.extend(
+        EXTERNAL_IPS
+            .iter()
+            .chain(&LB_IPS)
+            .map(|ip| SocketAddr::new(ip.parse().unwrap(), 80)),
+    );
+    for target in targets {
+        wait_answers(&ext, target);
+        let hits = exercise(&ext, target, 15);
+        assert_eq!(hits.values().sum::<usize>(), 30, "{target}: {hits:?}");
+        assert!(hits.len() >= 2, "{target}: balanced: {hits:?}");
+        let seen = sources(&servers);
+        let node_of_family = if target.is_ipv6() { node[0] } else { node[1] };
         assert!(
-            peers.contains(&IpAddr::V6(client6))
-                && peers.contains(&IpAddr::V4(tb.pod("client").ip)),
-            "{}: each family's connections arrive from the client's address of that family: {peers:?}",
-            s.identity
-        );
-        assert!(
-            peers
-                .iter()
-                .all(|p| *p == IpAddr::V6(client6) || *p == IpAddr::V4(tb.pod("client").ip)),
-            "{}: no connection crossed families: {peers:?}",
-            s.identity
+            seen.iter().all(|p| *p == node_of_family),
+            "{target}: eTP Cluster masquerades to {node_of_family}: {seen:?}"
         );
     }
 
-    // From outside, the NodePort on the node's IPv6 and IPv4 addresses.
-    for target in [
-        SocketAddr::new(IpAddr::V6(NODE_EXTERNAL_IP6), NODE_PORT),
-        SocketAddr::new(IpAddr::V4(NODE_EXTERNAL_IP), NODE_PORT),
-    ] {
-        let ext = tb.external_ns.clone();
-        wait_for(
-            Duration::from_secs(10),
-            &format!("{target} to answer"),
-            || {
-                netns::run_in(&ext, move || {
-                    servers::tcp_identity(target, Duration::from_millis(300)).ok()
-                })
-                .unwrap()
-            },
+    // eTP Local (every endpoint is on this node): the client's own address stays.
+    let mut keep_targets: Vec<SocketAddr> = node
+        .iter()
+        .map(|ip| SocketAddr::new(*ip, KEEP_NODE_PORT))
+        .collect();
+    keep_targets.extend(
+        KEEP_LB_IPS
+            .iter()
+            .map(|ip| SocketAddr::new(ip.parse().unwrap(), 80)),
+    );
+    for target in keep_targets {
+        wait_answers(&ext, target);
+        let hits = exercise(&ext, target, 10);
+        assert_eq!(hits.values().sum::<usize>(), 20, "{target}: {hits:?}");
+        let seen = sources(&servers);
+        let client_of_family = if target.is_ipv6() {
+            IpAddr::V6(EXTERNAL_CLIENT_IP6)
+        } else {
+            IpAddr::V4(EXTERNAL_CLIENT_IP)
+        };
+        assert!(
+            seen.iter().all(|p| *p == client_of_family),
+            "{target}: eTP Local keeps {client_of_family}: {seen:?}"
         );
-        let hits = exercise(&tb.external_ns, target, 30);
-        assert_eq!(hits.values().sum::<usize>(), 60, "{target}: {hits:?}");
-        assert!(hits.len() >= 2, "{target}: balanced: {hits:?}");
     }
     drop(agent);
+}
+
+#[test]
+fn dual_stack_services_through_generic_xdp() {
+    dual_stack_end_to_end("auto", "Generic");
+}
+
+#[test]
+fn dual_stack_services_through_native_xdp() {
+    dual_stack_end_to_end("native", "Native");
+}
+
+#[test]
+fn dual_stack_services_through_tc_only() {
+    dual_stack_end_to_end("disabled", "None");
 }
