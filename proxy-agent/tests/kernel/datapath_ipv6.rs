@@ -84,7 +84,7 @@ fn l4_checksum(src: Ipv6Addr, dst: Ipv6Addr, next: u8, l4: &[u8]) -> u16 {
 
 /// An IPv6 frame: `ext` (extension headers, already chained, the last
 /// naming `next`) then an L4 header and payload, checksummed.
-struct V6Frame {
+pub(crate) struct V6Frame {
     src: Ipv6Addr,
     dst: Ipv6Addr,
     sport: u16,
@@ -101,7 +101,7 @@ const ACK: u8 = 0x10;
 const RST: u8 = 0x04;
 
 impl V6Frame {
-    fn tcp(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16) -> Self {
+    pub(crate) fn tcp(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16) -> Self {
         V6Frame {
             src,
             dst,
@@ -145,7 +145,7 @@ impl V6Frame {
         l4
     }
 
-    fn build(&self, payload: &[u8]) -> Vec<u8> {
+    pub(crate) fn build(&self, payload: &[u8]) -> Vec<u8> {
         let l4 = self.l4(payload);
         let (first, ext) = match &self.ext {
             Some((first, bytes)) => (*first, bytes.clone()),
@@ -402,4 +402,38 @@ fn a_dual_stack_service_serves_each_family_from_its_own_endpoints() {
     assert_eq!(out.packet[ETH_HLEN + IP6_HLEN + 13], RST | ACK);
     assert_eq!(dp.counter(Counter::NewFlow), 2);
     assert_eq!(dp.counter(Counter::RejectNoEndpoints), 1);
+}
+
+#[test]
+fn ipv6_load_balancer_source_ranges_admit_only_their_sources_on_lb_ips() {
+    let lb: Ipv6Addr = "2001:db8:3::23".parse().unwrap();
+    let vip: Ipv6Addr = "2001:db8:ffff::13".parse().unwrap();
+    let allowed: Ipv6Addr = "2001:db8:100::100".parse().unwrap();
+    let other: Ipv6Addr = "2001:db8:100::101".parse().unwrap();
+    let ebpf = ebpf::load().expect("load the eBPF object (are we root?)");
+    let mut dp = Datapath::new(ebpf, 0, 0);
+    dp.program(vec![DesiredService {
+        load_balancer_ips: vec![IpAddr::V6(lb)],
+        load_balancer_source_ranges: vec!["2001:db8:100::100/128".parse().unwrap()],
+        ..DesiredService::cluster_ip(
+            port_name("ranged", Protocol::Tcp),
+            vec![IpAddr::V6(vip)],
+            80,
+            vec![Endpoint::new(IpAddr::V6(BACKEND), TARGET_PORT)],
+        )
+    }]);
+    let from_outside = |src, sport, dst| {
+        let f = V6Frame::tcp(src, sport, dst, 80);
+        test_run::run(&dp.ebpf, test_run::Hook::FromNetdev, &f.build(b""), 0, 1).unwrap()
+    };
+    let out = from_outside(allowed, 40000, lb);
+    assert_eq!(out.verdict, TC_ACT_OK, "translated, then left to the stack");
+    assert_eq!(&out.packet[ETH_HLEN + 24..ETH_HLEN + 40], &BACKEND.octets());
+    let out = from_outside(other, 40000, lb);
+    assert_eq!(out.verdict, proxy_common::action::TC_ACT_SHOT);
+    assert_eq!(dp.counter(Counter::DropSourceRange), 1);
+    // The cluster IP is not guarded by the LB's source ranges.
+    let out = from_outside(other, 40001, vip);
+    assert_eq!(&out.packet[ETH_HLEN + 24..ETH_HLEN + 40], &BACKEND.octets());
+    assert_eq!(dp.counter(Counter::DropSourceRange), 1);
 }

@@ -10,7 +10,7 @@ use proxy_agent::{
     cli::packet::Frame,
     modes::ebpf::{
         self,
-        monitor::{Events, Lease, LeaseError, Wanted, monotonic_ns},
+        monitor::{Events, Lease, LeaseError, Reported, Wanted, monotonic_ns},
         test_run::Hook,
     },
 };
@@ -65,8 +65,19 @@ fn fixture(backends: &[Ipv4Addr]) -> Fixture {
 }
 
 impl Fixture {
-    /// Every slot's events, by slot.
+    /// Every slot's IPv4 events, by slot (there must be no other).
     fn drain(&mut self) -> Vec<Vec<MonitorEvent>> {
+        self.drain_all()
+            .into_iter()
+            .map(|slot| {
+                slot.iter()
+                    .map(|r| *r.v4().unwrap_or_else(|| panic!("an IPv6 report: {r:?}")))
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn drain_all(&mut self) -> Vec<Vec<Reported>> {
         self.rings.iter_mut().map(Events::drain).collect()
     }
 }
@@ -264,5 +275,77 @@ fn a_full_ring_counts_every_event_it_could_not_hold() {
         received + lost,
         u64::from(sent),
         "{received} received, {lost} lost"
+    );
+}
+
+#[test]
+fn an_ipv6_flow_and_reject_are_reported_in_the_ipv6_layout() {
+    use proxy_agent::model::{DesiredService, Endpoint, Protocol, ServicePortName};
+    use std::net::{IpAddr, Ipv6Addr};
+
+    use crate::datapath_ipv6::V6Frame;
+
+    let (client, vip, empty, backend): (Ipv6Addr, Ipv6Addr, Ipv6Addr, Ipv6Addr) = (
+        "2001:db8:1::2".parse().unwrap(),
+        "2001:db8:ffff::10".parse().unwrap(),
+        "2001:db8:ffff::11".parse().unwrap(),
+        "2001:db8:2::2".parse().unwrap(),
+    );
+    let mut f = fixture(&[]);
+    let name = |n: &str| {
+        ServicePortName::new(
+            &proxy_agent::model::NamespacedName::new("demo", n),
+            "",
+            Protocol::Tcp,
+        )
+    };
+    f.dp.program(vec![
+        DesiredService::cluster_ip(
+            name("web6"),
+            vec![IpAddr::V6(vip)],
+            80,
+            vec![Endpoint::new(IpAddr::V6(backend), 8080)],
+        ),
+        DesiredService::cluster_ip(name("empty6"), vec![IpAddr::V6(empty)], 80, vec![]),
+    ]);
+    let lease = Lease::take(
+        control(&f),
+        Wanted {
+            drops: true,
+            flows: true,
+        },
+    )
+    .unwrap();
+    f.dp.run(
+        Hook::FromPod,
+        &V6Frame::tcp(client, 40000, vip, 80).build(b""),
+    );
+    f.dp.run(
+        Hook::FromPod,
+        &V6Frame::tcp(client, 40001, empty, 80).build(b""),
+    );
+    let events = std::mem::take(&mut f.drain_all()[lease.slot()]);
+    assert_eq!(events.len(), 2, "{events:#?}");
+    let (flow, reject) = (
+        events[0].v6().copied().unwrap(),
+        events[1].v6().copied().unwrap(),
+    );
+    assert_eq!(flow.family, 10, "AF_INET6 marks an IPv6 event");
+    assert_eq!(flow.kind, kind::FLOW);
+    let report = events[0].report();
+    assert_eq!(report.source, "[2001:db8:1::2]:40000".parse().unwrap());
+    assert_eq!(
+        report.destination,
+        "[2001:db8:ffff::10]:80".parse().unwrap()
+    );
+    assert_eq!(
+        report.translated_destination,
+        "[2001:db8:2::2]:8080".parse().unwrap()
+    );
+    assert_eq!(reject.kind, kind::REJECT);
+    assert_eq!(reject.reason, Counter::RejectNoEndpoints as u8);
+    assert_eq!(
+        events[1].report().destination,
+        "[2001:db8:ffff::11]:80".parse().unwrap()
     );
 }

@@ -1,6 +1,9 @@
 //! `proxy-agent inspect`'s command line.
 
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+};
 
 use crate::{
     cli::{
@@ -99,13 +102,13 @@ pub struct ServiceFilter {
 /// `--endpoint IP[:PORT]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EndpointFilter {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub port: Option<u16>,
 }
 
 impl EndpointFilter {
-    pub fn matches(&self, ip: Ipv4Addr, port: u16) -> bool {
-        self.ip == ip && self.port.is_none_or(|p| p == port)
+    pub fn matches(&self, ip: impl Into<IpAddr>, port: u16) -> bool {
+        self.ip == ip.into() && self.port.is_none_or(|p| p == port)
     }
 }
 
@@ -126,14 +129,29 @@ pub fn service_filter(value: &str) -> Result<ServiceFilter, String> {
     })
 }
 
+/// `IP`, `IPv4:PORT` or `[IPv6]:PORT`.
 pub fn endpoint_filter(value: &str) -> Result<EndpointFilter, String> {
+    if let Ok(ip) = value.parse::<Ipv6Addr>() {
+        return Ok(EndpointFilter {
+            ip: IpAddr::V6(ip),
+            port: None,
+        });
+    }
+    if let Some(rest) = value.strip_prefix('[') {
+        let bad = || format!("{value:?} is not [IPv6]:PORT");
+        let (ip, p) = rest.split_once("]:").ok_or_else(bad)?;
+        return Ok(EndpointFilter {
+            ip: IpAddr::V6(ip.parse().map_err(|_| bad())?),
+            port: Some(port(p)?),
+        });
+    }
     match value.split_once(':') {
         Some((ip, p)) => Ok(EndpointFilter {
-            ip: ipv4(ip)?,
+            ip: IpAddr::V4(ipv4(ip)?),
             port: Some(port(p)?),
         }),
         None => Ok(EndpointFilter {
-            ip: ipv4(value)?,
+            ip: IpAddr::V4(ipv4(value)?),
             port: None,
         }),
     }
@@ -197,5 +215,14 @@ mod tests {
         assert!(ep.matches(Ipv4Addr::new(198, 18, 2, 10), 80));
         assert!(endpoint_filter("198.18.2.10:0").is_err());
         assert!(endpoint_filter("web").is_err());
+        let ep = endpoint_filter("[2001:db8::a]:8080").unwrap();
+        assert!(ep.matches("2001:db8::a".parse::<Ipv6Addr>().unwrap(), 8080));
+        assert!(!ep.matches("2001:db8::a".parse::<Ipv6Addr>().unwrap(), 80));
+        assert!(
+            endpoint_filter("2001:db8::a")
+                .unwrap()
+                .matches("2001:db8::a".parse::<Ipv6Addr>().unwrap(), 1)
+        );
+        assert!(endpoint_filter("[2001:db8::a]").is_err());
     }
 }

@@ -334,7 +334,7 @@ mod tests {
         let f = Filter {
             client: Some(Ipv4Addr::new(198, 18, 0, 100)),
             endpoint: Some(EndpointFilter {
-                ip: Ipv4Addr::new(198, 18, 2, 10),
+                ip: Ipv4Addr::new(198, 18, 2, 10).into(),
                 port: Some(8080),
             }),
             service_ids: Some(BTreeSet::from([1])),

@@ -2,12 +2,12 @@
 
 use std::{
     collections::BTreeSet,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, SocketAddr},
     time::{Duration, SystemTime},
 };
 
 use proxy_common::{
-    Counter, MonitorEvent,
+    Counter,
     monitor::{event_flags, hook, kind},
     proto,
 };
@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::{
     cli::inspect::{args::EndpointFilter, names::Naming, services::ServiceTables},
     health::format_time,
-    modes::ebpf::monitor::monotonic_ns,
+    modes::ebpf::monitor::{Report, monotonic_ns},
 };
 
 /// `--service` and `--address`.
@@ -24,7 +24,7 @@ pub struct Filter {
     /// The service ports `--service` names.
     pub service_ids: Option<BTreeSet<u32>>,
     /// Their frontends: drops and rejects carry the address, not the id.
-    pub frontends: BTreeSet<(u32, u16, u8)>,
+    pub frontends: BTreeSet<(SocketAddr, u8)>,
     pub address: Option<EndpointFilter>,
 }
 
@@ -35,37 +35,32 @@ impl Filter {
                 .entries
                 .iter()
                 .filter(|(k, v)| k.slot == 0 && ids.contains(&v.service_id))
-                .map(|(k, _)| (k.addr_be, k.port_be, k.proto))
+                .map(|(k, _)| {
+                    let ip = Ipv4Addr::from(u32::from_be(k.addr_be));
+                    (SocketAddr::new(ip.into(), u16::from_be(k.port_be)), k.proto)
+                })
                 .collect();
         }
         self
     }
 
-    pub fn matches(&self, e: &MonitorEvent) -> bool {
+    pub fn matches(&self, e: &Report) -> bool {
         let service = self.service_ids.as_ref().is_none_or(|ids| {
-            ids.contains(&e.service_id)
-                || self.frontends.contains(&(e.daddr_be, e.dport_be, e.proto))
+            ids.contains(&e.service_id) || self.frontends.contains(&(e.destination, e.proto))
         });
         let address = self
             .address
-            .is_none_or(|a| endpoints(e).iter().any(|s| a.matches(*s.ip(), s.port())));
+            .is_none_or(|a| endpoints(e).iter().any(|s| a.matches(s.ip(), s.port())));
         service && address
     }
 }
 
-fn endpoint(addr_be: u32, port_be: u16) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::from(u32::from_be(addr_be)), u16::from_be(port_be))
-}
-
 /// Every address an event names.
-fn endpoints(e: &MonitorEvent) -> Vec<SocketAddrV4> {
-    let mut all = vec![
-        endpoint(e.saddr_be, e.sport_be),
-        endpoint(e.daddr_be, e.dport_be),
-    ];
+fn endpoints(e: &Report) -> Vec<SocketAddr> {
+    let mut all = vec![e.source, e.destination];
     if e.kind == kind::FLOW {
-        all.push(endpoint(e.nat_saddr_be, e.nat_sport_be));
-        all.push(endpoint(e.nat_daddr_be, e.nat_dport_be));
+        all.push(e.translated_source);
+        all.push(e.translated_destination);
     }
     all
 }
@@ -121,7 +116,7 @@ pub struct Described {
 }
 
 impl Described {
-    pub fn new(e: &MonitorEvent, clock: &WallClock, naming: &Naming) -> Self {
+    pub fn new(e: &Report, clock: &WallClock, naming: &Naming) -> Self {
         let flow = e.kind == kind::FLOW;
         let service_id = (e.service_id != 0).then_some(e.service_id);
         Described {
@@ -141,6 +136,7 @@ impl Described {
                 hook::FROM_NETDEV => "tc_from_netdev",
                 hook::XDP => "xdp_from_netdev",
                 hook::FROM_HOST => "tc_from_host",
+                hook::SOCKET if e.destination.is_ipv6() => "sock_connect6",
                 hook::SOCKET => "sock_connect4",
                 _ => "unknown",
             },
@@ -152,11 +148,10 @@ impl Described {
                 0 => "-",
                 _ => "other",
             },
-            source: endpoint(e.saddr_be, e.sport_be).to_string(),
-            destination: endpoint(e.daddr_be, e.dport_be).to_string(),
-            translated_source: flow.then(|| endpoint(e.nat_saddr_be, e.nat_sport_be).to_string()),
-            translated_destination: flow
-                .then(|| endpoint(e.nat_daddr_be, e.nat_dport_be).to_string()),
+            source: e.source.to_string(),
+            destination: e.destination.to_string(),
+            translated_source: flow.then(|| e.translated_source.to_string()),
+            translated_destination: flow.then(|| e.translated_destination.to_string()),
             service: service_id
                 .and_then(|id| naming.service(id))
                 .map(|s| s.port_name()),

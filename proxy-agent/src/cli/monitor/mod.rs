@@ -135,6 +135,7 @@ fn stream(
             lease.renew().context("renewing the monitor lease")?;
         }
         for raw in events.wait(Duration::from_millis(100)) {
+            let raw = raw.report();
             if raw.time_ns < since
                 || !filter.matches(&raw)
                 || args.count.is_some_and(|n| shown >= n)

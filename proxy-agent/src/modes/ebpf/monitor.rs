@@ -7,11 +7,93 @@ use std::{
     time::Duration,
 };
 
+use std::net::SocketAddr;
+
 use aya::maps::{Array, MapData, RingBuf};
 use proxy_common::{
-    MonitorEvent, MonitorSlot,
+    MonitorEvent, MonitorEvent6, MonitorEventOf, MonitorSlot,
     monitor::{LEASE_NS, MONITOR_SLOTS, RENEW_NS},
 };
+
+use super::family::AgentFamily;
+
+/// One report as the programs wrote it, in its family's layout (a ring
+/// holds both; the record's size says which).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reported {
+    V4(MonitorEvent),
+    V6(MonitorEvent6),
+}
+
+/// A report with its addresses in either family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report {
+    pub time_ns: u64,
+    pub ifindex: u32,
+    pub kind: u8,
+    pub hook: u8,
+    pub reason: u8,
+    pub proto: u8,
+    pub source: SocketAddr,
+    pub destination: SocketAddr,
+    /// Flows: the tuple the packet left with.
+    pub translated_source: SocketAddr,
+    pub translated_destination: SocketAddr,
+    pub service_id: u32,
+    pub backend_id: u32,
+    pub flags: u32,
+}
+
+impl Reported {
+    pub fn v4(&self) -> Option<&MonitorEvent> {
+        match self {
+            Reported::V4(e) => Some(e),
+            Reported::V6(_) => None,
+        }
+    }
+
+    pub fn v6(&self) -> Option<&MonitorEvent6> {
+        match self {
+            Reported::V6(e) => Some(e),
+            Reported::V4(_) => None,
+        }
+    }
+
+    pub fn report(&self) -> Report {
+        match self {
+            Reported::V4(e) => report_of(e),
+            Reported::V6(e) => report_of(e),
+        }
+    }
+}
+
+fn report_of<F: AgentFamily>(e: &MonitorEventOf<F>) -> Report {
+    let at = |addr: F::Addr, port_be: u16| {
+        SocketAddr::new(F::from_be(addr).into(), u16::from_be(port_be))
+    };
+    Report {
+        time_ns: e.time_ns,
+        ifindex: e.ifindex,
+        kind: e.kind,
+        hook: e.hook,
+        reason: e.reason,
+        proto: e.proto,
+        source: at(e.saddr_be, e.sport_be),
+        destination: at(e.daddr_be, e.dport_be),
+        translated_source: at(e.nat_saddr_be, e.nat_sport_be),
+        translated_destination: at(e.nat_daddr_be, e.nat_dport_be),
+        service_id: e.service_id,
+        backend_id: e.backend_id,
+        flags: e.flags,
+    }
+}
+
+/// Reads a record of type `T` (plain data) from a ring's bytes.
+fn read_record<T: aya::Pod>(bytes: &[u8]) -> T {
+    // SAFETY: the caller checked the length; T is plain data, and
+    // read_unaligned copes with any alignment of the ring's bytes.
+    unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) }
+}
 
 /// `CLOCK_MONOTONIC`, the programs' `bpf_ktime_get_ns`.
 pub fn monotonic_ns() -> u64 {
@@ -137,7 +219,7 @@ impl Events {
     }
 
     /// Waits up to `timeout` for reports, then takes every one there is.
-    pub fn wait(&mut self, timeout: Duration) -> Vec<MonitorEvent> {
+    pub fn wait(&mut self, timeout: Duration) -> Vec<Reported> {
         let mut fds = libc::pollfd {
             fd: self.ring.as_fd().as_raw_fd(),
             events: libc::POLLIN,
@@ -149,16 +231,18 @@ impl Events {
         self.drain()
     }
 
-    /// Every report waiting now.
-    pub fn drain(&mut self) -> Vec<MonitorEvent> {
+    /// Every report waiting now, of either family.
+    pub fn drain(&mut self) -> Vec<Reported> {
         let mut out = Vec::new();
         while let Some(item) = self.ring.next() {
-            // IPv6 reports (`MonitorEvent6`, told apart by their size) are
-            // not shown yet: `monitor` speaks IPv4 only so far.
-            if item.len() == std::mem::size_of::<MonitorEvent>() {
-                // SAFETY: the programs submit whole MonitorEvents (plain data);
-                // read_unaligned copes with any alignment of the ring's bytes.
-                out.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<MonitorEvent>()) });
+            match item.len() {
+                n if n == std::mem::size_of::<MonitorEvent>() => {
+                    out.push(Reported::V4(read_record(&item)))
+                }
+                n if n == std::mem::size_of::<MonitorEvent6>() => {
+                    out.push(Reported::V6(read_record(&item)))
+                }
+                _ => {}
             }
         }
         out

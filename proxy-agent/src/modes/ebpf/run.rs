@@ -129,8 +129,8 @@ impl Mode for EbpfMode {
         };
         Ok(Running {
             proxier: boxed(proxier),
-            // IPv6 is not served yet.
-            families: vec![IpFamily::V4],
+            // One sync programs both families' maps.
+            families: IpFamily::BOTH.to_vec(),
             metrics: Some(Box::new(datapath_metrics)),
             background: Box::pin(background),
             stop: Box::new(stop),
