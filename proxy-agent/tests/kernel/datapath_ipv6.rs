@@ -437,3 +437,36 @@ fn ipv6_load_balancer_source_ranges_admit_only_their_sources_on_lb_ips() {
     assert_eq!(&out.packet[ETH_HLEN + 24..ETH_HLEN + 40], &BACKEND.octets());
     assert_eq!(dp.counter(Counter::DropSourceRange), 1);
 }
+
+#[test]
+fn inspect_reads_both_families_frontends_and_backends() {
+    use proxy_agent::cli::inspect::{names::Naming, services};
+
+    let dp = fixture();
+    let tables = services::ServiceTables::read(&dp.maps).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let naming = Naming::load(dir.path(), &tables.service_ids(), &tables.backends);
+    let report = services::services(&tables, &naming, None);
+    let web = report
+        .frontends
+        .iter()
+        .find(|f| f.address == VIP.to_string() && f.port == 80 && f.protocol == "TCP")
+        .expect("the IPv6 frontend");
+    assert_eq!(web.kind, "ClusterIP");
+    assert_eq!(web.backends.len(), 1);
+    assert_eq!(web.backends[0].address, BACKEND.to_string());
+    assert_eq!(web.backends[0].port, TARGET_PORT);
+    assert!(
+        report
+            .frontends
+            .iter()
+            .any(|f| f.address == EMPTY_VIP.to_string()
+                && f.backends.is_empty()
+                && f.reject_when_empty)
+    );
+    assert_eq!(report.cluster_ip_markers, 2, "one per IPv6 cluster IP");
+    let only =
+        proxy_agent::cli::inspect::args::endpoint_filter(&format!("[{BACKEND}]:8080")).unwrap();
+    let backends = services::backends(&tables, &naming, Some(&only));
+    assert_eq!(backends.backends.len(), 2, "the TCP and the UDP backend");
+}

@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::{
     args::EndpointFilter,
     names::{NamesStatus, Naming},
-    services::{ip, naming_line},
+    services::naming_line,
     table::Table,
 };
 use crate::modes::ebpf::publish::protocol_name;
@@ -274,6 +274,10 @@ impl ConntrackReport {
         }
         out
     }
+}
+
+fn ip(addr_be: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from_be(addr_be))
 }
 
 #[cfg(test)]

@@ -4,13 +4,12 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    net::Ipv4Addr,
     path::Path,
 };
 
-use proxy_common::Backend;
 use serde::Serialize;
 
+use super::services::BackendEntry;
 use crate::modes::ebpf::introspect::names::{
     PublishedBackend, PublishedNames, PublishedService, names_path, read_names,
 };
@@ -38,7 +37,7 @@ impl Naming {
     pub fn load(
         state_dir: &Path,
         service_ids: &BTreeSet<u32>,
-        backends: &BTreeMap<u32, Backend>,
+        backends: &BTreeMap<u32, BackendEntry>,
     ) -> Self {
         let file = names_path(state_dir).display().to_string();
         let published = match read_names(state_dir) {
@@ -89,7 +88,11 @@ impl Naming {
 
     /// Drops the backend names that no longer match the map, and marks the
     /// file stale when the maps hold ids it does not know.
-    fn checked(mut self, service_ids: &BTreeSet<u32>, backends: &BTreeMap<u32, Backend>) -> Self {
+    fn checked(
+        mut self,
+        service_ids: &BTreeSet<u32>,
+        backends: &BTreeMap<u32, BackendEntry>,
+    ) -> Self {
         let unknown_services = service_ids
             .iter()
             .filter(|id| !self.services.contains_key(id))
@@ -129,9 +132,8 @@ impl Naming {
     }
 }
 
-fn describes(published: &PublishedBackend, backend: &Backend) -> bool {
-    published.address == Ipv4Addr::from(u32::from_be(backend.addr_be)).to_string()
-        && published.port == u16::from_be(backend.port_be)
+fn describes(published: &PublishedBackend, backend: &BackendEntry) -> bool {
+    published.address == backend.addr.to_string() && published.port == u16::from_be(backend.port_be)
 }
 
 #[cfg(test)]
@@ -156,9 +158,9 @@ mod tests {
         }
     }
 
-    fn backend(ip: [u8; 4], port: u16) -> Backend {
-        Backend {
-            addr_be: u32::from(Ipv4Addr::from(ip)).to_be(),
+    fn backend(ip: [u8; 4], port: u16) -> BackendEntry {
+        BackendEntry {
+            addr: std::net::Ipv4Addr::from(ip).into(),
             port_be: port.to_be(),
             proto: 6,
             flags: 0,

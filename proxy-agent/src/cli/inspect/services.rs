@@ -3,27 +3,75 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::IpAddr,
 };
 
 use aya::maps::{HashMap, MapData};
-use proxy_common::{Backend, BackendId, Scope, ServiceKey, ServiceValue, service::flags};
+use proxy_common::{
+    BackendId, BackendOf, Scope, ServiceKeyOf, ServiceValue, V4, V6, maps as names, service::flags,
+};
 use serde::Serialize;
 
 use super::{args::EndpointFilter, names::Naming, table::Table};
-use crate::modes::ebpf::{KernelMaps, publish::protocol_name};
+use crate::modes::ebpf::{KernelMaps, family::AgentFamily, publish::protocol_name};
 
-/// What the service and backend maps hold, read once.
+/// A service map key of either family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FrontendKey {
+    pub addr: IpAddr,
+    pub port_be: u16,
+    pub slot: u16,
+    pub proto: u8,
+    pub scope: u8,
+}
+
+/// A backend map entry of either family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackendEntry {
+    pub addr: IpAddr,
+    pub port_be: u16,
+    pub proto: u8,
+    pub flags: u8,
+}
+
+fn key_of<F: AgentFamily>(k: &ServiceKeyOf<F>) -> FrontendKey {
+    FrontendKey {
+        addr: F::from_be(k.addr_be).into(),
+        port_be: k.port_be,
+        slot: k.slot,
+        proto: k.proto,
+        scope: k.scope,
+    }
+}
+
+fn backend_of<F: AgentFamily>(b: &BackendOf<F>) -> BackendEntry {
+    BackendEntry {
+        addr: F::from_be(b.addr_be).into(),
+        port_be: b.port_be,
+        proto: b.proto,
+        flags: b.flags,
+    }
+}
+
+/// What both families' service and backend maps hold, read once.
 pub struct ServiceTables {
-    pub entries: Vec<(ServiceKey, ServiceValue)>,
-    pub backends: BTreeMap<BackendId, Backend>,
+    pub entries: Vec<(FrontendKey, ServiceValue)>,
+    pub backends: BTreeMap<BackendId, BackendEntry>,
 }
 
 impl ServiceTables {
     pub fn read(maps: &KernelMaps) -> anyhow::Result<Self> {
+        let entries4 = read_all(&maps.services, names::SERVICES)?;
+        let entries6 = read_all(&maps.v6.services, names::SERVICES6)?;
+        let backends4 = read_all(&maps.backends, names::BACKENDS)?;
+        let backends6 = read_all(&maps.v6.backends, names::BACKENDS6)?;
         Ok(ServiceTables {
-            entries: read_all(&maps.services, "SERVICES")?,
-            backends: read_all(&maps.backends, "BACKENDS")?.into_iter().collect(),
+            entries: (entries4.iter().map(|(k, v)| (key_of::<V4>(k), *v)))
+                .chain(entries6.iter().map(|(k, v)| (key_of::<V6>(k), *v)))
+                .collect(),
+            backends: (backends4.iter().map(|(id, b)| (*id, backend_of::<V4>(b))))
+                .chain(backends6.iter().map(|(id, b)| (*id, backend_of::<V6>(b))))
+                .collect(),
         })
     }
 
@@ -65,11 +113,11 @@ pub struct BackendView {
 }
 
 impl BackendView {
-    pub fn new(id: BackendId, b: Option<&Backend>, naming: &Naming) -> Self {
+    pub fn new(id: BackendId, b: Option<&BackendEntry>, naming: &Naming) -> Self {
         let named = naming.backend(id);
         BackendView {
             backend_id: id,
-            address: b.map_or_else(|| "?".into(), |b| ip(b.addr_be).to_string()),
+            address: b.map_or_else(|| "?".into(), |b| b.addr.to_string()),
             port: b.map_or(0, |b| u16::from_be(b.port_be)),
             protocol: b.map_or("?", |b| protocol_name(b.proto)),
             host_local: b.is_some_and(|b| b.flags & proxy_common::backend::flags::HOST_LOCAL != 0),
@@ -132,10 +180,10 @@ pub fn services(
     naming: &Naming,
     only: Option<&BTreeSet<u32>>,
 ) -> ServicesReport {
-    let mut slots: BTreeMap<(u32, u16, u8, u8), BTreeMap<u16, BackendId>> = BTreeMap::new();
+    let mut slots: BTreeMap<(IpAddr, u16, u8, u8), BTreeMap<u16, BackendId>> = BTreeMap::new();
     for (k, v) in tables.entries.iter().filter(|(k, _)| k.slot != 0) {
         slots
-            .entry((k.addr_be, k.port_be, k.proto, k.scope))
+            .entry((k.addr, k.port_be, k.proto, k.scope))
             .or_default()
             .insert(k.slot, v.backend_id);
     }
@@ -150,7 +198,7 @@ pub fn services(
             continue;
         }
         let named = naming.service(v.service_id);
-        let own_slots = slots.get(&(k.addr_be, k.port_be, k.proto, k.scope));
+        let own_slots = slots.get(&(k.addr, k.port_be, k.proto, k.scope));
         let backends = (1..=v.count)
             .map(|slot| {
                 let id = own_slots.and_then(|s| s.get(&slot)).copied().unwrap_or(0);
@@ -158,7 +206,7 @@ pub fn services(
             })
             .collect();
         frontends.push(FrontendView {
-            address: ip(k.addr_be).to_string(),
+            address: k.addr.to_string(),
             port: u16::from_be(k.port_be),
             protocol: protocol_name(k.proto),
             kind: v.kind().name(),
@@ -273,7 +321,7 @@ pub fn backends(
     let backends = tables
         .backends
         .iter()
-        .filter(|(_, b)| only.is_none_or(|f| f.matches(ip(b.addr_be), u16::from_be(b.port_be))))
+        .filter(|(_, b)| only.is_none_or(|f| f.matches(b.addr, u16::from_be(b.port_be))))
         .map(|(id, b)| BackendView::new(*id, Some(b), naming))
         .collect();
     BackendsReport {
@@ -314,8 +362,4 @@ pub fn naming_line(status: &super::names::NamesStatus) -> String {
         Some(note) => format!("names: {note}\n"),
         None => format!("names: {}\n", status.file),
     }
-}
-
-pub fn ip(addr_be: u32) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from_be(addr_be))
 }

@@ -2,7 +2,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{Ipv4Addr, SocketAddr},
+    net::SocketAddr,
     time::{Duration, SystemTime},
 };
 
@@ -35,10 +35,7 @@ impl Filter {
                 .entries
                 .iter()
                 .filter(|(k, v)| k.slot == 0 && ids.contains(&v.service_id))
-                .map(|(k, _)| {
-                    let ip = Ipv4Addr::from(u32::from_be(k.addr_be));
-                    (SocketAddr::new(ip.into(), u16::from_be(k.port_be)), k.proto)
-                })
+                .map(|(k, _)| (SocketAddr::new(k.addr, u16::from_be(k.port_be)), k.proto))
                 .collect();
         }
         self
