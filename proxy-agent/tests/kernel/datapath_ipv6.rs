@@ -470,3 +470,41 @@ fn inspect_reads_both_families_frontends_and_backends() {
     let backends = services::backends(&tables, &naming, Some(&only));
     assert_eq!(backends.backends.len(), 2, "the TCP and the UDP backend");
 }
+
+#[test]
+fn ipv6_tc_from_host_translates_replies_of_live_flows_and_nothing_else() {
+    // BPF_PROG_TEST_RUN gives its skb a socket, as the node's own sockets'
+    // packets have: the reply of a live flow (a hostNetwork endpoint's)
+    // gets the frontend back as its source; a packet of no flow passes.
+    let dp = fixture();
+    let request = V6Frame::tcp(CLIENT, 40003, VIP, 80);
+    test_run::from_pod(&dp.ebpf, &request.build(b"ping")).unwrap();
+    let reply = V6Frame {
+        tcp_flags: ACK,
+        ..V6Frame::tcp(BACKEND, TARGET_PORT, CLIENT, 40003)
+    };
+    let out = test_run::run(
+        &dp.ebpf,
+        test_run::Hook::FromHost,
+        &reply.build(b"pong"),
+        0,
+        1,
+    )
+    .unwrap();
+    assert_eq!(out.verdict, TC_ACT_OK);
+    let restored = V6Frame {
+        src: VIP,
+        sport: 80,
+        ..reply
+    };
+    assert_eq!(out.packet, restored.build(b"pong"));
+    let stranger = V6Frame {
+        tcp_flags: ACK,
+        ..V6Frame::tcp(BACKEND, TARGET_PORT, CLIENT, 40999)
+    }
+    .build(b"pong");
+    let out = test_run::run(&dp.ebpf, test_run::Hook::FromHost, &stranger, 0, 1).unwrap();
+    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &stranger));
+    assert_eq!(dp.counter(Counter::HostReply), 1);
+    assert_eq!(dp.counter(Counter::ReplyNat), 0);
+}
