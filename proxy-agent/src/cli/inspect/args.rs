@@ -1,7 +1,7 @@
 //! `proxy-agent inspect`'s command line.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv6Addr},
     path::PathBuf,
 };
 
@@ -45,8 +45,8 @@ pub struct InspectArgs {
     #[arg(long, value_name = "IP[:PORT]", value_parser = endpoint_filter)]
     pub endpoint: Option<EndpointFilter>,
     /// conntrack: only flows of this client
-    #[arg(long, value_name = "IP", value_parser = ipv4)]
-    pub client: Option<Ipv4Addr>,
+    #[arg(long, value_name = "IP")]
+    pub client: Option<IpAddr>,
     /// conntrack: the N clients, services and backends with the most entries
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub top: Option<u32>,
@@ -188,6 +188,8 @@ impl InspectArgs {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     #[test]

@@ -4,10 +4,10 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    net::Ipv4Addr,
+    net::{IpAddr, SocketAddr},
 };
 
-use proxy_common::{CtDirection, CtKey, CtValue, conntrack::flags};
+use proxy_common::{CtDirection, CtKeyOf, CtValueOf, conntrack::flags};
 use serde::Serialize;
 
 use super::{
@@ -16,14 +16,56 @@ use super::{
     services::naming_line,
     table::Table,
 };
-use crate::modes::ebpf::publish::protocol_name;
+use crate::modes::ebpf::{family::AgentFamily, publish::protocol_name};
+
+/// One conntrack entry of either family, with its addresses as the packets carry them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flow {
+    pub forward: bool,
+    pub proto: u8,
+    /// The key: the packet's source and destination.
+    pub source: SocketAddr,
+    pub destination: SocketAddr,
+    /// Forward: the backend. Reply: the frontend restored as source.
+    pub nat: SocketAddr,
+    /// Forward: the masquerade source. Reply: the client restored as
+    /// destination. `None` without source NAT.
+    pub snat: Option<SocketAddr>,
+    pub flags: u16,
+    pub service_id: u32,
+    pub backend_id: u32,
+    pub last_seen_ns: u64,
+    pub created_ns: u64,
+}
+
+impl Flow {
+    pub fn of<F: AgentFamily>(k: &CtKeyOf<F>, v: &CtValueOf<F>) -> Flow {
+        let at = |addr: F::Addr, port_be: u16| {
+            SocketAddr::new(F::from_be(addr).into(), u16::from_be(port_be))
+        };
+        Flow {
+            forward: k.direction == CtDirection::Forward as u8,
+            proto: k.proto,
+            source: at(k.saddr_be, k.sport_be),
+            destination: at(k.daddr_be, k.dport_be),
+            nat: at(v.nat_addr_be, v.nat_port_be),
+            snat: (v.snat_addr_be != F::Addr::default())
+                .then(|| at(v.snat_addr_be, v.snat_port_be)),
+            flags: v.flags,
+            service_id: v.service_id,
+            backend_id: v.backend_id,
+            last_seen_ns: v.last_seen_ns,
+            created_ns: v.created_ns,
+        }
+    }
+}
 
 /// What to keep.
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
     pub service_ids: Option<BTreeSet<u32>>,
     pub endpoint: Option<EndpointFilter>,
-    pub client: Option<Ipv4Addr>,
+    pub client: Option<IpAddr>,
 }
 
 /// One entry, in the client's and backend's terms whichever its direction.
@@ -80,32 +122,24 @@ pub struct ConntrackReport {
 /// The client and backend of an entry: the client sent the forward
 /// direction; a reply is keyed by the backend's packet to the client, or to
 /// the masquerade address (then the client is remembered in the value).
-fn client_and_backend(k: &CtKey, v: &CtValue) -> ((Ipv4Addr, u16), (Ipv4Addr, u16)) {
-    if k.direction == CtDirection::Forward as u8 {
-        (
-            (ip(k.saddr_be), u16::from_be(k.sport_be)),
-            (ip(v.nat_addr_be), u16::from_be(v.nat_port_be)),
-        )
+fn client_and_backend(f: &Flow) -> (SocketAddr, SocketAddr) {
+    if f.forward {
+        (f.source, f.nat)
     } else {
-        let client = if v.snat_addr_be != 0 {
-            (ip(v.snat_addr_be), u16::from_be(v.snat_port_be))
-        } else {
-            (ip(k.daddr_be), u16::from_be(k.dport_be))
-        };
-        (client, (ip(k.saddr_be), u16::from_be(k.sport_be)))
+        (f.snat.unwrap_or(f.destination), f.source)
     }
 }
 
 impl Filter {
-    pub fn keeps(&self, k: &CtKey, v: &CtValue) -> bool {
-        let (client, backend) = client_and_backend(k, v);
+    pub fn keeps(&self, f: &Flow) -> bool {
+        let (client, backend) = client_and_backend(f);
         self.service_ids
             .as_ref()
-            .is_none_or(|ids| ids.contains(&v.service_id))
-            && self.client.is_none_or(|c| c == client.0)
+            .is_none_or(|ids| ids.contains(&f.service_id))
+            && self.client.is_none_or(|c| c == client.ip())
             && self
                 .endpoint
-                .is_none_or(|e| e.matches(backend.0, backend.1))
+                .is_none_or(|e| e.matches(backend.ip(), backend.port()))
     }
 }
 
@@ -119,36 +153,36 @@ pub struct Options<'a> {
 }
 
 pub fn report(
-    entries: impl Iterator<Item = (CtKey, CtValue)>,
+    entries: impl Iterator<Item = Flow>,
     naming: &Naming,
     opts: &Options<'_>,
 ) -> ConntrackReport {
     let (mut total, mut matched) = (0u64, 0u64);
     let mut shown = Vec::new();
-    let mut clients: HashMap<Ipv4Addr, u64> = HashMap::new();
+    let mut clients: HashMap<IpAddr, u64> = HashMap::new();
     let mut services: HashMap<u32, u64> = HashMap::new();
-    let mut backends: HashMap<(Ipv4Addr, u16), u64> = HashMap::new();
-    for (k, v) in entries {
+    let mut backends: HashMap<SocketAddr, u64> = HashMap::new();
+    for f in entries {
         total += 1;
-        if !opts.filter.keeps(&k, &v) {
+        if !opts.filter.keeps(&f) {
             continue;
         }
         matched += 1;
         if opts.top.is_some() {
-            let (client, backend) = client_and_backend(&k, &v);
-            *clients.entry(client.0).or_default() += 1;
-            *services.entry(v.service_id).or_default() += 1;
+            let (client, backend) = client_and_backend(&f);
+            *clients.entry(client.ip()).or_default() += 1;
+            *services.entry(f.service_id).or_default() += 1;
             *backends.entry(backend).or_default() += 1;
         }
         if shown.len() < opts.limit {
-            shown.push(view(&k, &v, naming, opts.now_ns));
+            shown.push(view(&f, naming, opts.now_ns));
         }
     }
     shown.sort_by(|a: &EntryView, b| (&a.client, a.direction).cmp(&(&b.client, b.direction)));
     let top = opts.top.map(|n| Top {
         clients: heaviest(clients, n, |c| c.to_string()),
         services: heaviest(services, n, |id| service_name(naming, *id)),
-        backends: heaviest(backends, n, |(a, p)| format!("{a}:{p}")),
+        backends: heaviest(backends, n, |b| b.to_string()),
     });
     ConntrackReport {
         names: naming.status.clone(),
@@ -180,11 +214,12 @@ pub fn heaviest<K>(counts: HashMap<K, u64>, n: u32, name: impl Fn(&K) -> String)
     all
 }
 
-fn view(k: &CtKey, v: &CtValue, naming: &Naming, now_ns: u64) -> EntryView {
-    let (client, backend) = client_and_backend(k, v);
-    let forward = k.direction == CtDirection::Forward as u8;
-    let snat = (v.flags & flags::SNAT != 0 && v.snat_addr_be != 0 && forward)
-        .then(|| format!("{}:{}", ip(v.snat_addr_be), u16::from_be(v.snat_port_be)));
+fn view(f: &Flow, naming: &Naming, now_ns: u64) -> EntryView {
+    let (client, backend) = client_and_backend(f);
+    let snat = f
+        .snat
+        .filter(|_| f.flags & flags::SNAT != 0 && f.forward)
+        .map(|s| s.to_string());
     let names = [
         (flags::SEEN_REPLY, "seen_reply"),
         (flags::CLOSING, "closing"),
@@ -195,23 +230,23 @@ fn view(k: &CtKey, v: &CtValue, naming: &Naming, now_ns: u64) -> EntryView {
     ];
     let seconds = |t: u64| now_ns.saturating_sub(t) as f64 / 1e9;
     EntryView {
-        direction: if forward { "forward" } else { "reply" },
-        protocol: protocol_name(k.proto),
-        source: format!("{}:{}", ip(k.saddr_be), u16::from_be(k.sport_be)),
-        destination: format!("{}:{}", ip(k.daddr_be), u16::from_be(k.dport_be)),
-        client: format!("{}:{}", client.0, client.1),
-        backend: format!("{}:{}", backend.0, backend.1),
-        service_id: v.service_id,
-        service: naming.service(v.service_id).map(|s| s.port_name()),
-        backend_id: v.backend_id,
+        direction: if f.forward { "forward" } else { "reply" },
+        protocol: protocol_name(f.proto),
+        source: f.source.to_string(),
+        destination: f.destination.to_string(),
+        client: client.to_string(),
+        backend: backend.to_string(),
+        service_id: f.service_id,
+        service: naming.service(f.service_id).map(|s| s.port_name()),
+        backend_id: f.backend_id,
         snat,
         flags: names
             .iter()
-            .filter(|(bit, _)| v.flags & bit != 0)
+            .filter(|(bit, _)| f.flags & bit != 0)
             .map(|(_, n)| *n)
             .collect(),
-        idle_seconds: seconds(v.last_seen_ns),
-        age_seconds: seconds(v.created_ns),
+        idle_seconds: seconds(f.last_seen_ns),
+        age_seconds: seconds(f.created_ns),
     }
 }
 
@@ -276,19 +311,19 @@ impl ConntrackReport {
     }
 }
 
-fn ip(addr_be: u32) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from_be(addr_be))
-}
-
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use proxy_common::{CtKey, CtKey6, CtValue, CtValue6, V4, V6};
+
     use super::*;
 
     fn be(a: [u8; 4]) -> u32 {
         u32::from(Ipv4Addr::from(a)).to_be()
     }
 
-    fn forward(client: [u8; 4], backend: [u8; 4], service_id: u32) -> (CtKey, CtValue) {
+    fn forward(client: [u8; 4], backend: [u8; 4], service_id: u32) -> Flow {
         let k = CtKey::new(
             be(client),
             be([198, 19, 0, 10]),
@@ -303,10 +338,10 @@ mod tests {
             service_id,
             ..Default::default()
         };
-        (k, v)
+        Flow::of::<V4>(&k, &v)
     }
 
-    fn reply_masqueraded(client: [u8; 4], backend: [u8; 4]) -> (CtKey, CtValue) {
+    fn reply_masqueraded(client: [u8; 4], backend: [u8; 4]) -> Flow {
         let k = CtKey::new(
             be(backend),
             be([198, 18, 0, 1]),
@@ -321,34 +356,56 @@ mod tests {
             service_id: 1,
             ..Default::default()
         };
-        (k, v)
+        Flow::of::<V4>(&k, &v)
     }
 
     #[test]
     fn both_directions_of_a_flow_belong_to_its_client_and_backend() {
-        let (k, v) = forward([198, 18, 0, 100], [198, 18, 2, 10], 1);
+        let flow = forward([198, 18, 0, 100], [198, 18, 2, 10], 1);
         assert_eq!(
-            client_and_backend(&k, &v).0.0,
+            client_and_backend(&flow).0.ip(),
             Ipv4Addr::new(198, 18, 0, 100)
         );
-        let (k, v) = reply_masqueraded([198, 18, 0, 100], [198, 18, 2, 10]);
-        let (client, backend) = client_and_backend(&k, &v);
-        assert_eq!(client, (Ipv4Addr::new(198, 18, 0, 100), 40000));
-        assert_eq!(backend, (Ipv4Addr::new(198, 18, 2, 10), 8080));
+        let flow = reply_masqueraded([198, 18, 0, 100], [198, 18, 2, 10]);
+        let (client, backend) = client_and_backend(&flow);
+        assert_eq!(client, "198.18.0.100:40000".parse().unwrap());
+        assert_eq!(backend, "198.18.2.10:8080".parse().unwrap());
         let f = Filter {
-            client: Some(Ipv4Addr::new(198, 18, 0, 100)),
+            client: Some(Ipv4Addr::new(198, 18, 0, 100).into()),
             endpoint: Some(EndpointFilter {
                 ip: Ipv4Addr::new(198, 18, 2, 10).into(),
                 port: Some(8080),
             }),
             service_ids: Some(BTreeSet::from([1])),
         };
-        assert!(f.keeps(&k, &v));
+        assert!(f.keeps(&flow));
         let other = Filter {
-            client: Some(Ipv4Addr::new(198, 18, 0, 101)),
+            client: Some(Ipv4Addr::new(198, 18, 0, 101).into()),
             ..Default::default()
         };
-        assert!(!other.keeps(&k, &v));
+        assert!(!other.keeps(&flow));
+    }
+
+    #[test]
+    fn an_ipv6_reply_entry_names_its_client_and_backend() {
+        let ip = |s: &str| V6::to_be(s.parse::<Ipv6Addr>().unwrap());
+        let k = CtKey6::new(
+            ip("2001:db8:2::10"),
+            ip("2001:db8:100::1"),
+            8080u16.to_be(),
+            61000u16.to_be(),
+            6,
+            CtDirection::Reply,
+        );
+        let v = CtValue6 {
+            snat_addr_be: ip("2001:db8:100::2"),
+            snat_port_be: 40000u16.to_be(),
+            flags: flags::SNAT,
+            ..Default::default()
+        };
+        let (client, backend) = client_and_backend(&Flow::of::<V6>(&k, &v));
+        assert_eq!(client, "[2001:db8:100::2]:40000".parse().unwrap());
+        assert_eq!(backend, "[2001:db8:2::10]:8080".parse().unwrap());
     }
 
     #[test]
