@@ -24,7 +24,7 @@ static RINGS: [&RingBuf; MONITOR_SLOTS] = [
     &MONITOR_RING_3,
 ];
 
-/// The tuple an event is about, before and (for flows) after translation.
+/// What a socket hook was asked for (a refused connect or send).
 #[derive(Clone, Copy, Default)]
 pub struct Tuple<F: Family> {
     pub saddr_be: F::Addr,
