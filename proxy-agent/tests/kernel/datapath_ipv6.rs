@@ -3,7 +3,10 @@
 //! frames built here independently (RFC 8200 headers, RFC 8200 §8.1
 //! pseudo-header checksums, RFC 4443 errors).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
 use proxy_agent::{
     model::{DesiredService, Endpoint, Protocol, ServicePortName},
@@ -507,4 +510,79 @@ fn ipv6_tc_from_host_translates_replies_of_live_flows_and_nothing_else() {
     assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &stranger));
     assert_eq!(dp.counter(Counter::HostReply), 1);
     assert_eq!(dp.counter(Counter::ReplyNat), 0);
+}
+
+#[test]
+fn ipv6_a_syn_on_a_reset_flows_tuple_opens_a_new_connection() {
+    let dp = fixture();
+    let segment = |flags: u8| {
+        let f = V6Frame {
+            tcp_flags: flags,
+            ..V6Frame::tcp(CLIENT, 40010, VIP, 80)
+        };
+        test_run::from_pod(&dp.ebpf, &f.build(b"")).unwrap()
+    };
+    segment(SYN);
+    let synack = V6Frame {
+        tcp_flags: SYN | ACK,
+        ..V6Frame::tcp(BACKEND, TARGET_PORT, CLIENT, 40010)
+    };
+    test_run::from_pod(&dp.ebpf, &synack.build(b"")).unwrap();
+    segment(ACK);
+    segment(RST | ACK);
+    assert_eq!(dp.counter(Counter::Reopened), 0);
+    let again = segment(SYN);
+    assert_eq!(
+        &again.packet[ETH_HLEN + 24..ETH_HLEN + 40],
+        &BACKEND.octets()
+    );
+    assert_eq!(
+        dp.counter(Counter::Reopened),
+        1,
+        "the reset flow's tuple reopened"
+    );
+    assert_eq!(dp.counter(Counter::NewFlow), 2);
+}
+
+#[test]
+fn ipv6_an_evicted_reply_half_of_a_live_flow_is_rebuilt_from_the_forward_half() {
+    use aya::maps::IterableMap as _;
+    use proxy_common::{CtDirection, CtKey6};
+
+    let mut dp = fixture();
+    let request = V6Frame::tcp(CLIENT, 40020, VIP, 80);
+    test_run::from_pod(&dp.ebpf, &request.build(b"")).unwrap();
+    let replies: Vec<CtKey6> = dp
+        .maps
+        .v6
+        .conntrack
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| k.direction == CtDirection::Reply as u8)
+        .collect();
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    dp.maps.v6.conntrack.remove(&replies[0]).unwrap();
+    // The forward half refreshes (and so checks its twin) at most once a second.
+    std::thread::sleep(Duration::from_millis(1_100));
+    let ack = V6Frame {
+        tcp_flags: ACK,
+        ..request
+    };
+    test_run::from_pod(&dp.ebpf, &ack.build(b"")).unwrap();
+    assert_eq!(dp.counter(Counter::ConntrackRebuilt), 1);
+    let reply = V6Frame {
+        tcp_flags: ACK,
+        ..V6Frame::tcp(BACKEND, TARGET_PORT, CLIENT, 40020)
+    };
+    let out = test_run::from_pod(&dp.ebpf, &reply.build(b"")).unwrap();
+    let restored = V6Frame {
+        src: VIP,
+        sport: 80,
+        ..reply
+    };
+    assert_eq!(
+        out.packet,
+        restored.build(b""),
+        "the rebuilt half translates the reply"
+    );
 }
