@@ -546,7 +546,6 @@ fn ipv6_a_syn_on_a_reset_flows_tuple_opens_a_new_connection() {
 
 #[test]
 fn ipv6_an_evicted_reply_half_of_a_live_flow_is_rebuilt_from_the_forward_half() {
-    use aya::maps::IterableMap as _;
     use proxy_common::{CtDirection, CtKey6};
 
     let mut dp = fixture();
