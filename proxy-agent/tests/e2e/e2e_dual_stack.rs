@@ -14,7 +14,10 @@ use std::{
     time::Duration,
 };
 
-use crate::support::{Agent, wait_for};
+use crate::{
+    sock_client::{self, Op, Outcome, Place},
+    support::{Agent, wait_for},
+};
 use testbed::{
     EXTERNAL_CLIENT_IP, EXTERNAL_CLIENT_IP6, NODE_EXTERNAL_IP, NODE_EXTERNAL_IP6, Testbed, netns,
     servers,
@@ -229,6 +232,33 @@ fn dual_stack_end_to_end(xdp_mode: &str, expect_logged: &str) {
             .all(|p| *p == IpAddr::V6(client6) || *p == IpAddr::V4(client4)),
         "no connection crossed families, none was masqueraded: {seen:?}"
     );
+
+    // The node's own sockets (socket-level balancing, the IPv6 hooks): a
+    // connect or send to an IPv6 cluster IP goes to an IPv6 backend, and
+    // getpeername / recvmsg show the cluster IP. The node has no route to
+    // the service range: only the hooks can make these succeed.
+    let host = Place {
+        cgroup: agent
+            .cgroup
+            .as_ref()
+            .expect("the agent's test cgroup")
+            .path
+            .clone(),
+        netns: tb.node_ns.clone(),
+    };
+    for op in [Op::Tcp, Op::Udp, Op::UdpConnected] {
+        match sock_client::run(&host, op, vip6) {
+            Outcome::Answered { identity, peer } => {
+                assert!(BACKENDS.contains(&identity.as_str()), "{op:?}: {identity}");
+                assert_eq!(peer, vip6, "{op:?}: the application sees the cluster IP");
+            }
+            other => panic!(
+                "{op:?} from the node to {vip6}: {other:?}\n{}",
+                agent.log_text()
+            ),
+        }
+    }
+    sources(&servers);
 
     // From outside: the NodePort on the node's addresses, the external IPs
     // and the LB IPs of both families. eTP Cluster masquerades to the

@@ -248,8 +248,13 @@ fn tcp(dst: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
     Ok((peer, identity))
 }
 
+/// The unspecified address of `dst`'s family, to bind a client to.
+fn any_of(dst: SocketAddr) -> &'static str {
+    if dst.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }
+}
+
 fn udp(dst: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
-    let sock = UdpSocket::bind("0.0.0.0:0")?;
+    let sock = UdpSocket::bind(any_of(dst))?;
     sock.set_read_timeout(Some(TIMEOUT))?;
     sock.send_to(b"who", dst)?;
     let mut buf = [0u8; 1500];
@@ -258,7 +263,7 @@ fn udp(dst: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
 }
 
 fn udp_connected(dst: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
-    let sock = UdpSocket::bind("0.0.0.0:0")?;
+    let sock = UdpSocket::bind(any_of(dst))?;
     sock.set_read_timeout(Some(TIMEOUT))?;
     sock.connect(dst)?;
     sock.send(b"who")?;
@@ -275,7 +280,7 @@ fn stream(dst: SocketAddr) -> ! {
     use std::io::Write as _;
     loop {
         let failure = (|| -> std::io::Error {
-            let sock = match UdpSocket::bind("0.0.0.0:0").and_then(|s| s.connect(dst).map(|()| s)) {
+            let sock = match UdpSocket::bind(any_of(dst)).and_then(|s| s.connect(dst).map(|()| s)) {
                 Ok(sock) => sock,
                 Err(e) => return e,
             };
