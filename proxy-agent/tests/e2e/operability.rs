@@ -229,6 +229,10 @@ fn health_check_node_ports_follow_endpoints_and_nodes_drain_on_deletion() {
     assert!(
         sample(r#"kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}"#) > 1.7e9
     );
+    // One sync programs both families' maps: both are reported.
+    assert!(
+        sample(r#"kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"}"#) > 1.7e9
+    );
     assert!(sample("kubeproxy_sync_proxy_rules_service_changes_total") >= 2.0);
     assert!(sample("kubeproxy_sync_proxy_rules_endpoint_changes_total") >= 2.0);
     assert!(
