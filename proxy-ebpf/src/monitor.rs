@@ -24,7 +24,7 @@ static RINGS: [&RingBuf; MONITOR_SLOTS] = [
     &MONITOR_RING_3,
 ];
 
-/// What a socket hook was asked for (a refused connect or send).
+/// The tuple an event is about: a packet's, or what a socket hook was asked for.
 #[derive(Clone, Copy, Default)]
 pub struct Tuple<F: Family> {
     pub saddr_be: F::Addr,
@@ -87,12 +87,7 @@ pub fn dropped<F: Ip>(what: u8, hook: u8, ifindex: u32, pkt: &Packet<F>, reason:
         e.hook = hook;
         e.ifindex = ifindex;
         e.reason = reason as u8;
-        e.saddr_be = pkt.saddr_be;
-        e.daddr_be = pkt.daddr_be;
-        e.sport_be = pkt.sport_be;
-        e.dport_be = pkt.dport_be;
-        e.proto = pkt.proto;
-        e.family = family_byte::<F>();
+        put_packet(e, pkt);
     });
 }
 
@@ -142,13 +137,22 @@ pub fn flow<F: Ip>(at: &Arrival, pkt: &Packet<F>, out: &Rewrite<F>, ids: &FlowId
         e.nat_sport_be = out.sport_be;
         e.nat_dport_be = out.dport_be;
         e.flags = if ids.snat { event_flags::SNAT } else { 0 };
-        e.saddr_be = pkt.saddr_be;
-        e.daddr_be = pkt.daddr_be;
-        e.sport_be = pkt.sport_be;
-        e.dport_be = pkt.dport_be;
-        e.proto = pkt.proto;
-        e.family = family_byte::<F>();
+        put_packet(e, pkt);
     });
+}
+
+#[inline(always)]
+fn put_packet<F: Ip>(e: &mut MonitorEventOf<F>, pkt: &Packet<F>) {
+    put_tuple(
+        e,
+        &Tuple {
+            saddr_be: pkt.saddr_be,
+            daddr_be: pkt.daddr_be,
+            sport_be: pkt.sport_be,
+            dport_be: pkt.dport_be,
+            proto: pkt.proto,
+        },
+    );
 }
 
 #[inline(always)]

@@ -156,10 +156,6 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         self.capacity = Some(capacity);
     }
 
-    pub fn node_addresses(&self) -> &NodeAddressesOf<F> {
-        &self.node
-    }
-
     /// The id of every service port programmed (or being programmed).
     pub fn service_ids(&self) -> impl Iterator<Item = (&ServicePortName, u32)> {
         self.service_ids.iter().map(|(name, id)| (name, *id))
@@ -745,10 +741,6 @@ impl Programmer {
     pub fn set_capacity(&mut self, capacity: Capacity) {
         self.v4.set_capacity(capacity);
         self.v6.set_capacity(capacity);
-    }
-
-    pub fn node_addresses(&self) -> &NodeAddresses {
-        self.v4.node_addresses()
     }
 
     /// The id of every service port programmed, in either family (a
