@@ -390,6 +390,9 @@ impl Tier {
         let verdict = out.verdict;
         ensure!(verdict == TC_ACT_REDIRECT, "probe flow: verdict {verdict}");
         let backend = Frame::parse(&out.packet).context("probe flow: output is no TCP frame")?;
+        let IpAddr::V4(backend_ip) = backend.dst else {
+            bail!("probe flow: left as IPv6");
+        };
 
         // The mirror service: the probe's backend address:port balanced back to the VIP.
         let mirror = port_name("mirror");
@@ -397,13 +400,13 @@ impl Tier {
             mirror.clone(),
             DesiredService::cluster_ip(
                 mirror,
-                vec![IpAddr::V4(backend.dst)],
+                vec![IpAddr::V4(backend_ip)],
                 backend.dport,
                 vec![Endpoint::new(IpAddr::V4(vip), port)],
             ),
         );
         programmer.sync(&state, &mut tier.maps)?;
-        let to_backend = tcp(PROBE_POD, (backend.dst, backend.dport), tcp_flags::SYN);
+        let to_backend = tcp(PROBE_POD, (backend_ip, backend.dport), tcp_flags::SYN);
         let before = tier.counters()?;
         tier.run(Hook::Tc, &to_backend, 1)?;
         tier.expect("mirror flow setup", before, 1, TC_NEW)?;

@@ -1,14 +1,24 @@
-//! Building and reading IPv4 TCP/UDP frames, for `BPF_PROG_TEST_RUN` and
-//! anything else that needs to craft or check a packet byte for byte.
+//! Building and reading Ethernet + IPv4/IPv6 + TCP/UDP frames, for
+//! `BPF_PROG_TEST_RUN` and anything else that needs to craft or check a
+//! packet byte for byte. The family of a frame is the family of its
+//! addresses; everything here answers for both.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proxy_common::proto;
 
 pub const ETH_HLEN: usize = 14;
 pub const IPV4_HLEN: usize = 20;
+pub const IPV6_HLEN: usize = 40;
 pub const TCP_HLEN: usize = 20;
 pub const UDP_HLEN: usize = 8;
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+
+/// IPv6 extension headers [`Frame::parse`] walks (RFC 8200 §4): hop-by-hop,
+/// routing, fragment, destination options.
+const IPV6_EXTENSIONS: [u8; 4] = [0, 43, 44, 60];
+const IPV6_MAX_EXTENSIONS: usize = 8;
 
 /// TCP flags as they sit in byte 13 of the TCP header.
 pub mod tcp_flags {
@@ -21,31 +31,28 @@ pub mod tcp_flags {
 /// The fields of a frame the datapath looks at or rewrites.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Frame {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
 }
 
 impl Frame {
-    pub fn tcp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Self {
+    pub fn tcp(src: impl Into<IpAddr>, sport: u16, dst: impl Into<IpAddr>, dport: u16) -> Self {
         Self {
-            src,
-            dst,
+            src: src.into(),
+            dst: dst.into(),
             sport,
             dport,
             proto: proto::TCP,
         }
     }
 
-    pub fn udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Self {
+    pub fn udp(src: impl Into<IpAddr>, sport: u16, dst: impl Into<IpAddr>, dport: u16) -> Self {
         Self {
-            src,
-            dst,
-            sport,
-            dport,
             proto: proto::UDP,
+            ..Self::tcp(src, sport, dst, dport)
         }
     }
 
@@ -60,27 +67,43 @@ impl Frame {
         }
     }
 
-    /// An Ethernet + IPv4 + TCP (SYN) or UDP frame with `payload` and valid checksums.
+    pub fn is_ipv6(&self) -> bool {
+        self.src.is_ipv6()
+    }
+
+    /// An Ethernet + IPv4/IPv6 + TCP (SYN) or UDP frame with `payload` and
+    /// valid checksums. Panics if the two addresses are of different families.
     pub fn build(&self, payload: &[u8]) -> Vec<u8> {
         let l4_len = if self.proto == proto::TCP {
             TCP_HLEN
         } else {
             UDP_HLEN
         } + payload.len();
-        let mut pkt = vec![0u8; ETH_HLEN + IPV4_HLEN + l4_len];
-        pkt[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x02]);
-        pkt[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
-        pkt[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-        let ip = &mut pkt[ETH_HLEN..ETH_HLEN + IPV4_HLEN];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&((IPV4_HLEN + l4_len) as u16).to_be_bytes());
-        ip[4..6].copy_from_slice(&0x1234u16.to_be_bytes());
-        ip[6] = 0x40; // don't fragment
-        ip[8] = 64;
-        ip[9] = self.proto;
-        ip[12..16].copy_from_slice(&self.src.octets());
-        ip[16..20].copy_from_slice(&self.dst.octets());
-        let l4 = &mut pkt[ETH_HLEN + IPV4_HLEN..];
+        let mut pkt = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01];
+        match (self.src, self.dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => {
+                pkt.extend(ETH_P_IP.to_be_bytes());
+                pkt.extend([0x45, 0]);
+                pkt.extend(((IPV4_HLEN + l4_len) as u16).to_be_bytes());
+                pkt.extend(0x1234u16.to_be_bytes());
+                pkt.extend([0x40, 0]); // don't fragment
+                pkt.extend([64, self.proto, 0, 0]);
+                pkt.extend(src.octets());
+                pkt.extend(dst.octets());
+            }
+            (IpAddr::V6(src), IpAddr::V6(dst)) => {
+                pkt.extend(ETH_P_IPV6.to_be_bytes());
+                pkt.extend([0x60, 0, 0, 0]);
+                pkt.extend((l4_len as u16).to_be_bytes());
+                pkt.extend([self.proto, 64]);
+                pkt.extend(src.octets());
+                pkt.extend(dst.octets());
+            }
+            (src, dst) => panic!("a frame from {src} to {dst} mixes address families"),
+        }
+        let l4 = pkt.len();
+        pkt.resize(l4 + l4_len, 0);
+        let l4 = &mut pkt[l4..];
         l4[0..2].copy_from_slice(&self.sport.to_be_bytes());
         l4[2..4].copy_from_slice(&self.dport.to_be_bytes());
         if self.proto == proto::TCP {
@@ -97,69 +120,172 @@ impl Frame {
         pkt
     }
 
-    /// Reads the addresses and ports of an Ethernet + IPv4 + TCP/UDP frame.
+    /// Reads the addresses and ports of an Ethernet + IPv4/IPv6 + TCP/UDP
+    /// frame (IPv6: after any extension headers of [`IPV6_EXTENSIONS`]).
     pub fn parse(pkt: &[u8]) -> Option<Self> {
-        if pkt.len() < ETH_HLEN + IPV4_HLEN + 4 || pkt[12..14] != [0x08, 0x00] {
-            return None;
-        }
+        let layout = Layout::of(pkt)?;
+        let l4 = pkt.get(layout.l4..layout.l4 + 4)?;
         let ip = &pkt[ETH_HLEN..];
-        let ihl = (ip[0] & 0x0f) as usize * 4;
-        let l4 = pkt.get(ETH_HLEN + ihl..ETH_HLEN + ihl + 4)?;
+        let (src, dst) = if layout.ipv6 {
+            let addr = |at: usize| {
+                IpAddr::V6(Ipv6Addr::from(
+                    <[u8; 16]>::try_from(&ip[at..at + 16]).unwrap(),
+                ))
+            };
+            (addr(8), addr(24))
+        } else {
+            let addr =
+                |at: usize| IpAddr::V4(Ipv4Addr::new(ip[at], ip[at + 1], ip[at + 2], ip[at + 3]));
+            (addr(12), addr(16))
+        };
         Some(Self {
-            src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
-            dst: Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+            src,
+            dst,
             sport: u16::from_be_bytes([l4[0], l4[1]]),
             dport: u16::from_be_bytes([l4[2], l4[3]]),
-            proto: ip[9],
+            proto: layout.proto,
         })
+    }
+}
+
+/// Where the parts of a frame sit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub ipv6: bool,
+    /// Offset of the L4 header in the frame.
+    pub l4: usize,
+    /// The L4 protocol (IPv6: the last next-header value).
+    pub proto: u8,
+}
+
+impl Layout {
+    /// The layout of an Ethernet + IPv4/IPv6 frame, `None` for other
+    /// ethertypes and headers too short to hold their own length.
+    pub fn of(pkt: &[u8]) -> Option<Self> {
+        let ethertype = u16::from_be_bytes(pkt.get(12..14)?.try_into().ok()?);
+        match ethertype {
+            ETH_P_IP => {
+                let ip = pkt.get(ETH_HLEN..ETH_HLEN + IPV4_HLEN)?;
+                Some(Self {
+                    ipv6: false,
+                    l4: ETH_HLEN + (ip[0] & 0x0f) as usize * 4,
+                    proto: ip[9],
+                })
+            }
+            ETH_P_IPV6 => {
+                let ip = pkt.get(ETH_HLEN..ETH_HLEN + IPV6_HLEN)?;
+                let mut next = ip[6];
+                let mut at = ETH_HLEN + IPV6_HLEN;
+                for _ in 0..IPV6_MAX_EXTENSIONS {
+                    if !IPV6_EXTENSIONS.contains(&next) {
+                        break;
+                    }
+                    let ext = pkt.get(at..at + 2)?;
+                    let len = if next == 44 {
+                        8
+                    } else {
+                        (ext[1] as usize + 1) * 8
+                    };
+                    next = ext[0];
+                    at += len;
+                }
+                Some(Self {
+                    ipv6: true,
+                    l4: at,
+                    proto: next,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Offset of the TTL (IPv4) or hop limit (IPv6) byte.
+    pub fn ttl(&self) -> usize {
+        ETH_HLEN + if self.ipv6 { 7 } else { 8 }
+    }
+
+    /// Offset of the L4 checksum field.
+    pub fn l4_checksum(&self) -> usize {
+        self.l4
+            + match self.proto {
+                proto::TCP => 16,
+                proto::UDP => 6,
+                _ => 2, // ICMP, ICMPv6
+            }
     }
 }
 
 /// Offset of the L4 checksum field within the frame.
 pub fn l4_checksum_offset(pkt: &[u8]) -> usize {
-    let l4 = ETH_HLEN + (pkt[ETH_HLEN] & 0x0f) as usize * 4;
-    if pkt[ETH_HLEN + 9] == proto::TCP {
-        l4 + 16
-    } else {
-        l4 + 6
-    }
+    Layout::of(pkt).expect("an IP frame").l4_checksum()
 }
 
-/// Recomputes the IPv4 header and TCP/UDP checksums in place.
+/// Sets the TTL (hop limit) of an IP frame and fixes the checksums.
+pub fn set_ttl(pkt: &mut [u8], ttl: u8) {
+    let at = Layout::of(pkt).expect("an IP frame").ttl();
+    pkt[at] = ttl;
+    fix_checksums(pkt);
+}
+
+/// Recomputes the IPv4 header checksum (IPv4) and the TCP/UDP/ICMP
+/// checksum in place.
 pub fn fix_checksums(pkt: &mut [u8]) {
-    let ihl = (pkt[ETH_HLEN] & 0x0f) as usize * 4;
-    pkt[ETH_HLEN + 10..ETH_HLEN + 12].fill(0);
-    let ip_sum = checksum(&[&pkt[ETH_HLEN..ETH_HLEN + ihl]]);
-    pkt[ETH_HLEN + 10..ETH_HLEN + 12].copy_from_slice(&ip_sum.to_be_bytes());
-    let off = l4_checksum_offset(pkt);
+    let layout = Layout::of(pkt).expect("an IP frame");
+    if !layout.ipv6 {
+        let ihl = layout.l4 - ETH_HLEN;
+        pkt[ETH_HLEN + 10..ETH_HLEN + 12].fill(0);
+        let ip_sum = checksum(&[&pkt[ETH_HLEN..ETH_HLEN + ihl]]);
+        pkt[ETH_HLEN + 10..ETH_HLEN + 12].copy_from_slice(&ip_sum.to_be_bytes());
+    }
+    let off = layout.l4_checksum();
     pkt[off..off + 2].fill(0);
-    let mut sum = l4_checksum(pkt);
-    if sum == 0 && pkt[ETH_HLEN + 9] == proto::UDP {
+    let mut sum = l4_checksum(pkt, &layout);
+    if sum == 0 && layout.proto == proto::UDP {
         sum = 0xffff;
     }
     pkt[off..off + 2].copy_from_slice(&sum.to_be_bytes());
 }
 
-/// True when the IPv4 header checksum and the L4 checksum (a zero UDP
-/// checksum meaning "none" counts as valid) both verify.
+/// True when the IPv4 header checksum (IPv4) and the L4 checksum (a zero
+/// UDP checksum meaning "none" counts as valid) both verify.
 pub fn checksums_valid(pkt: &[u8]) -> bool {
-    let ihl = (pkt[ETH_HLEN] & 0x0f) as usize * 4;
-    let ip_ok = checksum(&[&pkt[ETH_HLEN..ETH_HLEN + ihl]]) == 0;
-    let off = l4_checksum_offset(pkt);
-    let udp_none = pkt[ETH_HLEN + 9] == proto::UDP && pkt[off..off + 2] == [0, 0];
-    ip_ok && (udp_none || l4_checksum(pkt) == 0)
+    let Some(layout) = Layout::of(pkt) else {
+        return false;
+    };
+    let ip_ok = layout.ipv6 || checksum(&[&pkt[ETH_HLEN..layout.l4]]) == 0;
+    let off = layout.l4_checksum();
+    let Some(field) = pkt.get(off..off + 2) else {
+        return false;
+    };
+    let udp_none = layout.proto == proto::UDP && field == [0, 0];
+    ip_ok && (udp_none || l4_checksum(pkt, &layout) == 0)
 }
 
-fn l4_checksum(pkt: &[u8]) -> u16 {
+/// The checksum over the L4 segment and its pseudo-header (RFC 793, RFC
+/// 8200 §8.1); ICMP (IPv4) has none.
+fn l4_checksum(pkt: &[u8], layout: &Layout) -> u16 {
     let ip = &pkt[ETH_HLEN..];
-    let ihl = (ip[0] & 0x0f) as usize * 4;
-    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
-    let l4 = &ip[ihl..total];
-    let mut pseudo = [0u8; 12];
-    pseudo[0..8].copy_from_slice(&ip[12..20]);
-    pseudo[9] = ip[9];
-    pseudo[10..12].copy_from_slice(&(l4.len() as u16).to_be_bytes());
-    checksum(&[&pseudo, l4])
+    if layout.ipv6 {
+        let end =
+            (ETH_HLEN + IPV6_HLEN + u16::from_be_bytes([ip[4], ip[5]]) as usize).min(pkt.len());
+        let l4 = &pkt[layout.l4..end];
+        let mut pseudo = [0u8; 40];
+        pseudo[0..32].copy_from_slice(&ip[8..40]);
+        pseudo[32..36].copy_from_slice(&(l4.len() as u32).to_be_bytes());
+        pseudo[39] = layout.proto;
+        checksum(&[&pseudo, l4])
+    } else {
+        let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+        let l4 = &pkt[layout.l4..(ETH_HLEN + total).min(pkt.len())];
+        if layout.proto == proto::ICMP {
+            return checksum(&[l4]);
+        }
+        let mut pseudo = [0u8; 12];
+        pseudo[0..8].copy_from_slice(&ip[12..20]);
+        pseudo[9] = layout.proto;
+        pseudo[10..12].copy_from_slice(&(l4.len() as u16).to_be_bytes());
+        checksum(&[&pseudo, l4])
+    }
 }
 
 /// The Internet checksum (RFC 1071) over the concatenation of `parts`.
@@ -187,27 +313,70 @@ mod tests {
 
     #[test]
     fn built_frames_verify_and_parse_back() {
+        let v4 = (Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 19, 0, 1));
+        let v6 = (
+            "2001:db8::1".parse::<Ipv6Addr>().unwrap(),
+            "2001:db8:ffff::1".parse::<Ipv6Addr>().unwrap(),
+        );
         for f in [
-            Frame::tcp(
-                Ipv4Addr::new(198, 18, 0, 1),
-                40000,
-                Ipv4Addr::new(198, 19, 0, 1),
-                80,
-            ),
-            Frame::udp(
-                Ipv4Addr::new(198, 18, 0, 1),
-                40000,
-                Ipv4Addr::new(198, 19, 0, 1),
-                53,
-            ),
+            Frame::tcp(v4.0, 40000, v4.1, 80),
+            Frame::udp(v4.0, 40000, v4.1, 53),
+            Frame::tcp(v6.0, 40000, v6.1, 80),
+            Frame::udp(v6.0, 40000, v6.1, 53),
         ] {
             let pkt = f.build(b"hello");
-            assert!(checksums_valid(&pkt));
+            assert!(checksums_valid(&pkt), "{f:?}");
             assert_eq!(Frame::parse(&pkt), Some(f));
             let mut broken = pkt.clone();
             *broken.last_mut().unwrap() ^= 0xff;
-            assert!(!checksums_valid(&broken));
+            assert!(!checksums_valid(&broken), "{f:?}");
+            let mut ttl = pkt.clone();
+            set_ttl(&mut ttl, 1);
+            assert_eq!(ttl[Layout::of(&pkt).unwrap().ttl()], 1);
+            assert!(checksums_valid(&ttl));
         }
+    }
+
+    #[test]
+    fn ipv6_frames_have_the_rfc_8200_layout() {
+        let src: Ipv6Addr = "2001:db8::1".parse().unwrap();
+        let dst: Ipv6Addr = "2001:db8::2".parse().unwrap();
+        let pkt = Frame::udp(src, 1, dst, 2).build(b"");
+        assert_eq!(pkt.len(), ETH_HLEN + IPV6_HLEN + UDP_HLEN);
+        assert_eq!(&pkt[12..14], &[0x86, 0xdd]);
+        let ip = &pkt[ETH_HLEN..];
+        assert_eq!(
+            (ip[0], ip[4], ip[5], ip[6], ip[7]),
+            (0x60, 0, 8, proto::UDP, 64)
+        );
+        // By hand: the non-zero words of the pseudo-header (addresses,
+        // length, next header) and of the UDP header (ports, length).
+        let sum = 0x2001u32 + 0x0db8 + 1 + 0x2001 + 0x0db8 + 2 + 8 + 17 + 1 + 2 + 8;
+        assert_eq!(sum, 0x5b99);
+        assert_eq!(
+            &pkt[ETH_HLEN + IPV6_HLEN + 6..],
+            &(!(sum as u16)).to_be_bytes()
+        );
+    }
+
+    #[test]
+    fn ipv6_extension_headers_are_walked_to_the_ports() {
+        let src: Ipv6Addr = "2001:db8::1".parse().unwrap();
+        let dst: Ipv6Addr = "2001:db8::2".parse().unwrap();
+        let plain = Frame::tcp(src, 40000, dst, 80).build(b"");
+        // One 8-byte destination-options header (Pad6) before TCP.
+        let mut pkt = plain[..ETH_HLEN + IPV6_HLEN].to_vec();
+        pkt[ETH_HLEN + 6] = 60;
+        pkt[ETH_HLEN + 5] += 8;
+        pkt.extend([proto::TCP, 0, 1, 4, 0, 0, 0, 0]);
+        pkt.extend(&plain[ETH_HLEN + IPV6_HLEN..]);
+        let layout = Layout::of(&pkt).unwrap();
+        assert_eq!(
+            (layout.l4, layout.proto),
+            (ETH_HLEN + IPV6_HLEN + 8, proto::TCP)
+        );
+        assert_eq!(Frame::parse(&pkt), Frame::parse(&plain));
+        assert!(checksums_valid(&pkt));
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! Value parsers for the subcommands' flags. Each refuses with a reason
 //! that reads after the flag's name: `--dport: "0" is not a port (1-65535)`.
 
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+};
 
 /// An IPv4 address (surrounding blanks ignored).
 pub fn ipv4(value: &str) -> Result<Ipv4Addr, String> {
@@ -9,6 +12,14 @@ pub fn ipv4(value: &str) -> Result<Ipv4Addr, String> {
         .trim()
         .parse()
         .map_err(|_| format!("{value:?} is not an IPv4 address"))
+}
+
+/// An IPv4 or IPv6 address (surrounding blanks ignored).
+pub fn ip(value: &str) -> Result<IpAddr, String> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{value:?} is not an IPv4 or IPv6 address"))
 }
 
 /// A TCP or UDP port, 1 to 65535.

@@ -5,9 +5,13 @@
 //! tuple opens a new, newly balanced connection, and a full table still
 //! balances new flows. Needs root.
 
-use std::{collections::BTreeSet, net::Ipv4Addr, time::Duration};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
-use crate::tester::{tcp_segment, web_service};
+use crate::tester::{in_both_families, tcp_segment, web_service};
 use aya::{
     Ebpf,
     maps::{HashMap, MapData, PerCpuArray},
@@ -16,27 +20,60 @@ use proxy_agent::{
     cli::packet::{Frame, tcp_flags},
     modes::ebpf::{self, KernelMaps, MapSizes, Programmer, maps::NodeMaps, test_run},
 };
-use proxy_common::{Counter, CtKey, CtValue, DatapathConfig, action::TC_ACT_OK};
+use proxy_common::{
+    Counter, CtDirection, CtKey, CtKey6, CtValue, CtValue6, DatapathConfig, action::TC_ACT_OK,
+};
 
-const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
-const VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
-const BACKENDS: [Ipv4Addr; 3] = [
-    Ipv4Addr::new(198, 18, 2, 2),
-    Ipv4Addr::new(198, 18, 2, 3),
-    Ipv4Addr::new(198, 18, 2, 4),
-];
+/// The addresses of these scenarios in one family.
+struct Net {
+    client: IpAddr,
+    vip: IpAddr,
+    backends: [IpAddr; 3],
+}
+
+const IPV4: Net = Net {
+    client: IpAddr::V4(Ipv4Addr::new(198, 18, 1, 2)),
+    vip: IpAddr::V4(Ipv4Addr::new(198, 19, 0, 10)),
+    backends: [
+        IpAddr::V4(Ipv4Addr::new(198, 18, 2, 2)),
+        IpAddr::V4(Ipv4Addr::new(198, 18, 2, 3)),
+        IpAddr::V4(Ipv4Addr::new(198, 18, 2, 4)),
+    ],
+};
+
+const fn v6(net: u16, host: u16) -> IpAddr {
+    IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, net, 0, 0, 0, 0, host))
+}
+
+const IPV6: Net = Net {
+    client: v6(1, 2),
+    vip: v6(0xffff, 0x10),
+    backends: [v6(2, 2), v6(2, 3), v6(2, 4)],
+};
+
+in_both_families!(
+    a_reset_flow_expires_after_the_close_timeout,
+    fins_both_ways_mean_time_wait_and_one_way_close_wait,
+    an_unanswered_syn_expires_after_syn_sent_but_an_answered_one_does_not,
+    a_syn_on_a_finished_flows_tuple_is_a_new_connection_balanced_again,
+    a_full_conntrack_table_still_balances_new_flows,
+    an_evicted_half_of_a_live_flow_is_rebuilt_from_the_other,
+);
+
 const PORT: u16 = 8080;
 const MS: u64 = 1_000_000;
 
 struct Fixture {
+    net: &'static Net,
     ebpf: Ebpf,
     maps: KernelMaps,
     stats: PerCpuArray<MapData, u64>,
 }
 
 impl Fixture {
-    /// One ClusterIP service on three backends; conntrack timeouts from `config`.
-    fn new(config: DatapathConfig, conntrack_entries: u32) -> Self {
+    /// One ClusterIP service on three backends; conntrack timeouts from
+    /// `config`; each family's conntrack table of `conntrack_entries`.
+    fn new(net: &'static Net, config: DatapathConfig, conntrack_entries: u32) -> Self {
         let sizes = MapSizes {
             conntrack: conntrack_entries,
             ..MapSizes::default()
@@ -44,9 +81,14 @@ impl Fixture {
         let mut ebpf = ebpf::load_with(sizes).expect("load the eBPF object (are we root?)");
         let (mut maps, stats) = KernelMaps::take(&mut ebpf).unwrap();
         maps.put_config(&config).unwrap();
-        let state = web_service(VIP, &BACKENDS, PORT);
+        let state = web_service(net.vip, &net.backends, PORT);
         Programmer::new().sync(&state, &mut maps).unwrap();
-        Fixture { ebpf, maps, stats }
+        Fixture {
+            net,
+            ebpf,
+            maps,
+            stats,
+        }
     }
 
     /// A TCP segment with `flags` through `tc_from_pod`: the frame it leaves as.
@@ -58,34 +100,84 @@ impl Fixture {
     }
 
     /// The client opens a connection from `sport`: SYN, SYN-ACK, ACK. Returns the backend.
-    fn connect(&self, sport: u16) -> Ipv4Addr {
-        let syn = self.send(request(sport), tcp_flags::SYN);
-        assert!(BACKENDS.contains(&syn.dst), "{syn:?}");
+    fn connect(&self, sport: u16) -> IpAddr {
+        let syn = self.send(self.request(sport), tcp_flags::SYN);
+        assert!(self.net.backends.contains(&syn.dst), "{syn:?}");
         let synack = self.send(syn.reply(), tcp_flags::SYN | tcp_flags::ACK);
-        assert_eq!(synack.src, VIP, "the reply is translated back");
-        self.send(request(sport), tcp_flags::ACK);
+        assert_eq!(synack.src, self.net.vip, "the reply is translated back");
+        self.send(self.request(sport), tcp_flags::ACK);
         syn.dst
+    }
+
+    /// The client's segment of the connection from `sport`.
+    fn request(&self, sport: u16) -> Frame {
+        Frame::tcp(self.net.client, sport, self.net.vip, 80)
+    }
+
+    /// The backend's segment of the connection from `sport`.
+    fn response(&self, backend: IpAddr, sport: u16) -> Frame {
+        Frame::tcp(backend, PORT, self.net.client, sport)
     }
 
     /// Whether a segment from `backend` to the client on `sport` is still
     /// translated as the flow's reply (i.e. its conntrack entry is alive).
-    fn reply_translated(&self, backend: Ipv4Addr, sport: u16) -> bool {
-        let from_backend = Frame::tcp(backend, PORT, CLIENT, sport);
-        self.send(from_backend, tcp_flags::ACK).src == VIP
+    fn reply_translated(&self, backend: IpAddr, sport: u16) -> bool {
+        self.send(self.response(backend, sport), tcp_flags::ACK).src == self.net.vip
     }
 
     fn counter(&self, c: Counter) -> u64 {
         self.stats.get(&(c as u32), 0).unwrap().iter().sum()
     }
 
+    /// The entries of this family's conntrack table.
     fn conntrack_entries(&self) -> usize {
-        let ct: &HashMap<MapData, CtKey, CtValue> = &self.maps.conntrack;
-        ct.keys().filter_map(Result::ok).count()
+        if self.net.client.is_ipv6() {
+            let ct: &HashMap<MapData, CtKey6, CtValue6> = &self.maps.v6.conntrack;
+            ct.keys().filter_map(Result::ok).count()
+        } else {
+            let ct: &HashMap<MapData, CtKey, CtValue> = &self.maps.conntrack;
+            ct.keys().filter_map(Result::ok).count()
+        }
+    }
+
+    /// Deletes the flow's entries of `direction`, as an LRU eviction would.
+    fn evict(&mut self, direction: CtDirection) -> usize {
+        fn evict<K: aya::Pod + HasDirection, V: aya::Pod>(
+            ct: &mut HashMap<MapData, K, V>,
+            direction: CtDirection,
+        ) -> usize {
+            let doomed: Vec<K> = ct
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| k.direction() == direction as u8)
+                .collect();
+            for k in &doomed {
+                ct.remove(k).unwrap();
+            }
+            doomed.len()
+        }
+        if self.net.client.is_ipv6() {
+            evict(&mut self.maps.v6.conntrack, direction)
+        } else {
+            evict(&mut self.maps.conntrack, direction)
+        }
     }
 }
 
-fn request(sport: u16) -> Frame {
-    Frame::tcp(CLIENT, sport, VIP, 80)
+trait HasDirection {
+    fn direction(&self) -> u8;
+}
+
+impl HasDirection for CtKey {
+    fn direction(&self) -> u8 {
+        self.direction
+    }
+}
+
+impl HasDirection for CtKey6 {
+    fn direction(&self) -> u8 {
+        self.direction
+    }
 }
 
 fn timeouts(close: u64, time_wait: u64, close_wait: u64, syn_sent: u64) -> DatapathConfig {
@@ -102,11 +194,10 @@ fn sleep_ms(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
 
-#[test]
-fn a_reset_flow_expires_after_the_close_timeout() {
-    let f = Fixture::new(timeouts(150, 60_000, 60_000, 60_000), 1024);
+fn a_reset_flow_expires_after_the_close_timeout(net: &'static Net) {
+    let f = Fixture::new(net, timeouts(150, 60_000, 60_000, 60_000), 1024);
     let backend = f.connect(40000);
-    f.send(request(40000), tcp_flags::RST | tcp_flags::ACK);
+    f.send(f.request(40000), tcp_flags::RST | tcp_flags::ACK);
     assert!(
         f.reply_translated(backend, 40000),
         "alive right after the RST"
@@ -119,22 +210,18 @@ fn a_reset_flow_expires_after_the_close_timeout() {
 
     // A RST from the backend closes the flow the same way.
     let backend = f.connect(40001);
-    f.send(Frame::tcp(backend, PORT, CLIENT, 40001), tcp_flags::RST);
+    f.send(f.response(backend, 40001), tcp_flags::RST);
     sleep_ms(400);
     assert!(!f.reply_translated(backend, 40001));
 }
 
-#[test]
-fn fins_both_ways_mean_time_wait_and_one_way_close_wait() {
-    let f = Fixture::new(timeouts(60_000, 150, 1_500, 60_000), 1024);
+fn fins_both_ways_mean_time_wait_and_one_way_close_wait(net: &'static Net) {
+    let f = Fixture::new(net, timeouts(60_000, 150, 1_500, 60_000), 1024);
     let both = f.connect(40000);
-    f.send(request(40000), tcp_flags::FIN | tcp_flags::ACK);
-    f.send(
-        Frame::tcp(both, PORT, CLIENT, 40000),
-        tcp_flags::FIN | tcp_flags::ACK,
-    );
+    f.send(f.request(40000), tcp_flags::FIN | tcp_flags::ACK);
+    f.send(f.response(both, 40000), tcp_flags::FIN | tcp_flags::ACK);
     let half = f.connect(40001);
-    f.send(request(40001), tcp_flags::FIN | tcp_flags::ACK);
+    f.send(f.request(40001), tcp_flags::FIN | tcp_flags::ACK);
     sleep_ms(500);
     assert!(
         !f.reply_translated(both, 40000),
@@ -148,13 +235,12 @@ fn fins_both_ways_mean_time_wait_and_one_way_close_wait() {
     assert!(!f.reply_translated(half, 40001), "gone after CLOSE_WAIT");
 }
 
-#[test]
-fn an_unanswered_syn_expires_after_syn_sent_but_an_answered_one_does_not() {
-    let f = Fixture::new(timeouts(60_000, 60_000, 60_000, 150), 1024);
-    f.send(request(40000), tcp_flags::SYN);
+fn an_unanswered_syn_expires_after_syn_sent_but_an_answered_one_does_not(net: &'static Net) {
+    let f = Fixture::new(net, timeouts(60_000, 60_000, 60_000, 150), 1024);
+    f.send(f.request(40000), tcp_flags::SYN);
     let established = f.connect(40001);
     sleep_ms(400);
-    f.send(request(40000), tcp_flags::SYN);
+    f.send(f.request(40000), tcp_flags::SYN);
     assert_eq!(
         f.counter(Counter::NewFlow),
         3,
@@ -163,9 +249,8 @@ fn an_unanswered_syn_expires_after_syn_sent_but_an_answered_one_does_not() {
     assert!(f.reply_translated(established, 40001));
 }
 
-#[test]
-fn a_syn_on_a_finished_flows_tuple_is_a_new_connection_balanced_again() {
-    let f = Fixture::new(timeouts(60_000, 60_000, 60_000, 60_000), 1024);
+fn a_syn_on_a_finished_flows_tuple_is_a_new_connection_balanced_again(net: &'static Net) {
+    let f = Fixture::new(net, timeouts(60_000, 60_000, 60_000, 60_000), 1024);
     // A load test reusing one client port: every connection ends (FIN both
     // ways, or RST) and the next SYN on the same tuple is balanced anew.
     let mut reached = BTreeSet::new();
@@ -173,14 +258,11 @@ fn a_syn_on_a_finished_flows_tuple_is_a_new_connection_balanced_again() {
         let backend = f.connect(40000);
         reached.insert(backend);
         if i % 2 == 0 {
-            f.send(request(40000), tcp_flags::FIN | tcp_flags::ACK);
-            f.send(
-                Frame::tcp(backend, PORT, CLIENT, 40000),
-                tcp_flags::FIN | tcp_flags::ACK,
-            );
-            f.send(request(40000), tcp_flags::ACK);
+            f.send(f.request(40000), tcp_flags::FIN | tcp_flags::ACK);
+            f.send(f.response(backend, 40000), tcp_flags::FIN | tcp_flags::ACK);
+            f.send(f.request(40000), tcp_flags::ACK);
         } else {
-            f.send(request(40000), tcp_flags::RST);
+            f.send(f.request(40000), tcp_flags::RST);
         }
     }
     assert_eq!(f.counter(Counter::NewFlow), 60);
@@ -189,15 +271,14 @@ fn a_syn_on_a_finished_flows_tuple_is_a_new_connection_balanced_again() {
 
     // A retransmitted SYN of a live connection stays on its backend.
     let backend = f.connect(40001);
-    let again = f.send(request(40001), tcp_flags::SYN);
+    let again = f.send(f.request(40001), tcp_flags::SYN);
     assert_eq!(again.dst, backend);
     assert_eq!(f.counter(Counter::Reopened), 59);
 }
 
-#[test]
-fn a_full_conntrack_table_still_balances_new_flows() {
+fn a_full_conntrack_table_still_balances_new_flows(net: &'static Net) {
     const ENTRIES: u32 = 256;
-    let f = Fixture::new(timeouts(60_000, 60_000, 60_000, 60_000), ENTRIES);
+    let f = Fixture::new(net, timeouts(60_000, 60_000, 60_000, 60_000), ENTRIES);
     let mut reached = BTreeSet::new();
     for sport in 0..1_000u16 {
         reached.insert(f.connect(20_000 + sport));
@@ -212,37 +293,19 @@ fn a_full_conntrack_table_still_balances_new_flows() {
         entries <= ENTRIES as usize && entries >= ENTRIES as usize * 3 / 4,
         "{entries} of {ENTRIES}"
     );
-    let last = f.send(request(20_999), tcp_flags::ACK);
+    let last = f.send(f.request(20_999), tcp_flags::ACK);
     assert!(f.reply_translated(last.dst, 20_999));
 }
 
-impl Fixture {
-    /// Deletes the flow's entries of `direction`, as an LRU eviction would.
-    fn evict(&mut self, direction: proxy_common::CtDirection) -> usize {
-        let ct: &mut HashMap<MapData, CtKey, CtValue> = &mut self.maps.conntrack;
-        let doomed: Vec<CtKey> = ct
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.direction == direction as u8)
-            .collect();
-        for k in &doomed {
-            ct.remove(k).unwrap();
-        }
-        doomed.len()
-    }
-}
-
-#[test]
-fn an_evicted_half_of_a_live_flow_is_rebuilt_from_the_other() {
-    use proxy_common::CtDirection;
-    let mut f = Fixture::new(timeouts(60_000, 60_000, 60_000, 60_000), 1024);
+fn an_evicted_half_of_a_live_flow_is_rebuilt_from_the_other(net: &'static Net) {
+    let mut f = Fixture::new(net, timeouts(60_000, 60_000, 60_000, 60_000), 1024);
     let backend = f.connect(40000);
 
     // The reply entry is gone; the next refresh of the forward entry (at
     // most once a second) rebuilds it, and replies are translated again.
     assert_eq!(f.evict(CtDirection::Reply), 1);
     sleep_ms(1_100);
-    assert_eq!(f.send(request(40000), tcp_flags::ACK).dst, backend);
+    assert_eq!(f.send(f.request(40000), tcp_flags::ACK).dst, backend);
     assert!(f.reply_translated(backend, 40000));
     assert_eq!(f.counter(Counter::ConntrackRebuilt), 1);
 
@@ -252,7 +315,7 @@ fn an_evicted_half_of_a_live_flow_is_rebuilt_from_the_other() {
     sleep_ms(1_100);
     assert!(f.reply_translated(backend, 40000));
     let new_flows = f.counter(Counter::NewFlow);
-    assert_eq!(f.send(request(40000), tcp_flags::ACK).dst, backend);
+    assert_eq!(f.send(f.request(40000), tcp_flags::ACK).dst, backend);
     assert_eq!(f.counter(Counter::NewFlow), new_flows);
     assert_eq!(f.counter(Counter::ConntrackRebuilt), 2);
 }

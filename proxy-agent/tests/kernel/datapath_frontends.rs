@@ -11,7 +11,7 @@
 //! packet out) and counters, played by [`Datapath::play`].
 
 use std::{
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::Duration,
 };
 
@@ -19,29 +19,120 @@ use ipnet::IpNet;
 use proxy_agent::{
     cli::packet::Frame,
     model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
-    modes::ebpf::{self, maps::NodeMaps, node::NodeAddresses, test_run::Hook},
+    modes::ebpf::{
+        self,
+        family::AgentFamily,
+        maps::NodeMaps,
+        node::{NodeAddresses, NodeAddressesOf},
+        test_run::Hook,
+    },
 };
 use proxy_common::{
-    Counter, DatapathConfig, IfaceInfo,
+    Counter, DatapathConfig, DatapathConfig6, IfaceInfo, V6,
     action::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, XDP_DROP, XDP_PASS, XDP_TX},
     config::{flags, iface},
 };
 
 use crate::tester::{
-    Datapath, In, Out::*, Step, counters, ifindex, ip, mac_str, pkt, rst, send, syn, with_ttl,
+    Datapath, In, Out::*, Step, counters, ifindex, in_both_families, ip, mac_str, pkt, rst, send,
+    syn, with_ttl,
 };
 use Hook::{FromNetdev, FromPod, Xdp};
 
-const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
-const PEER_NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
-const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
-const OTHER_CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
-const LOCAL_POD: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 11);
-const LOCAL_BACKEND: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 10);
-const REMOTE_BACKEND: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 10);
-/// The cluster IP of most ClusterIP scenarios.
-const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 14);
-const POD_CIDR: &str = "198.18.1.0/24";
+/// A node's addresses, its neighbours' and its services' in one family.
+struct Net {
+    node: IpAddr,
+    peer_node: IpAddr,
+    client: IpAddr,
+    other_client: IpAddr,
+    local_pod: IpAddr,
+    local_backend: IpAddr,
+    remote_backend: IpAddr,
+    /// The cluster IP of most ClusterIP scenarios.
+    cluster_ip: IpAddr,
+    /// This node's pods.
+    pod_cidr: &'static str,
+    /// The peer node's pods, routed through it.
+    remote_pods: &'static str,
+    /// The prefix length of the lan the node, the peer and the client share.
+    lan_prefix: u8,
+    /// The datapath's flag for detect-local by CIDR in this family.
+    detect_local_by_cidr: u32,
+    /// Service address `n` (cluster IPs).
+    service_at: fn(u8) -> IpAddr,
+    /// Address `n` of the lan's external range (LB and external IPs).
+    external_at: fn(u8) -> IpAddr,
+}
+
+impl Net {
+    fn service(&self, n: u8) -> IpAddr {
+        (self.service_at)(n)
+    }
+
+    fn external(&self, n: u8) -> IpAddr {
+        (self.external_at)(n)
+    }
+}
+
+const fn v4(c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(198, 18, c, d))
+}
+
+const fn v6(net: u16, host: u16) -> IpAddr {
+    IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, net, 0, 0, 0, 0, host))
+}
+
+const IPV4: Net = Net {
+    node: v4(0, 1),
+    peer_node: v4(0, 2),
+    client: v4(0, 100),
+    other_client: v4(0, 101),
+    local_pod: v4(1, 11),
+    local_backend: v4(1, 10),
+    remote_backend: v4(2, 10),
+    cluster_ip: IpAddr::V4(Ipv4Addr::new(198, 19, 0, 14)),
+    pod_cidr: "198.18.1.0/24",
+    remote_pods: "198.18.2.0/24",
+    lan_prefix: 24,
+    detect_local_by_cidr: flags::DETECT_LOCAL_BY_CIDR,
+    service_at: |n| IpAddr::V4(Ipv4Addr::new(198, 19, 0, n)),
+    external_at: |n| v4(3, n.into()),
+};
+
+const IPV6: Net = Net {
+    node: v6(0, 1),
+    peer_node: v6(0, 2),
+    client: v6(0, 0x100),
+    other_client: v6(0, 0x101),
+    local_pod: v6(1, 0x11),
+    local_backend: v6(1, 0x10),
+    remote_backend: v6(2, 0x10),
+    cluster_ip: v6(0xffff, 0x14),
+    pod_cidr: "2001:db8:1::/64",
+    remote_pods: "2001:db8:2::/64",
+    lan_prefix: 64,
+    detect_local_by_cidr: flags::DETECT_LOCAL_BY_CIDR6,
+    service_at: |n| v6(0xffff, n.into()),
+    external_at: |n| v6(3, n.into()),
+};
+
+in_both_families!(
+    nodeport_from_outside_through_xdp_is_balanced_masqueraded_and_sent_back_out,
+    nodeport_from_outside_through_tc_is_redirected_by_the_fib,
+    external_traffic_policy_local_drops_without_a_local_endpoint_but_pods_short_circuit,
+    external_traffic_policy_local_keeps_the_client_address,
+    load_balancer_source_ranges_apply_to_lb_ips_only,
+    no_endpoints_are_rejected_with_rst_and_icmp_for_every_frontend_kind,
+    unused_port_of_a_cluster_ip_is_rejected_and_a_reset_is_never_answered,
+    hairpin_and_cluster_ip_masquerade_follow_the_local_detector,
+    masquerade_all_masquerades_pod_traffic_to_cluster_ips,
+    conntrack_timeouts_from_the_config_expire_flows,
+    forwarded_packets_at_ttl_one_are_left_to_the_kernel,
+    internal_traffic_policy_local_uses_only_this_nodes_endpoints,
+    interface_based_local_detection_decides_cluster_ip_masquerade,
+    a_masquerade_port_is_never_taken_from_a_live_flow,
+);
+
 const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x22];
 const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x64];
@@ -52,50 +143,61 @@ const POD_IFINDEX: u32 = 1;
 /// Moves this test's thread into a fresh network namespace (gone when the
 /// thread ends) with a one-armed node: `ext0` on the lan with the peer node
 /// and the client as permanent neighbours, and a route to the peer's pods.
-fn private_node_namespace() -> u32 {
+fn private_node_namespace(net: &Net) -> u32 {
     // SAFETY: unshare affects only this thread; child processes inherit it.
     assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
     ip("link set lo up");
-    // /proc/sys/net follows the reading thread's namespace.
-    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap();
     ip(&format!(
         "link add ext0 address {} type veth peer name lan0",
         mac_str(NODE_MAC)
     ));
     ip("link set lan0 up");
     ip("link set ext0 up");
-    ip(&format!("addr add {NODE}/24 dev ext0"));
+    // /proc/sys/net follows the reading thread's namespace; without
+    // forwarding the FIB helper answers "forwarding disabled".
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap();
+    std::fs::write("/proc/sys/net/ipv6/conf/all/forwarding", "1").unwrap();
+    // No duplicate address detection: the address is usable at once.
     ip(&format!(
-        "neigh add {PEER_NODE} lladdr {} dev ext0 nud permanent",
-        mac_str(PEER_MAC)
+        "addr add {}/{} dev ext0 nodad",
+        net.node, net.lan_prefix
     ));
+    for (neighbour, mac) in [(net.peer_node, PEER_MAC), (net.client, CLIENT_MAC)] {
+        ip(&format!(
+            "neigh add {neighbour} lladdr {} dev ext0 nud permanent",
+            mac_str(mac)
+        ));
+    }
     ip(&format!(
-        "neigh add {CLIENT} lladdr {} dev ext0 nud permanent",
-        mac_str(CLIENT_MAC)
+        "route add {} via {} dev ext0",
+        net.remote_pods, net.peer_node
     ));
-    ip(&format!("route add 198.18.2.0/24 via {PEER_NODE} dev ext0"));
     ifindex("ext0")
 }
 
 /// A node, its services, and the packets that go through it.
-struct Scenario {
+struct Scenario<'n> {
+    net: &'n Net,
     config: DatapathConfig,
     services: Vec<DesiredService>,
     steps: Vec<Step>,
 }
 
-impl Scenario {
+impl Scenario<'_> {
     fn run(self) {
-        let mut node = node(self.config);
+        let mut node = node(self.net, self.config);
         node.program(self.services);
         node.play(self.steps);
     }
 }
 
 /// The datapath of a node in a namespace of this test's thread, loaded with
-/// `config`, with its pod CIDR and address.
-fn node(config: DatapathConfig) -> Datapath {
-    let ext = private_node_namespace();
+/// `config`, with its pod CIDR and address of `net`'s family. Masquerading
+/// is on in both families when `config` has a masquerade address (IPv4's,
+/// see [`masquerading`]): an IPv6 scenario's node also masquerades IPv6 to
+/// its IPv6 address, as a dual-stack node does.
+fn node(net: &Net, config: DatapathConfig) -> Datapath {
+    let ext = private_node_namespace(net);
     // Small maps: these tests run in parallel and need a few entries each.
     let sizes = ebpf::MapSizes {
         services: 4096,
@@ -105,18 +207,41 @@ fn node(config: DatapathConfig) -> Datapath {
     let ebpf = ebpf::load_with(sizes).expect("load the eBPF object (are we root?)");
     let mut dp = Datapath::new(ebpf, POD_IFINDEX, ext);
     dp.maps.put_config(&config).unwrap();
+    let mut addresses4 = NodeAddresses {
+        primary: None,
+        node_ports: vec![],
+        localhost_node_ports: false,
+        host: Default::default(),
+    };
+    let mut addresses6 = NodeAddressesOf::<V6> {
+        primary: None,
+        node_ports: vec![],
+        localhost_node_ports: false,
+        host: Default::default(),
+    };
+    match net.node {
+        IpAddr::V4(node) => {
+            addresses4.primary = Some(node);
+            addresses4.node_ports = vec![node];
+        }
+        IpAddr::V6(node) => {
+            addresses6.primary = Some(node);
+            addresses6.node_ports = vec![node];
+            if config.masquerade_addr_be != 0 {
+                let config6 = DatapathConfig6 {
+                    masquerade_addr_be: V6::to_be(node),
+                };
+                dp.maps.put_config6(&config6).unwrap();
+            }
+        }
+    }
     dp.maps
-        .put_local_pod_cidr(POD_CIDR.parse::<IpNet>().unwrap())
+        .put_local_pod_cidr(net.pod_cidr.parse::<IpNet>().unwrap())
         .unwrap();
     dp.programmer
         .set_node_addresses(
-            &NodeAddresses {
-                primary: Some(NODE),
-                node_ports: vec![NODE],
-                localhost_node_ports: false,
-                host: Default::default(),
-            },
-            &Default::default(),
+            &addresses4,
+            &addresses6,
             &DesiredState::default(),
             &mut dp.maps,
         )
@@ -124,18 +249,22 @@ fn node(config: DatapathConfig) -> Datapath {
     dp
 }
 
-/// Masquerade to the node, with `flags`.
+/// Masquerade to the node, with `flags`. The IPv4 address is always the
+/// IPv4 node's: an IPv6 scenario whose packets left with it would fail.
 fn masquerading(flags: u32) -> DatapathConfig {
+    let IpAddr::V4(node) = IPV4.node else {
+        unreachable!()
+    };
     DatapathConfig {
-        masquerade_addr_be: u32::from(NODE).to_be(),
+        masquerade_addr_be: u32::from(node).to_be(),
         flags,
         ..DatapathConfig::default()
     }
 }
 
 /// Masquerade to the node, pods detected by the pod CIDR.
-fn standard() -> DatapathConfig {
-    masquerading(flags::DETECT_LOCAL_BY_CIDR)
+fn standard(net: &Net) -> DatapathConfig {
+    masquerading(net.detect_local_by_cidr)
 }
 
 fn spn(name: &str, protocol: Protocol) -> ServicePortName {
@@ -147,10 +276,10 @@ fn spn(name: &str, protocol: Protocol) -> ServicePortName {
     }
 }
 
-fn endpoint(ip: Ipv4Addr, local: bool) -> Endpoint {
+fn endpoint(ip: IpAddr, local: bool) -> Endpoint {
     Endpoint {
         is_local: local,
-        ..Endpoint::new(IpAddr::V4(ip), TARGET)
+        ..Endpoint::new(ip, TARGET)
     }
 }
 
@@ -158,7 +287,7 @@ fn endpoint(ip: Ipv4Addr, local: bool) -> Endpoint {
 fn external(
     name: &str,
     protocol: Protocol,
-    vip: Ipv4Addr,
+    vip: IpAddr,
     node_port: u16,
     endpoints: Vec<Endpoint>,
 ) -> DesiredService {
@@ -166,7 +295,7 @@ fn external(
     DesiredService {
         node_port: Some(node_port),
         local_endpoints: local,
-        ..DesiredService::cluster_ip(spn(name, protocol), vec![IpAddr::V4(vip)], 80, endpoints)
+        ..DesiredService::cluster_ip(spn(name, protocol), vec![vip], 80, endpoints)
     }
 }
 
@@ -174,50 +303,50 @@ fn external(
 fn cluster_ip(
     name: &str,
     protocol: Protocol,
-    vip: Ipv4Addr,
+    vip: IpAddr,
     port: u16,
     endpoints: Vec<Endpoint>,
 ) -> DesiredService {
-    DesiredService::cluster_ip(spn(name, protocol), vec![IpAddr::V4(vip)], port, endpoints)
+    DesiredService::cluster_ip(spn(name, protocol), vec![vip], port, endpoints)
 }
 
-/// CLUSTER_IP:80/TCP to the remote backend.
-fn web() -> DesiredService {
+/// The cluster IP:80/TCP to the remote backend.
+fn web(net: &Net) -> DesiredService {
     cluster_ip(
         "web",
         Protocol::Tcp,
-        CLUSTER_IP,
+        net.cluster_ip,
         80,
-        vec![endpoint(REMOTE_BACKEND, false)],
+        vec![endpoint(net.remote_backend, false)],
     )
 }
 
-/// NodePort 30080 (and 198.19.0.10:80) to the remote backend.
-fn remote(protocol: Protocol) -> DesiredService {
+/// NodePort 30080 (and service address 10:80) to the remote backend.
+fn remote(net: &Net, protocol: Protocol) -> DesiredService {
     external(
         "remote",
         protocol,
-        Ipv4Addr::new(198, 19, 0, 10),
+        net.service(10),
         30080,
-        vec![endpoint(REMOTE_BACKEND, false)],
+        vec![endpoint(net.remote_backend, false)],
     )
 }
 
-#[test]
-fn nodeport_from_outside_through_xdp_is_balanced_masqueraded_and_sent_back_out() {
+fn nodeport_from_outside_through_xdp_is_balanced_masqueraded_and_sent_back_out(net: &Net) {
     Scenario {
-        config: standard(),
-        services: vec![remote(Protocol::Tcp)],
+        net,
+        config: standard(net),
+        services: vec![remote(net, Protocol::Tcp)],
         steps: vec![
             // eTP Cluster masquerades to the node; one-armed node: back out of
             // ext0, to the peer node as next hop.
             send(
                 Xdp,
-                syn(CLIENT, 40000, NODE, 30080),
+                syn(net.client, 40000, net.node, 30080),
                 XDP_TX,
                 [
-                    To(REMOTE_BACKEND, TARGET),
-                    Src(NODE),
+                    To(net.remote_backend, TARGET),
+                    Src(net.node),
                     MasqueradePort,
                     EthDst(PEER_MAC),
                     EthSrc(NODE_MAC),
@@ -230,7 +359,7 @@ fn nodeport_from_outside_through_xdp_is_balanced_masqueraded_and_sent_back_out()
                 In::Reply(b""),
                 XDP_TX,
                 [
-                    Is(Frame::tcp(NODE, 30080, CLIENT, 40000)),
+                    Is(Frame::tcp(net.node, 30080, net.client, 40000)),
                     EthDst(CLIENT_MAC),
                 ],
             ),
@@ -240,19 +369,19 @@ fn nodeport_from_outside_through_xdp_is_balanced_masqueraded_and_sent_back_out()
     .run();
 }
 
-#[test]
-fn nodeport_from_outside_through_tc_is_redirected_by_the_fib() {
+fn nodeport_from_outside_through_tc_is_redirected_by_the_fib(net: &Net) {
     Scenario {
-        config: standard(),
-        services: vec![remote(Protocol::Udp)],
+        net,
+        config: standard(net),
+        services: vec![remote(net, Protocol::Udp)],
         steps: vec![
             send(
                 FromNetdev,
-                pkt(Frame::udp(CLIENT, 40000, NODE, 30080), b"hello"),
+                pkt(Frame::udp(net.client, 40000, net.node, 30080), b"hello"),
                 TC_ACT_REDIRECT,
                 [
-                    Src(NODE),
-                    To(REMOTE_BACKEND, TARGET),
+                    Src(net.node),
+                    To(net.remote_backend, TARGET),
                     EthDst(PEER_MAC),
                     Ttl(63),
                 ],
@@ -261,7 +390,7 @@ fn nodeport_from_outside_through_tc_is_redirected_by_the_fib() {
                 FromNetdev,
                 In::Reply(b"hi"),
                 TC_ACT_REDIRECT,
-                [Is(Frame::udp(NODE, 30080, CLIENT, 40000))],
+                [Is(Frame::udp(net.node, 30080, net.client, 40000))],
             ),
             counters([(Counter::FibRedirect, 2)]),
         ],
@@ -269,55 +398,65 @@ fn nodeport_from_outside_through_tc_is_redirected_by_the_fib() {
     .run();
 }
 
-#[test]
-fn external_traffic_policy_local_drops_without_a_local_endpoint_but_pods_short_circuit() {
+fn external_traffic_policy_local_drops_without_a_local_endpoint_but_pods_short_circuit(net: &Net) {
     Scenario {
-        config: standard(),
+        net,
+        config: standard(net),
         services: vec![DesiredService {
             external_policy_local: true,
             ..external(
                 "local",
                 Protocol::Tcp,
-                Ipv4Addr::new(198, 19, 0, 11),
+                net.service(11),
                 30081,
-                vec![endpoint(REMOTE_BACKEND, false)],
+                vec![endpoint(net.remote_backend, false)],
             )
         }],
         steps: vec![
-            send(Xdp, syn(CLIENT, 40000, NODE, 30081), XDP_DROP, []),
-            send(FromNetdev, syn(CLIENT, 40000, NODE, 30081), TC_ACT_SHOT, []),
+            send(Xdp, syn(net.client, 40000, net.node, 30081), XDP_DROP, []),
+            send(
+                FromNetdev,
+                syn(net.client, 40000, net.node, 30081),
+                TC_ACT_SHOT,
+                [],
+            ),
             counters([(Counter::DropNoLocalEndpoints, 2)]),
             // No masquerade for short-circuited pod traffic.
             send(
                 FromPod,
-                syn(LOCAL_POD, 40001, NODE, 30081),
+                syn(net.local_pod, 40001, net.node, 30081),
                 TC_ACT_REDIRECT,
-                [Is(Frame::tcp(LOCAL_POD, 40001, REMOTE_BACKEND, TARGET))],
+                [Is(Frame::tcp(
+                    net.local_pod,
+                    40001,
+                    net.remote_backend,
+                    TARGET,
+                ))],
             ),
         ],
     }
     .run();
 }
 
-#[test]
-fn external_traffic_policy_local_keeps_the_client_address() {
-    let lb = Ipv4Addr::new(198, 18, 3, 21);
-    let eip = Ipv4Addr::new(198, 18, 3, 31);
-    let frontends = [(NODE, 30081), (lb, 80), (eip, 80)];
+fn external_traffic_policy_local_keeps_the_client_address(net: &Net) {
+    let lb = net.external(21);
+    let eip = net.external(31);
+    let frontends = [(net.node, 30081), (lb, 80), (eip, 80)];
     Scenario {
-        config: standard(),
+        net,
+        config: standard(net),
         services: vec![DesiredService {
             external_policy_local: true,
-            load_balancer_ips: vec![IpAddr::V4(lb)],
-            external_ips: vec![IpAddr::V4(eip)],
+            load_balancer_ips: vec![lb],
+            external_ips: vec![eip],
             ..external(
                 "local",
                 Protocol::Tcp,
-                Ipv4Addr::new(198, 19, 0, 11),
+                net.service(11),
                 30081,
                 vec![
-                    endpoint(LOCAL_BACKEND, true),
-                    endpoint(REMOTE_BACKEND, false),
+                    endpoint(net.local_backend, true),
+                    endpoint(net.remote_backend, false),
                 ],
             )
         }],
@@ -332,12 +471,17 @@ fn external_traffic_policy_local_keeps_the_client_address() {
                     // XDP only finishes frames that leave where they came in;
                     // this one is left untouched for TC, which finds the flow
                     // XDP created.
-                    send(Xdp, syn(CLIENT, sport, dst, port), XDP_PASS, [Unchanged]),
+                    send(
+                        Xdp,
+                        syn(net.client, sport, dst, port),
+                        XDP_PASS,
+                        [Unchanged],
+                    ),
                     send(
                         FromNetdev,
-                        syn(CLIENT, sport, dst, port),
+                        syn(net.client, sport, dst, port),
                         TC_ACT_OK,
-                        [Is(Frame::tcp(CLIENT, sport, LOCAL_BACKEND, TARGET))],
+                        [Is(Frame::tcp(net.client, sport, net.local_backend, TARGET))],
                     ),
                 ]
             })
@@ -347,32 +491,32 @@ fn external_traffic_policy_local_keeps_the_client_address() {
     .run();
 }
 
-#[test]
-fn load_balancer_source_ranges_apply_to_lb_ips_only() {
-    let lb = Ipv4Addr::new(198, 18, 3, 23);
+fn load_balancer_source_ranges_apply_to_lb_ips_only(net: &Net) {
+    let lb = net.external(23);
     Scenario {
-        config: standard(),
+        net,
+        config: standard(net),
         services: vec![DesiredService {
-            load_balancer_ips: vec![IpAddr::V4(lb)],
-            load_balancer_source_ranges: vec!["198.18.0.100/32".parse().unwrap()],
+            load_balancer_ips: vec![lb],
+            load_balancer_source_ranges: vec![IpNet::from(net.client)],
             ..external(
                 "ranged",
                 Protocol::Tcp,
-                Ipv4Addr::new(198, 19, 0, 13),
+                net.service(13),
                 30083,
-                vec![endpoint(REMOTE_BACKEND, false)],
+                vec![endpoint(net.remote_backend, false)],
             )
         }],
         steps: vec![
             send(
                 FromNetdev,
-                syn(CLIENT, 40000, lb, 80),
+                syn(net.client, 40000, lb, 80),
                 TC_ACT_REDIRECT,
-                [Dst(REMOTE_BACKEND)],
+                [Dst(net.remote_backend)],
             ),
             send(
                 FromNetdev,
-                syn(OTHER_CLIENT, 40000, lb, 80),
+                syn(net.other_client, 40000, lb, 80),
                 TC_ACT_SHOT,
                 [],
             ),
@@ -380,33 +524,33 @@ fn load_balancer_source_ranges_apply_to_lb_ips_only() {
             // Node ports ignore source ranges.
             send(
                 FromNetdev,
-                syn(OTHER_CLIENT, 40001, NODE, 30083),
+                syn(net.other_client, 40001, net.node, 30083),
                 TC_ACT_REDIRECT,
-                [Dst(REMOTE_BACKEND)],
+                [Dst(net.remote_backend)],
             ),
         ],
     }
     .run();
 }
 
-#[test]
-fn no_endpoints_are_rejected_with_rst_and_icmp_for_every_frontend_kind() {
-    let vip = Ipv4Addr::new(198, 19, 0, 12);
-    let lb = Ipv4Addr::new(198, 18, 3, 22);
-    let eip = Ipv4Addr::new(198, 18, 3, 32);
+fn no_endpoints_are_rejected_with_rst_and_icmp_for_every_frontend_kind(net: &Net) {
+    let vip = net.service(12);
+    let lb = net.external(22);
+    let eip = net.external(32);
     let empty = |protocol| DesiredService {
-        load_balancer_ips: vec![IpAddr::V4(lb)],
-        external_ips: vec![IpAddr::V4(eip)],
+        load_balancer_ips: vec![lb],
+        external_ips: vec![eip],
         ..external("empty", protocol, vip, 30082, vec![])
     };
     let frontends = [
-        (FromPod, LOCAL_POD, vip, 80),
-        (FromNetdev, CLIENT, NODE, 30082),
-        (FromNetdev, CLIENT, lb, 80),
-        (FromNetdev, CLIENT, eip, 80),
+        (FromPod, net.local_pod, vip, 80),
+        (FromNetdev, net.client, net.node, 30082),
+        (FromNetdev, net.client, lb, 80),
+        (FromNetdev, net.client, eip, 80),
     ];
     Scenario {
-        config: standard(),
+        net,
+        config: standard(net),
         services: vec![empty(Protocol::Tcp), empty(Protocol::Udp)],
         steps: frontends
             .into_iter()
@@ -424,7 +568,7 @@ fn no_endpoints_are_rejected_with_rst_and_icmp_for_every_frontend_kind() {
             })
             .chain([
                 // The XDP program leaves rejects to TC.
-                send(Xdp, syn(CLIENT, 40000, NODE, 30082), XDP_PASS, []),
+                send(Xdp, syn(net.client, 40000, net.node, 30082), XDP_PASS, []),
                 counters([(Counter::RejectNoEndpoints, 8)]),
             ])
             .collect(),
@@ -432,22 +576,22 @@ fn no_endpoints_are_rejected_with_rst_and_icmp_for_every_frontend_kind() {
     .run();
 }
 
-#[test]
-fn unused_port_of_a_cluster_ip_is_rejected_and_a_reset_is_never_answered() {
+fn unused_port_of_a_cluster_ip_is_rejected_and_a_reset_is_never_answered(net: &Net) {
     Scenario {
-        config: standard(),
-        services: vec![web()],
+        net,
+        config: standard(net),
+        services: vec![web(net)],
         steps: vec![
             send(
                 FromPod,
-                syn(LOCAL_POD, 40000, CLUSTER_IP, 81),
+                syn(net.local_pod, 40000, net.cluster_ip, 81),
                 TC_ACT_REDIRECT,
                 [Rst],
             ),
             counters([(Counter::RejectUnknownPort, 1)]),
             send(
                 FromPod,
-                rst(Frame::tcp(LOCAL_POD, 40000, CLUSTER_IP, 81)),
+                rst(Frame::tcp(net.local_pod, 40000, net.cluster_ip, 81)),
                 TC_ACT_SHOT,
                 [],
             ),
@@ -456,70 +600,70 @@ fn unused_port_of_a_cluster_ip_is_rejected_and_a_reset_is_never_answered() {
     .run();
 }
 
-#[test]
-fn hairpin_and_cluster_ip_masquerade_follow_the_local_detector() {
+fn hairpin_and_cluster_ip_masquerade_follow_the_local_detector(net: &Net) {
     Scenario {
-        config: standard(),
+        net,
+        config: standard(net),
         services: vec![cluster_ip(
             "self",
             Protocol::Tcp,
-            CLUSTER_IP,
+            net.cluster_ip,
             80,
-            vec![endpoint(LOCAL_BACKEND, true)],
+            vec![endpoint(net.local_backend, true)],
         )],
         steps: vec![
             // The endpoint reaching itself is masqueraded so its reply comes
             // back through the node.
             send(
                 FromPod,
-                syn(LOCAL_BACKEND, 40000, CLUSTER_IP, 80),
+                syn(net.local_backend, 40000, net.cluster_ip, 80),
                 TC_ACT_OK,
-                [Src(NODE), To(LOCAL_BACKEND, TARGET), MasqueradePort],
+                [Src(net.node), To(net.local_backend, TARGET), MasqueradePort],
             ),
             send(
                 FromPod,
                 In::Reply(b""),
                 TC_ACT_OK,
-                [Is(Frame::tcp(CLUSTER_IP, 80, LOCAL_BACKEND, 40000))],
+                [Is(Frame::tcp(net.cluster_ip, 80, net.local_backend, 40000))],
             ),
             // Another local pod keeps its address; a source outside the pod
             // CIDR is masqueraded.
             send(
                 FromPod,
-                syn(LOCAL_POD, 40000, CLUSTER_IP, 80),
+                syn(net.local_pod, 40000, net.cluster_ip, 80),
                 TC_ACT_OK,
-                [Src(LOCAL_POD)],
+                [Src(net.local_pod)],
             ),
             send(
                 FromNetdev,
-                syn(CLIENT, 40000, CLUSTER_IP, 80),
+                syn(net.client, 40000, net.cluster_ip, 80),
                 TC_ACT_OK,
-                [Src(NODE)],
+                [Src(net.node)],
             ),
         ],
     }
     .run();
 }
 
-#[test]
-fn masquerade_all_masquerades_pod_traffic_to_cluster_ips() {
+fn masquerade_all_masquerades_pod_traffic_to_cluster_ips(net: &Net) {
     Scenario {
-        config: masquerading(flags::DETECT_LOCAL_BY_CIDR | flags::MASQUERADE_ALL),
-        services: vec![web()],
+        net,
+        config: masquerading(net.detect_local_by_cidr | flags::MASQUERADE_ALL),
+        services: vec![web(net)],
         steps: vec![send(
             FromPod,
-            syn(LOCAL_POD, 40000, CLUSTER_IP, 80),
+            syn(net.local_pod, 40000, net.cluster_ip, 80),
             TC_ACT_REDIRECT,
-            [Src(NODE)],
+            [Src(net.node)],
         )],
     }
     .run();
 }
 
-#[test]
-fn conntrack_timeouts_from_the_config_expire_flows() {
-    let req = || pkt(Frame::udp(LOCAL_POD, 40000, CLUSTER_IP, 53), b"q");
+fn conntrack_timeouts_from_the_config_expire_flows(net: &Net) {
+    let req = || pkt(Frame::udp(net.local_pod, 40000, net.cluster_ip, 53), b"q");
     Scenario {
+        net,
         config: DatapathConfig {
             udp_ns: 50_000_000,
             udp_stream_ns: 50_000_000,
@@ -528,9 +672,9 @@ fn conntrack_timeouts_from_the_config_expire_flows() {
         services: vec![cluster_ip(
             "dns",
             Protocol::Udp,
-            CLUSTER_IP,
+            net.cluster_ip,
             53,
-            vec![endpoint(REMOTE_BACKEND, false)],
+            vec![endpoint(net.remote_backend, false)],
         )],
         steps: vec![
             send(FromPod, req(), TC_ACT_REDIRECT, []),
@@ -545,16 +689,16 @@ fn conntrack_timeouts_from_the_config_expire_flows() {
     .run();
 }
 
-#[test]
-fn forwarded_packets_at_ttl_one_are_left_to_the_kernel() {
+fn forwarded_packets_at_ttl_one_are_left_to_the_kernel(net: &Net) {
     Scenario {
-        config: standard(),
-        services: vec![remote(Protocol::Tcp)],
+        net,
+        config: standard(net),
+        services: vec![remote(net, Protocol::Tcp)],
         steps: vec![
             // The stack sends time-exceeded.
             send(
                 FromNetdev,
-                with_ttl(Frame::tcp(CLIENT, 40000, NODE, 30080), 1),
+                with_ttl(Frame::tcp(net.client, 40000, net.node, 30080), 1),
                 TC_ACT_OK,
                 [Ttl(1)],
             ),
@@ -563,21 +707,20 @@ fn forwarded_packets_at_ttl_one_are_left_to_the_kernel() {
     .run();
 }
 
-#[test]
-fn internal_traffic_policy_local_uses_only_this_nodes_endpoints() {
-    let vip = Ipv4Addr::new(198, 19, 0, 15);
-    let other_vip = Ipv4Addr::new(198, 19, 0, 16);
+fn internal_traffic_policy_local_uses_only_this_nodes_endpoints(net: &Net) {
+    let vip = net.service(15);
+    let other_vip = net.service(16);
     let local = DesiredService {
         internal_policy_local: true,
-        local_endpoints: vec![endpoint(LOCAL_BACKEND, true)],
+        local_endpoints: vec![endpoint(net.local_backend, true)],
         ..cluster_ip(
             "itp",
             Protocol::Tcp,
             vip,
             80,
             vec![
-                endpoint(LOCAL_BACKEND, true),
-                endpoint(REMOTE_BACKEND, false),
+                endpoint(net.local_backend, true),
+                endpoint(net.remote_backend, false),
             ],
         )
     };
@@ -588,27 +731,28 @@ fn internal_traffic_policy_local_uses_only_this_nodes_endpoints() {
             Protocol::Tcp,
             other_vip,
             80,
-            vec![endpoint(REMOTE_BACKEND, false)],
+            vec![endpoint(net.remote_backend, false)],
         )
     };
     Scenario {
-        config: standard(),
+        net,
+        config: standard(net),
         services: vec![local, remote_only],
         steps: (40000..40020)
             // Only the local endpoint.
             .map(|sport| {
                 send(
                     FromPod,
-                    syn(LOCAL_POD, sport, vip, 80),
+                    syn(net.local_pod, sport, vip, 80),
                     TC_ACT_OK,
-                    [Dst(LOCAL_BACKEND)],
+                    [Dst(net.local_backend)],
                 )
             })
             .chain([
                 // Endpoints only elsewhere: dropped, not rejected.
                 send(
                     FromPod,
-                    syn(LOCAL_POD, 40000, other_vip, 80),
+                    syn(net.local_pod, 40000, other_vip, 80),
                     TC_ACT_SHOT,
                     [],
                 ),
@@ -619,18 +763,18 @@ fn internal_traffic_policy_local_uses_only_this_nodes_endpoints() {
     .run();
 }
 
-#[test]
-fn interface_based_local_detection_decides_cluster_ip_masquerade() {
+fn interface_based_local_detection_decides_cluster_ip_masquerade(net: &Net) {
     Scenario {
+        net,
         config: masquerading(flags::DETECT_LOCAL_BY_INTERFACE),
-        services: vec![web()],
+        services: vec![web(net)],
         steps: vec![
             // The interface pod runs arrive on is not yet a pod interface.
             send(
                 FromPod,
-                syn(LOCAL_POD, 40000, CLUSTER_IP, 80),
+                syn(net.local_pod, 40000, net.cluster_ip, 80),
                 TC_ACT_REDIRECT,
-                [Src(NODE)],
+                [Src(net.node)],
             ),
             Step::Setup(|dp| {
                 let pod = IfaceInfo {
@@ -640,37 +784,37 @@ fn interface_based_local_detection_decides_cluster_ip_masquerade() {
             }),
             send(
                 FromPod,
-                syn(LOCAL_POD, 40001, CLUSTER_IP, 80),
+                syn(net.local_pod, 40001, net.cluster_ip, 80),
                 TC_ACT_REDIRECT,
-                [Src(LOCAL_POD)],
+                [Src(net.local_pod)],
             ),
         ],
     }
     .run();
 }
 
-#[test]
-fn a_masquerade_port_is_never_taken_from_a_live_flow() {
+fn a_masquerade_port_is_never_taken_from_a_live_flow(net: &Net) {
     Scenario {
+        net,
         config: DatapathConfig {
             snat_port_min: 62000,
             snat_port_max: 62000,
             // The flows below stay unanswered: SYN_SENT is their state.
             tcp_syn_sent_ns: 100_000_000,
-            ..standard()
+            ..standard(net)
         },
-        services: vec![remote(Protocol::Tcp)],
+        services: vec![remote(net, Protocol::Tcp)],
         steps: vec![
             send(
                 FromNetdev,
-                syn(CLIENT, 40000, NODE, 30080),
+                syn(net.client, 40000, net.node, 30080),
                 TC_ACT_REDIRECT,
                 [SrcPort(62000)],
             ),
             // The only port is in use.
             send(
                 FromNetdev,
-                syn(OTHER_CLIENT, 40000, NODE, 30080),
+                syn(net.other_client, 40000, net.node, 30080),
                 TC_ACT_SHOT,
                 [],
             ),
@@ -679,9 +823,9 @@ fn a_masquerade_port_is_never_taken_from_a_live_flow() {
             Step::Wait(Duration::from_millis(200)),
             send(
                 FromNetdev,
-                syn(OTHER_CLIENT, 40001, NODE, 30080),
+                syn(net.other_client, 40001, net.node, 30080),
                 TC_ACT_REDIRECT,
-                [Is(Frame::tcp(NODE, 62000, REMOTE_BACKEND, TARGET))],
+                [Is(Frame::tcp(net.node, 62000, net.remote_backend, TARGET))],
             ),
         ],
     }

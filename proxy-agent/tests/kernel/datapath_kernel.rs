@@ -6,10 +6,10 @@
 //! Single packets are tables of rows played by [`Datapath::play`]; flows
 //! whose backend is only known once balanced are loops.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proxy_agent::{
-    cli::packet::{self, Frame, tcp_flags},
+    cli::packet::{self, Frame, Layout, tcp_flags},
     model::{DesiredService, Endpoint, Protocol, ServicePortName},
     modes::ebpf::{self, test_run::Hook::FromPod},
 };
@@ -18,78 +18,119 @@ use proxy_common::{
     action::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
 };
 
-use crate::tester::{Datapath, In, Out::*, Step, counters, pkt, send};
+use crate::tester::{Datapath, In, Out::*, Step, counters, in_both_families, pkt, send};
 
-const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
-const VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
-const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 11);
-const BACKENDS: [Ipv4Addr; 3] = [
-    Ipv4Addr::new(198, 18, 2, 2),
-    Ipv4Addr::new(198, 18, 2, 3),
-    Ipv4Addr::new(198, 18, 2, 4),
-];
+/// The addresses of these scenarios in one family.
+struct Net {
+    client: IpAddr,
+    vip: IpAddr,
+    empty_vip: IpAddr,
+    backends: [IpAddr; 3],
+    /// An address no service holds.
+    elsewhere: IpAddr,
+}
+
+const fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+}
+
+const fn v6(net: u16, host: u16) -> IpAddr {
+    IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, net, 0, 0, 0, 0, host))
+}
+
+const IPV4: Net = Net {
+    client: v4(198, 18, 1, 2),
+    vip: v4(198, 19, 0, 10),
+    empty_vip: v4(198, 19, 0, 11),
+    backends: [v4(198, 18, 2, 2), v4(198, 18, 2, 3), v4(198, 18, 2, 4)],
+    elsewhere: v4(198, 18, 9, 9),
+};
+
+const IPV6: Net = Net {
+    client: v6(1, 2),
+    vip: v6(0xffff, 0x10),
+    empty_vip: v6(0xffff, 0x11),
+    backends: [v6(2, 2), v6(2, 3), v6(2, 4)],
+    elsewhere: v6(9, 9),
+};
+
 const TARGET_PORT: u16 = 8080;
 
 /// web: VIP:80/TCP and VIP:53/UDP -> `backends`:8080; empty: EMPTY_VIP:80 with none.
-fn services(backends: &[Ipv4Addr]) -> Vec<DesiredService> {
+fn services(net: &Net, backends: &[IpAddr]) -> Vec<DesiredService> {
     let eps: Vec<Endpoint> = backends
         .iter()
-        .map(|ip| Endpoint::new(IpAddr::V4(*ip), TARGET_PORT))
+        .map(|ip| Endpoint::new(*ip, TARGET_PORT))
         .collect();
-    let svc = |name: &str, vip: Ipv4Addr, port: u16, protocol: Protocol, eps: Vec<Endpoint>| {
+    let svc = |name: &str, vip: IpAddr, port: u16, protocol: Protocol, eps: Vec<Endpoint>| {
         let name = ServicePortName {
             namespace: "default".into(),
             name: name.into(),
             port_name: protocol.to_string(),
             protocol,
         };
-        DesiredService::cluster_ip(name, vec![IpAddr::V4(vip)], port, eps)
+        DesiredService::cluster_ip(name, vec![vip], port, eps)
     };
     vec![
-        svc("web", VIP, 80, Protocol::Tcp, eps.clone()),
-        svc("web", VIP, 53, Protocol::Udp, eps),
-        svc("empty", EMPTY_VIP, 80, Protocol::Tcp, vec![]),
+        svc("web", net.vip, 80, Protocol::Tcp, eps.clone()),
+        svc("web", net.vip, 53, Protocol::Udp, eps),
+        svc("empty", net.empty_vip, 80, Protocol::Tcp, vec![]),
     ]
 }
 
 /// The object with default map sizes and the services programmed; pod runs
 /// name no interface.
-fn fixture() -> Datapath {
+fn fixture(net: &Net) -> Datapath {
     let ebpf = ebpf::load().expect("load the eBPF object (are we root?)");
     let mut dp = Datapath::new(ebpf, 0, 0);
-    dp.program(services(&BACKENDS));
+    dp.program(services(net, &net.backends));
     dp
 }
 
 /// Plays `steps` on a fresh fixture.
-fn play(steps: Vec<Step>) {
-    fixture().play(steps);
+fn play(net: &Net, steps: Vec<Step>) {
+    fixture(net).play(steps);
 }
 
-fn backend_of(pkt: &[u8]) -> Ipv4Addr {
+fn backend_of(pkt: &[u8]) -> IpAddr {
     Frame::parse(pkt).unwrap().dst
 }
 
-#[test]
-fn new_tcp_flow_is_dnatted_to_a_backend_with_valid_checksums() {
-    play(vec![
-        send(
-            FromPod,
-            pkt(
-                Frame::tcp(CLIENT, 40000, VIP, 80),
-                b"GET / HTTP/1.0\r\n\r\n",
+in_both_families!(
+    new_tcp_flow_is_dnatted_to_a_backend_with_valid_checksums,
+    every_packet_of_a_flow_goes_to_the_same_backend,
+    reply_from_the_backend_is_reverse_translated_to_the_vip,
+    tc_from_host_translates_replies_of_live_flows_and_nothing_else,
+    udp_flow_is_dnatted_and_a_zero_checksum_stays_zero,
+    traffic_to_a_non_service_address_is_untouched,
+    traffic_to_an_unknown_port_of_a_vip_is_rejected,
+    service_without_endpoints_rejects_and_counts,
+    truncated_l4_header_is_dropped_and_counted,
+    new_flows_are_spread_over_all_backends,
+    removed_backend_gets_no_new_flows_and_its_udp_flows_are_flushed,
+);
+
+fn new_tcp_flow_is_dnatted_to_a_backend_with_valid_checksums(net: &Net) {
+    play(
+        net,
+        vec![
+            send(
+                FromPod,
+                pkt(
+                    Frame::tcp(net.client, 40000, net.vip, 80),
+                    b"GET / HTTP/1.0\r\n\r\n",
+                ),
+                TC_ACT_OK,
+                [DnatToOneOf(net.backends.to_vec(), TARGET_PORT)],
             ),
-            TC_ACT_OK,
-            [DnatToOneOf(&BACKENDS, TARGET_PORT)],
-        ),
-        counters([(Counter::NewFlow, 1)]),
-    ]);
+            counters([(Counter::NewFlow, 1)]),
+        ],
+    );
 }
 
-#[test]
-fn every_packet_of_a_flow_goes_to_the_same_backend() {
-    let f = fixture();
-    let input = Frame::tcp(CLIENT, 40001, VIP, 80).build(b"x");
+fn every_packet_of_a_flow_goes_to_the_same_backend(net: &Net) {
+    let f = fixture(net);
+    let input = Frame::tcp(net.client, 40001, net.vip, 80).build(b"x");
     let first = backend_of(&f.run(FromPod, &input).packet);
     for _ in 0..50 {
         assert_eq!(backend_of(&f.run(FromPod, &input).packet), first);
@@ -98,64 +139,71 @@ fn every_packet_of_a_flow_goes_to_the_same_backend() {
     assert_eq!(f.counter(Counter::Established), 50);
 }
 
-#[test]
-fn reply_from_the_backend_is_reverse_translated_to_the_vip() {
-    play(vec![
-        send(
-            FromPod,
-            pkt(Frame::tcp(CLIENT, 40002, VIP, 80), b"ping"),
-            TC_ACT_OK,
-            [],
-        ),
-        // The backend answers; the reply comes from the VIP.
-        send(
-            FromPod,
-            In::Reply(b"pong"),
-            TC_ACT_OK,
-            [Rewritten(Frame::tcp(VIP, 80, CLIENT, 40002))],
-        ),
-        send(
-            FromPod,
-            pkt(Frame::udp(CLIENT, 40002, VIP, 53), b"ping"),
-            TC_ACT_OK,
-            [],
-        ),
-        send(
-            FromPod,
-            In::Reply(b"pong"),
-            TC_ACT_OK,
-            [Rewritten(Frame::udp(VIP, 53, CLIENT, 40002))],
-        ),
-        counters([(Counter::ReplyNat, 2)]),
-    ]);
+fn reply_from_the_backend_is_reverse_translated_to_the_vip(net: &Net) {
+    play(
+        net,
+        vec![
+            send(
+                FromPod,
+                pkt(Frame::tcp(net.client, 40002, net.vip, 80), b"ping"),
+                TC_ACT_OK,
+                [],
+            ),
+            // The backend answers; the reply comes from the net.vip.
+            send(
+                FromPod,
+                In::Reply(b"pong"),
+                TC_ACT_OK,
+                [Rewritten(Frame::tcp(net.vip, 80, net.client, 40002))],
+            ),
+            send(
+                FromPod,
+                pkt(Frame::udp(net.client, 40002, net.vip, 53), b"ping"),
+                TC_ACT_OK,
+                [],
+            ),
+            send(
+                FromPod,
+                In::Reply(b"pong"),
+                TC_ACT_OK,
+                [Rewritten(Frame::udp(net.vip, 53, net.client, 40002))],
+            ),
+            counters([(Counter::ReplyNat, 2)]),
+        ],
+    );
 }
 
-#[test]
-fn tc_from_host_translates_replies_of_live_flows_and_nothing_else() {
+fn tc_from_host_translates_replies_of_live_flows_and_nothing_else(net: &Net) {
     // BPF_PROG_TEST_RUN gives its skb a socket, as the node's own sockets'
     // packets have: the reply of a live flow (a hostNetwork endpoint's)
     // gets the frontend back as its source; a packet of no flow passes.
-    play(vec![
-        send(
-            FromPod,
-            pkt(Frame::tcp(CLIENT, 40003, VIP, 80), b"ping"),
-            TC_ACT_OK,
-            [],
-        ),
-        send(
-            ebpf::test_run::Hook::FromHost,
-            In::Reply(b"pong"),
-            TC_ACT_OK,
-            [Rewritten(Frame::tcp(VIP, 80, CLIENT, 40003))],
-        ),
-        send(
-            ebpf::test_run::Hook::FromHost,
-            pkt(Frame::tcp(BACKENDS[0], 8080, CLIENT, 40999), b"pong"),
-            TC_ACT_OK,
-            [Unchanged],
-        ),
-        counters([(Counter::HostReply, 1), (Counter::ReplyNat, 0)]),
-    ]);
+    play(
+        net,
+        vec![
+            send(
+                FromPod,
+                pkt(Frame::tcp(net.client, 40003, net.vip, 80), b"ping"),
+                TC_ACT_OK,
+                [],
+            ),
+            send(
+                ebpf::test_run::Hook::FromHost,
+                In::Reply(b"pong"),
+                TC_ACT_OK,
+                [Rewritten(Frame::tcp(net.vip, 80, net.client, 40003))],
+            ),
+            send(
+                ebpf::test_run::Hook::FromHost,
+                pkt(
+                    Frame::tcp(net.backends[0], 8080, net.client, 40999),
+                    b"pong",
+                ),
+                TC_ACT_OK,
+                [Unchanged],
+            ),
+            counters([(Counter::HostReply, 1), (Counter::ReplyNat, 0)]),
+        ],
+    );
 }
 
 /// `frame` with `payload` and a UDP checksum of 0 (none).
@@ -166,94 +214,105 @@ fn without_udp_checksum(frame: Frame, payload: &[u8]) -> In {
     In::Bytes(p)
 }
 
-#[test]
-fn udp_flow_is_dnatted_and_a_zero_checksum_stays_zero() {
-    play(vec![
-        send(
-            FromPod,
-            pkt(Frame::udp(CLIENT, 40003, VIP, 53), b"query"),
-            TC_ACT_OK,
-            [DnatToOneOf(&BACKENDS, TARGET_PORT)],
-        ),
-        send(
-            FromPod,
-            without_udp_checksum(Frame::udp(CLIENT, 40004, VIP, 53), b"query"),
-            TC_ACT_OK,
-            [NoUdpChecksum],
-        ),
-    ]);
+fn udp_flow_is_dnatted_and_a_zero_checksum_stays_zero(net: &Net) {
+    play(
+        net,
+        vec![
+            send(
+                FromPod,
+                pkt(Frame::udp(net.client, 40003, net.vip, 53), b"query"),
+                TC_ACT_OK,
+                [DnatToOneOf(net.backends.to_vec(), TARGET_PORT)],
+            ),
+            send(
+                FromPod,
+                without_udp_checksum(Frame::udp(net.client, 40004, net.vip, 53), b"query"),
+                TC_ACT_OK,
+                [NoUdpChecksum],
+            ),
+        ],
+    );
 }
 
-#[test]
-fn traffic_to_a_non_service_address_is_untouched() {
-    play(vec![
-        send(
-            FromPod,
-            pkt(
-                Frame::tcp(CLIENT, 40005, Ipv4Addr::new(198, 18, 9, 9), 80),
-                b"x",
+fn traffic_to_a_non_service_address_is_untouched(net: &Net) {
+    play(
+        net,
+        vec![
+            send(
+                FromPod,
+                pkt(Frame::tcp(net.client, 40005, net.elsewhere, 80), b"x"),
+                TC_ACT_OK,
+                [Unchanged],
             ),
-            TC_ACT_OK,
-            [Unchanged],
-        ),
-        counters([(Counter::NewFlow, 0)]),
-    ]);
+            counters([(Counter::NewFlow, 0)]),
+        ],
+    );
 }
 
 /// As upstream's nftables mode: a cluster IP's other ports and protocols are rejected.
-#[test]
-fn traffic_to_an_unknown_port_of_a_vip_is_rejected() {
-    play(vec![
-        // Sent back, addressed to the client.
-        send(
-            FromPod,
-            pkt(Frame::tcp(CLIENT, 40006, VIP, 81), b"x"),
-            TC_ACT_REDIRECT,
-            [IpDst(CLIENT)],
-        ),
-        send(
-            FromPod,
-            pkt(Frame::udp(CLIENT, 40006, VIP, 80), b"x"),
-            TC_ACT_REDIRECT,
-            [IpDst(CLIENT)],
-        ),
-        counters([(Counter::RejectUnknownPort, 2)]),
-    ]);
+fn traffic_to_an_unknown_port_of_a_vip_is_rejected(net: &Net) {
+    play(
+        net,
+        vec![
+            // Sent back, addressed to the client.
+            send(
+                FromPod,
+                pkt(Frame::tcp(net.client, 40006, net.vip, 81), b"x"),
+                TC_ACT_REDIRECT,
+                [IpDst(net.client)],
+            ),
+            send(
+                FromPod,
+                pkt(Frame::udp(net.client, 40006, net.vip, 80), b"x"),
+                TC_ACT_REDIRECT,
+                [IpDst(net.client)],
+            ),
+            counters([(Counter::RejectUnknownPort, 2)]),
+        ],
+    );
 }
 
 #[test]
-fn non_ipv4_frames_are_untouched() {
+fn non_ip_frames_are_untouched() {
     let mut arp = vec![0u8; 60];
     arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
-    play(vec![send(FromPod, In::Bytes(arp), TC_ACT_OK, [Unchanged])]);
+    play(
+        &IPV4,
+        vec![send(FromPod, In::Bytes(arp), TC_ACT_OK, [Unchanged])],
+    );
 }
 
-#[test]
-fn service_without_endpoints_rejects_and_counts() {
-    play(vec![
-        send(
-            FromPod,
-            pkt(Frame::tcp(CLIENT, 40007, EMPTY_VIP, 80), b"x"),
-            TC_ACT_REDIRECT,
-            [TcpFlag(tcp_flags::RST)],
-        ),
-        counters([(Counter::RejectNoEndpoints, 1)]),
-    ]);
+fn service_without_endpoints_rejects_and_counts(net: &Net) {
+    play(
+        net,
+        vec![
+            send(
+                FromPod,
+                pkt(Frame::tcp(net.client, 40007, net.empty_vip, 80), b"x"),
+                TC_ACT_REDIRECT,
+                [TcpFlag(tcp_flags::RST)],
+            ),
+            counters([(Counter::RejectNoEndpoints, 1)]),
+        ],
+    );
 }
 
-#[test]
-fn truncated_l4_header_is_dropped_and_counted() {
-    let full = Frame::tcp(CLIENT, 40008, VIP, 80).build(b"");
-    let truncated = full[..packet::ETH_HLEN + packet::IPV4_HLEN + 10].to_vec();
-    play(vec![
-        send(FromPod, In::Bytes(truncated), TC_ACT_SHOT, []),
-        counters([(Counter::DropMalformed, 1)]),
-    ]);
+fn truncated_l4_header_is_dropped_and_counted(net: &Net) {
+    let full = Frame::tcp(net.client, 40008, net.vip, 80).build(b"");
+    let truncated = full[..Layout::of(&full).unwrap().l4 + 10].to_vec();
+    play(
+        net,
+        vec![
+            send(FromPod, In::Bytes(truncated), TC_ACT_SHOT, []),
+            counters([(Counter::DropMalformed, 1)]),
+        ],
+    );
 }
 
+/// IPv4 header fields; IPv6's are in `datapath_ipv6`.
 #[test]
 fn invalid_ipv4_headers_are_dropped_never_translated() {
-    let good = Frame::tcp(CLIENT, 40009, VIP, 80).build(b"payload");
+    let good = Frame::tcp(IPV4.client, 40009, IPV4.vip, 80).build(b"payload");
     let ip = packet::ETH_HLEN;
     let mut not_v4 = good.clone();
     not_v4[ip] = 0x65; // version 6 in an IPv4 frame
@@ -267,26 +326,29 @@ fn invalid_ipv4_headers_are_dropped_never_translated() {
         let sum = packet::checksum(&[&pkt[ip..ip + packet::IPV4_HLEN]]);
         pkt[ip + 10..ip + 12].copy_from_slice(&sum.to_be_bytes());
     }
-    play(vec![
-        send(FromPod, In::Bytes(not_v4), TC_ACT_SHOT, []),
-        send(FromPod, In::Bytes(short_total), TC_ACT_SHOT, []),
-        counters([(Counter::DropMalformed, 2), (Counter::NewFlow, 0)]),
-        // Translated (its L4 checksum cannot be checked here: the length is the skb's).
-        send(FromPod, In::Bytes(big_tcp), TC_ACT_OK, []),
-        counters([(Counter::DropMalformed, 2), (Counter::NewFlow, 1)]),
-    ]);
+    play(
+        &IPV4,
+        vec![
+            send(FromPod, In::Bytes(not_v4), TC_ACT_SHOT, []),
+            send(FromPod, In::Bytes(short_total), TC_ACT_SHOT, []),
+            counters([(Counter::DropMalformed, 2), (Counter::NewFlow, 0)]),
+            // Translated (its L4 checksum cannot be checked here: the length is the skb's).
+            send(FromPod, In::Bytes(big_tcp), TC_ACT_OK, []),
+            counters([(Counter::DropMalformed, 2), (Counter::NewFlow, 1)]),
+        ],
+    );
 }
 
-#[test]
-fn new_flows_are_spread_over_all_backends() {
-    let f = fixture();
+fn new_flows_are_spread_over_all_backends(net: &Net) {
+    let f = fixture(net);
     let mut hits = [0u32; 3];
     for sport in 0..300u16 {
         let out = f.run(
             FromPod,
-            &Frame::tcp(CLIENT, 20000 + sport, VIP, 80).build(b""),
+            &Frame::tcp(net.client, 20000 + sport, net.vip, 80).build(b""),
         );
-        let idx = BACKENDS
+        let idx = net
+            .backends
             .iter()
             .position(|b| *b == backend_of(&out.packet))
             .expect("a backend");
@@ -295,20 +357,19 @@ fn new_flows_are_spread_over_all_backends() {
     assert!(hits.iter().all(|h| *h >= 50), "uneven spread {hits:?}");
 }
 
-#[test]
-fn removed_backend_gets_no_new_flows_and_its_udp_flows_are_flushed() {
-    let mut f = fixture();
+fn removed_backend_gets_no_new_flows_and_its_udp_flows_are_flushed(net: &Net) {
+    let mut f = fixture(net);
     // Find a UDP flow that landed on the backend about to go.
-    let gone = BACKENDS[2];
+    let gone = net.backends[2];
     let flow = (30000..31000u16)
-        .map(|sport| Frame::udp(CLIENT, sport, VIP, 53))
+        .map(|sport| Frame::udp(net.client, sport, net.vip, 53))
         .find(|req| backend_of(&f.run(FromPod, &req.build(b"")).packet) == gone)
         .expect("some flow reaches every backend");
-    f.program(services(&BACKENDS[..2]));
+    f.program(services(net, &net.backends[..2]));
     for sport in 0..200u16 {
         let out = f.run(
             FromPod,
-            &Frame::tcp(CLIENT, 10000 + sport, VIP, 80).build(b""),
+            &Frame::tcp(net.client, 10000 + sport, net.vip, 80).build(b""),
         );
         assert_ne!(backend_of(&out.packet), gone);
     }

@@ -439,7 +439,10 @@ fn bad_input_is_one_line_naming_the_flag() {
     assert_one_line_error(&o.run(&a), "--dport: \"70000\" is not a port");
     let mut a = refs(&good);
     a[3] = "198.18.0";
-    assert_one_line_error(&o.run(&a), "--src: \"198.18.0\" is not an IPv4 address");
+    assert_one_line_error(
+        &o.run(&a),
+        "--src: \"198.18.0\" is not an IPv4 or IPv6 address",
+    );
     assert_one_line_error(&o.run(&with(&["--flows", "0"])), "--flows:");
     assert_one_line_error(&o.run(&with(&["--output", "yaml"])), "--output:");
     assert_one_line_error(&o.run(&with(&["--bogus"])), "--bogus: unknown flag");

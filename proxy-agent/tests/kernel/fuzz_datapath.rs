@@ -579,8 +579,8 @@ fn payload(rng: &mut Rng) -> Vec<u8> {
 /// A well-formed Ethernet + IPv4 + TCP/UDP frame for `t`.
 fn l4_frame(rng: &mut Rng, t: Tuple) -> Vec<u8> {
     let frame = Frame {
-        src: t.src,
-        dst: t.dst,
+        src: t.src.into(),
+        dst: t.dst.into(),
         sport: t.sport,
         dport: t.dport,
         proto: t.proto,
@@ -2135,8 +2135,8 @@ fn fuzz_xdp_from_netdev() {
 
 fn send(fx: &Fixture, hook: Hook, t: Tuple, flags: u8) -> Tuple {
     let frame = Frame {
-        src: t.src,
-        dst: t.dst,
+        src: t.src.into(),
+        dst: t.dst.into(),
         sport: t.sport,
         dport: t.dport,
         proto: t.proto,
@@ -2154,10 +2154,14 @@ fn send(fx: &Fixture, hook: Hook, t: Tuple, flags: u8) -> Tuple {
     );
     assert!(checksums_valid(&out.packet), "{t}: checksums");
     let f = Frame::parse(&out.packet).unwrap();
+    let v4 = |ip: std::net::IpAddr| match ip {
+        std::net::IpAddr::V4(a) => a,
+        std::net::IpAddr::V6(a) => panic!("{t}: left as IPv6 {a}"),
+    };
     Tuple {
-        src: f.src,
+        src: v4(f.src),
         sport: f.sport,
-        dst: f.dst,
+        dst: v4(f.dst),
         dport: f.dport,
         proto: f.proto,
     }

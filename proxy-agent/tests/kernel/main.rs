@@ -16,6 +16,7 @@ mod datapath_frontends;
 mod datapath_ipv6;
 mod datapath_kernel;
 mod explain;
+mod explain_ipv6;
 mod fuzz_datapath;
 mod introspect_fill;
 mod monitor_events;

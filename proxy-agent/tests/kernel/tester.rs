@@ -5,14 +5,16 @@
 //! out must pass, with the datapath counters in between. [`Datapath::play`]
 //! runs the rows in order through BPF_PROG_TEST_RUN.
 
-use std::{fmt, net::Ipv4Addr, time::Duration};
+use std::{fmt, net::IpAddr, time::Duration};
 
 use aya::{
     Ebpf,
     maps::{MapData, PerCpuArray},
 };
 use proxy_agent::{
-    cli::packet::{self, Frame, checksums_valid, tcp_flags},
+    cli::packet::{
+        self, ETH_HLEN, Frame, IPV4_HLEN, IPV6_HLEN, Layout, checksums_valid, tcp_flags,
+    },
     model::{DesiredService, DesiredState},
     modes::ebpf::{
         KernelMaps, Programmer,
@@ -159,24 +161,20 @@ pub fn pkt(frame: Frame, payload: &[u8]) -> In {
 }
 
 /// A TCP SYN without payload.
-pub fn syn(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> In {
+pub fn syn(src: impl Into<IpAddr>, sport: u16, dst: impl Into<IpAddr>, dport: u16) -> In {
     pkt(Frame::tcp(src, sport, dst, dport), b"")
 }
 
-/// `frame` (a TCP SYN, no payload) arriving with TTL `ttl`.
+/// `frame` (a TCP SYN, no payload) arriving with TTL (hop limit) `ttl`.
 pub fn with_ttl(frame: Frame, ttl: u8) -> In {
     let mut p = frame.build(b"");
-    p[packet::ETH_HLEN + 8] = ttl;
-    packet::fix_checksums(&mut p);
+    packet::set_ttl(&mut p, ttl);
     In::Bytes(p)
 }
 
 /// `frame` as a TCP segment with only RST set.
 pub fn rst(frame: Frame) -> In {
-    let mut p = frame.build(b"");
-    p[packet::ETH_HLEN + packet::IPV4_HLEN + 13] = tcp_flags::RST;
-    packet::fix_checksums(&mut p);
-    In::Bytes(p)
+    In::Bytes(tcp_segment(frame, tcp_flags::RST))
 }
 
 /// A check on the packet a program left.
@@ -185,11 +183,11 @@ pub enum Out {
     // The frame, which must parse and have valid checksums:
     /// Exactly these addresses, ports and protocol.
     Is(Frame),
-    Src(Ipv4Addr),
-    Dst(Ipv4Addr),
+    Src(IpAddr),
+    Dst(IpAddr),
     SrcPort(u16),
     /// This destination address and port.
-    To(Ipv4Addr, u16),
+    To(IpAddr, u16),
     /// A source port from the masquerade range.
     MasqueradePort,
 
@@ -201,12 +199,13 @@ pub enum Out {
     Rewritten(Frame),
     /// [`Out::Rewritten`] to the input's frame with the destination one of
     /// these addresses, at this port.
-    DnatToOneOf(&'static [Ipv4Addr], u16),
+    DnatToOneOf(Vec<IpAddr>, u16),
     EthDst([u8; 6]),
     EthSrc([u8; 6]),
+    /// The TTL (IPv4) or hop limit (IPv6).
     Ttl(u8),
-    /// The IPv4 destination address field.
-    IpDst(Ipv4Addr),
+    /// The destination address field, whatever the packet carries.
+    IpDst(IpAddr),
     /// This TCP flag is set.
     TcpFlag(u8),
     /// A UDP checksum of 0 (none) stays 0, and the headers verify.
@@ -259,9 +258,12 @@ impl Out {
             }
             Out::EthDst(mac) => assert_eq!(&out[0..6], mac, "{what}"),
             Out::EthSrc(mac) => assert_eq!(&out[6..12], mac, "{what}"),
-            Out::Ttl(ttl) => assert_eq!(out[packet::ETH_HLEN + 8], *ttl, "{what}"),
-            Out::IpDst(ip) => assert_eq!(&out[30..34], &ip.octets(), "{what}"),
-            Out::TcpFlag(flag) => assert_eq!(out[14 + 20 + 13] & flag, *flag, "{what}"),
+            Out::Ttl(ttl) => assert_eq!(out[layout(out).ttl()], *ttl, "{what}"),
+            Out::IpDst(ip) => {
+                let got = Frame::parse(out).map(|f| f.dst);
+                assert_eq!(got, Some(*ip), "{what}");
+            }
+            Out::TcpFlag(flag) => assert_eq!(out[layout(out).l4 + 13] & flag, *flag, "{what}"),
             Out::NoUdpChecksum => {
                 let off = packet::l4_checksum_offset(input);
                 assert_eq!(
@@ -277,6 +279,10 @@ impl Out {
     }
 }
 
+fn layout(pkt: &[u8]) -> Layout {
+    Layout::of(pkt).expect("an IP frame")
+}
+
 /// Asserts `out` equals `input` except for the rewritten addresses, ports
 /// and checksums, and that the checksums verify.
 fn assert_rewritten(input: &[u8], out: &[u8], expect: Frame, what: &str) {
@@ -290,9 +296,15 @@ fn assert_rewritten(input: &[u8], out: &[u8], expect: Frame, what: &str) {
     let mut want = input.to_vec();
     // Blank the fields the datapath may change, then everything else must be equal.
     for buf in [&mut normalized, &mut want] {
-        let l4 = packet::ETH_HLEN + packet::IPV4_HLEN;
-        let csum = packet::l4_checksum_offset(buf);
-        for range in [24..34, l4..l4 + 4, csum..csum + 2] {
+        let layout = layout(buf);
+        // IPv4: header checksum and addresses; IPv6: addresses.
+        let addresses = if layout.ipv6 {
+            ETH_HLEN + 8..ETH_HLEN + 40
+        } else {
+            ETH_HLEN + 10..ETH_HLEN + 20
+        };
+        let csum = layout.l4_checksum();
+        for range in [addresses, layout.l4..layout.l4 + 4, csum..csum + 2] {
             buf[range].fill(0);
         }
     }
@@ -308,10 +320,12 @@ fn expected_rst(syn: &[u8]) -> Vec<u8> {
     let mut want = Frame::tcp(req.dst, req.dport, req.src, req.sport).build(b"");
     want[0..6].copy_from_slice(&syn[6..12]);
     want[6..12].copy_from_slice(&syn[0..6]);
-    let ip = packet::ETH_HLEN;
-    want[ip + 1] = 0;
-    want[ip + 4..ip + 6].fill(0); // id
-    let tcp = ip + packet::IPV4_HLEN;
+    let ip = ETH_HLEN;
+    let tcp = layout(&want).l4;
+    if !req.is_ipv6() {
+        want[ip + 1] = 0;
+        want[ip + 4..ip + 6].fill(0); // id
+    }
     want[tcp + 4..tcp + 8].fill(0); // seq
     want[tcp + 8..tcp + 12].copy_from_slice(&2u32.to_be_bytes()); // SYN seq 1 + 1
     want[tcp + 13] = tcp_flags::RST | tcp_flags::ACK;
@@ -320,21 +334,32 @@ fn expected_rst(syn: &[u8]) -> Vec<u8> {
     want
 }
 
+/// ICMP type 3 code 3 (RFC 792) or ICMPv6 type 1 code 4 (RFC 4443), from
+/// the address asked for, quoting the IP header and 8 bytes of the datagram.
 fn assert_port_unreachable(udp: &[u8], icmp: &[u8], what: &str) {
     let req = Frame::parse(udp).expect("a frame in");
-    assert_eq!(icmp.len(), 14 + 20 + 8 + 20 + 8, "{what}");
+    let (ip_len, proto, type_code) = if req.is_ipv6() {
+        (IPV6_HLEN, proxy_common::proto::ICMPV6, [1, 4])
+    } else {
+        (IPV4_HLEN, proxy_common::proto::ICMP, [3, 3])
+    };
+    let quoted = ip_len + 8;
+    assert_eq!(icmp.len(), ETH_HLEN + ip_len + 8 + quoted, "{what}");
     assert_eq!(&icmp[0..6], &udp[6..12], "{what}");
     assert_eq!(&icmp[6..12], &udp[0..6], "{what}");
-    let ip = &icmp[14..34];
-    assert_eq!(ip[9], 1, "{what}: ICMP");
-    assert_eq!(&ip[12..16], &req.dst.octets(), "{what}");
-    assert_eq!(&ip[16..20], &req.src.octets(), "{what}");
-    assert_eq!(packet::checksum(&[ip]), 0, "{what}: IP checksum");
-    assert_eq!(&icmp[34..36], &[3, 3], "{what}: port unreachable");
-    assert_eq!(packet::checksum(&[&icmp[34..]]), 0, "{what}: ICMP checksum");
+    let l = layout(icmp);
+    assert_eq!((l.ipv6, l.proto), (req.is_ipv6(), proto), "{what}");
+    let out = Frame::parse(icmp).expect("an IP frame out");
+    assert_eq!((out.src, out.dst), (req.dst, req.src), "{what}");
+    assert!(checksums_valid(icmp), "{what}: IP and ICMP checksums");
     assert_eq!(
-        &icmp[42..70],
-        &udp[14..42],
+        &icmp[l.l4..l.l4 + 2],
+        &type_code,
+        "{what}: port unreachable"
+    );
+    assert_eq!(
+        &icmp[l.l4 + 8..],
+        &udp[ETH_HLEN..ETH_HLEN + quoted],
         "{what}: quotes the original header and 8 bytes"
     );
 }
@@ -386,7 +411,7 @@ pub fn mac_str(m: [u8; 6]) -> String {
 }
 
 /// One ClusterIP service, `web`, on `vip`:80/TCP with `backends`:`port`.
-pub fn web_service(vip: Ipv4Addr, backends: &[Ipv4Addr], port: u16) -> DesiredState {
+pub fn web_service<A: Into<IpAddr> + Copy>(vip: A, backends: &[A], port: u16) -> DesiredState {
     use proxy_agent::model::{Endpoint, Protocol, ServicePortName};
     let name = ServicePortName {
         namespace: "default".into(),
@@ -396,12 +421,12 @@ pub fn web_service(vip: Ipv4Addr, backends: &[Ipv4Addr], port: u16) -> DesiredSt
     };
     let eps = backends
         .iter()
-        .map(|ip| Endpoint::new(std::net::IpAddr::V4(*ip), port))
+        .map(|ip| Endpoint::new((*ip).into(), port))
         .collect();
     DesiredState {
         services: [(
             name.clone(),
-            DesiredService::cluster_ip(name, vec![std::net::IpAddr::V4(vip)], 80, eps),
+            DesiredService::cluster_ip(name, vec![vip.into()], 80, eps),
         )]
         .into_iter()
         .collect(),
@@ -412,7 +437,29 @@ pub fn web_service(vip: Ipv4Addr, backends: &[Ipv4Addr], port: u16) -> DesiredSt
 /// `frame` as a TCP segment carrying exactly `flags`, with valid checksums.
 pub fn tcp_segment(frame: Frame, flags: u8) -> Vec<u8> {
     let mut pkt = frame.build(b"");
-    pkt[packet::ETH_HLEN + packet::IPV4_HLEN + 13] = flags;
+    let l4 = layout(&pkt).l4;
+    pkt[l4 + 13] = flags;
     packet::fix_checksums(&mut pkt);
     pkt
 }
+
+/// `mod name { #[test] fn ipv4(), #[test] fn ipv6() }` for each scenario
+/// `fn name(net: &Net)` of the calling module, run with its `IPV4` and
+/// `IPV6` address plans: one scenario, written once, in both families.
+macro_rules! in_both_families {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn ipv4() {
+                    super::$name(&super::IPV4)
+                }
+                #[test]
+                fn ipv6() {
+                    super::$name(&super::IPV6)
+                }
+            }
+        )*
+    };
+}
+pub(crate) use in_both_families;

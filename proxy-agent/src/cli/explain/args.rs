@@ -4,7 +4,7 @@
 //! ([`crate::cli::error`], with [`word`] for the mode flags), and
 //! kube-proxy's own flag parsing never sees these.
 
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{net::IpAddr, path::PathBuf};
 
 use clap::ArgGroup;
 
@@ -12,7 +12,7 @@ use super::probe::{Origin, Probe, Proto};
 use crate::cli::{
     error::Mistake,
     pins::PinDirArg,
-    values::{ipv4, nonempty_path, port},
+    values::{ip, nonempty_path, port},
 };
 
 pub const DEFAULT_SPORT: u16 = 40_000;
@@ -95,24 +95,24 @@ pub struct OfflineArgs {
     #[arg(conflicts_with_all = ONLINE)]
     pub hostname: Option<String>,
 
-    /// A local IPv4 address of the node, repeatable [default: the Node
-    /// object's addresses]
-    #[arg(long = "local-address", value_name = "IP", value_parser = ipv4)]
+    /// A local IPv4 or IPv6 address of the node, repeatable [default: the
+    /// Node object's addresses]
+    #[arg(long = "local-address", value_name = "IP", value_parser = ip)]
     #[arg(conflicts_with_all = ONLINE)]
-    pub local_addresses: Vec<Ipv4Addr>,
+    pub local_addresses: Vec<IpAddr>,
 }
 
 /// The packet asked about.
 #[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
 #[command(next_help_heading = "Packet")]
 pub struct PacketArgs {
-    /// IPv4 source
-    #[arg(long, value_name = "IP", value_parser = ipv4)]
-    pub src: Ipv4Addr,
+    /// Source address, IPv4 or IPv6
+    #[arg(long, value_name = "IP", value_parser = ip)]
+    pub src: IpAddr,
 
-    /// IPv4 destination
-    #[arg(long, value_name = "IP", value_parser = ipv4)]
-    pub dst: Ipv4Addr,
+    /// Destination address, of the source's family
+    #[arg(long, value_name = "IP", value_parser = ip)]
+    pub dst: IpAddr,
 
     /// Destination port
     #[arg(long, value_name = "N", value_parser = port)]
@@ -177,7 +177,7 @@ pub struct Offline {
     pub config: Option<PathBuf>,
     pub ebpf_config: Option<PathBuf>,
     pub hostname: Option<String>,
-    pub local_addresses: Vec<Ipv4Addr>,
+    pub local_addresses: Vec<IpAddr>,
 }
 
 /// What to run.
@@ -291,7 +291,7 @@ mod tests {
     fn offline_with_every_flag() {
         let a = run(&format!(
             "--manifests m --config c.yaml --ebpf-config e.yaml --hostname-override n1 \
-             --local-address 192.0.2.1 --local-address=192.0.2.2 {PACKET} --sport 1234 \
+             --local-address 192.0.2.1 --local-address=2001:db8::1 {PACKET} --sport 1234 \
              --flows 300 --output json"
         ));
         assert_eq!(
@@ -301,7 +301,7 @@ mod tests {
                 config: Some("c.yaml".into()),
                 ebpf_config: Some("e.yaml".into()),
                 hostname: Some("n1".into()),
-                local_addresses: vec![Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2)],
+                local_addresses: vec![[192, 0, 2, 1].into(), "2001:db8::1".parse().unwrap()],
             })
         );
         assert_eq!(a.probe.sport, 1234);
@@ -309,6 +309,22 @@ mod tests {
         assert_eq!(a.probe.origin, Origin::Pod);
         assert_eq!(a.flows, Some(300));
         assert_eq!(a.output, Output::Json);
+    }
+
+    #[test]
+    fn ipv6_packets() {
+        let a = run(
+            "--online --src 2001:db8:1::2 --dst 2001:db8:ffff::a --dport 80 --proto udp --from outside",
+        );
+        assert_eq!(a.probe.src, "2001:db8:1::2".parse::<IpAddr>().unwrap());
+        assert_eq!(a.probe.dst, "2001:db8:ffff::a".parse::<IpAddr>().unwrap());
+        assert!(a.probe.check().is_ok());
+        let mixed =
+            run("--online --src 10.0.0.1 --dst 2001:db8::a --dport 80 --proto tcp --from pod");
+        assert_eq!(
+            mixed.probe.check().unwrap_err(),
+            "--dst: 2001:db8::a is IPv6 but --src 10.0.0.1 is IPv4 (a packet has one family)"
+        );
     }
 
     #[test]
@@ -343,7 +359,7 @@ mod tests {
         );
         assert_eq!(
             err("--manifests m --src 10.0.0.1 --dst x --dport 80 --proto tcp --from pod"),
-            "--dst: \"x\" is not an IPv4 address"
+            "--dst: \"x\" is not an IPv4 or IPv6 address"
         );
         assert_eq!(
             err("--manifests m --src 10.0.0.1 --dst 10.0.0.2 --dport 0 --proto tcp --from pod"),
@@ -415,7 +431,7 @@ mod tests {
         );
         assert_eq!(
             err(&format!("--manifests m --local-address 1.2.3 {PACKET}")),
-            "--local-address: \"1.2.3\" is not an IPv4 address"
+            "--local-address: \"1.2.3\" is not an IPv4 or IPv6 address"
         );
         assert_eq!(
             err(&format!("--manifests= {PACKET}")),

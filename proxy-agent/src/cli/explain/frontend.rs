@@ -1,37 +1,34 @@
 //! The frontend a packet addresses, as the programmed `SERVICES` map holds
 //! it, and (offline, where the model is at hand) the service port behind it.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::IpAddr};
 
-use proxy_common::{FrontendKind, ServiceKey, service::flags};
+use proxy_common::{FrontendKind, ServiceKey, ServiceKey6, ServiceValue, service::flags};
 
 use super::probe::Probe;
-use crate::{model::DesiredState, modes::ebpf::KernelMaps};
+use crate::{
+    model::DesiredState,
+    modes::ebpf::{KernelMaps, family::AgentFamily as _},
+};
 
 /// Service port names by frontend (address, port, IP protocol).
-pub type Names = BTreeMap<(Ipv4Addr, u16, u8), String>;
+pub type Names = BTreeMap<(IpAddr, u16, u8), String>;
 
 /// Every frontend of `desired` the way the programmer writes them: cluster,
-/// external and load-balancer IPs on the service port, node ports on `node_ports`.
-pub fn names(desired: &DesiredState, node_ports: &[Ipv4Addr]) -> Names {
-    let v4 = |ips: &[std::net::IpAddr]| -> Vec<Ipv4Addr> {
-        ips.iter()
-            .filter_map(|ip| match ip {
-                std::net::IpAddr::V4(a) => Some(*a),
-                std::net::IpAddr::V6(_) => None,
-            })
-            .collect()
-    };
+/// external and load-balancer IPs on the service port, node ports on
+/// `node_ports`, in both families.
+pub fn names(desired: &DesiredState, node_ports: &[IpAddr]) -> Names {
     let mut out = Names::new();
     for svc in desired.services.values() {
         let proto = svc.protocol.ip_proto();
         let name = svc.name.to_string();
-        for ip in v4(&svc.cluster_ips)
-            .into_iter()
-            .chain(v4(&svc.external_ips))
-            .chain(v4(&svc.load_balancer_ips))
+        for ip in svc
+            .cluster_ips
+            .iter()
+            .chain(&svc.external_ips)
+            .chain(&svc.load_balancer_ips)
         {
-            out.insert((ip, svc.port, proto), name.clone());
+            out.insert((*ip, svc.port, proto), name.clone());
         }
         if let Some(port) = svc.node_port {
             for ip in node_ports {
@@ -74,12 +71,17 @@ impl Frontend {
 
 /// The frontend `probe` addresses, if the maps have one.
 pub fn lookup(maps: &KernelMaps, names: &Names, probe: &Probe) -> Option<Frontend> {
-    let key = ServiceKey::frontend(
-        u32::from(probe.dst).to_be(),
-        probe.dport.to_be(),
-        probe.proto.number(),
-    );
-    let value = maps.services.get(&key, 0).ok()?;
+    let (port_be, proto) = (probe.dport.to_be(), probe.proto.number());
+    let value: ServiceValue = match probe.dst {
+        IpAddr::V4(ip) => {
+            let key = ServiceKey::frontend(proxy_common::V4::to_be(ip), port_be, proto);
+            maps.services.get(&key, 0).ok()?
+        }
+        IpAddr::V6(ip) => {
+            let key = ServiceKey6::frontend(proxy_common::V6::to_be(ip), port_be, proto);
+            maps.v6.services.get(&key, 0).ok()?
+        }
+    };
     if value.has(flags::CLUSTER_IP_MARKER) {
         return None;
     }
@@ -96,7 +98,7 @@ pub fn lookup(maps: &KernelMaps, names: &Names, probe: &Probe) -> Option<Fronten
 
 #[cfg(test)]
 mod tests {
-    use std::net::IpAddr;
+    use std::net::Ipv4Addr;
 
     use super::*;
     use crate::model::{DesiredService, Protocol, ServicePortName};
@@ -115,13 +117,17 @@ mod tests {
             vec![],
         );
         svc.node_port = Some(30080);
+        svc.cluster_ips.push("2001:db8:ffff::1".parse().unwrap());
         svc.external_ips = vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 30))];
         svc.load_balancer_ips = vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 20))];
         let desired = DesiredState {
             services: [(svc.name.clone(), svc)].into_iter().collect(),
             ..DesiredState::default()
         };
-        let n = names(&desired, &[Ipv4Addr::new(192, 0, 2, 1)]);
+        let n = names(
+            &desired,
+            &[[192, 0, 2, 1].into(), "2001:db8::1".parse().unwrap()],
+        );
         let keys: Vec<_> = n
             .keys()
             .map(|(ip, port, _)| (ip.to_string(), *port))
@@ -133,6 +139,8 @@ mod tests {
                 ("192.0.2.1".to_string(), 30080),
                 ("192.0.2.20".to_string(), 80),
                 ("192.0.2.30".to_string(), 80),
+                ("2001:db8::1".to_string(), 30080),
+                ("2001:db8:ffff::1".to_string(), 80),
             ]
         );
         assert!(n.values().all(|v| v == "ns/web:http/TCP"));

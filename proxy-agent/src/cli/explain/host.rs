@@ -1,23 +1,25 @@
 //! `--from host`: a connection the node itself opens meets the socket
 //! hooks, not a packet program, and BPF_PROG_TEST_RUN cannot run those. So
-//! the private load's own `sock_connect4` is attached, for the moment of the
+//! the private load's own `sock_connect4` (`sock_connect6` for an IPv6
+//! probe) is attached, for the moment of the
 //! probe, to a cgroup made for it; this process joins that cgroup just long
 //! enough to create one socket, in a network namespace of its own thread that
 //! holds nothing but a loopback that is down, and connects it. The hook
 //! decides before any route is looked up; the route lookup then fails, so
 //! nothing is ever sent. The backend it chose is read from the private
-//! `SOCKETS` map by the socket's cookie; the live maps are never touched.
+//! `SOCKETS` (`SOCKETS6`) map by the socket's cookie; the live maps are
+//! never touched.
 
 use std::{
     io,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::PathBuf,
 };
 
 use anyhow::{Context as _, bail};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
-use proxy_common::{SockDirection, config::flags};
+use proxy_common::{SockDirection, V4, V6, config::flags};
 
 use super::{
     probe::{Probe, Proto},
@@ -26,13 +28,19 @@ use super::{
 use crate::{
     cli::packet::Frame,
     modes::ebpf::{
+        family::AgentFamily as _,
         load_socket_programs,
         maps::NodeMaps as _,
         sockets::{cgroup2_mount, join_cgroup, netns_cookie, own_cgroup, socket_option_u64},
     },
 };
 
-pub const PROGRAM: &str = "sock_connect4";
+/// The connect hook of each family.
+pub const PROGRAMS: [&str; 2] = ["sock_connect4", "sock_connect6"];
+
+fn program(probe: &Probe) -> &'static str {
+    PROGRAMS[usize::from(probe.is_ipv6())]
+}
 
 /// What the hook did with the connection.
 pub struct Outcome {
@@ -43,14 +51,15 @@ pub struct Outcome {
 }
 
 pub fn run(dp: &mut Datapath, probe: &Probe) -> anyhow::Result<Outcome> {
-    let loaded = dp.ebpf.program(PROGRAM).is_some_and(|p| p.fd().is_ok());
+    let program = program(probe);
+    let loaded = dp.ebpf.program(program).is_some_and(|p| p.fd().is_ok());
     if !loaded {
         load_socket_programs(&mut dp.ebpf)?;
     }
     let cgroup = ProbeCgroup::new()?;
     let prog: &mut CgroupSockAddr = dp
         .ebpf
-        .program_mut(PROGRAM)
+        .program_mut(program)
         .context("the socket program is missing")?
         .try_into()?;
     let dir = std::fs::File::open(&cgroup.path)
@@ -70,12 +79,9 @@ pub fn run(dp: &mut Datapath, probe: &Probe) -> anyhow::Result<Outcome> {
             config.host_netns_cookie = netns_cookie().context("reading the namespace cookie")?;
             config.flags |= flags::SOCKET_LB_HOST;
             maps.put_config(&config)?;
-            let socket = cgroup.socket_inside(probe.proto)?;
+            let socket = cgroup.socket_inside(probe)?;
             let cookie = socket_option_u64(socket.as_raw_fd(), libc::SO_COOKIE)?;
-            Ok((
-                cookie,
-                connect(&socket, SocketAddrV4::new(probe.dst, probe.dport)).err(),
-            ))
+            Ok((cookie, connect(&socket, probe.destination()).err()))
         })
         .join()
         .map_err(|_| anyhow::anyhow!("the probe thread panicked"))?
@@ -83,29 +89,38 @@ pub fn run(dp: &mut Datapath, probe: &Probe) -> anyhow::Result<Outcome> {
     let _ = prog.detach(link);
     let (cookie, error) = connected?;
 
-    let chosen = dp
-        .maps
-        .sockets
-        .iter()
-        .filter_map(Result::ok)
-        .find(|(k, _)| k.cookie == cookie && k.direction == SockDirection::Reverse as u8)
-        .map(|(k, _)| {
-            SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(k.addr_be)),
-                u16::from_be(k.port_be),
-            )
-        });
+    let reverse = SockDirection::Reverse as u8;
+    let chosen: Option<SocketAddr> = if probe.is_ipv6() {
+        dp.maps
+            .v6
+            .sockets
+            .iter()
+            .filter_map(Result::ok)
+            .find(|(k, _)| k.cookie == cookie && k.direction == reverse)
+            .map(|(k, _)| {
+                SocketAddr::new(IpAddr::V6(V6::from_be(k.addr_be)), u16::from_be(k.port_be))
+            })
+    } else {
+        dp.maps
+            .sockets
+            .iter()
+            .filter_map(Result::ok)
+            .find(|(k, _)| k.cookie == cookie && k.direction == reverse)
+            .map(|(k, _)| {
+                SocketAddr::new(IpAddr::V4(V4::from_be(k.addr_be)), u16::from_be(k.port_be))
+            })
+    };
     let refused = error
         .as_ref()
         .is_some_and(|e| e.raw_os_error() == Some(libc::ECONNREFUSED));
     let mut frame: Frame = probe.frame();
     if let Some(backend) = chosen {
-        frame.dst = *backend.ip();
+        frame.dst = backend.ip();
         frame.dport = backend.port();
     }
     Ok(Outcome {
         step: Step {
-            program: PROGRAM,
+            program,
             xdp: false,
             code: if refused { 0 } else { 1 },
         },
@@ -113,22 +128,36 @@ pub fn run(dp: &mut Datapath, probe: &Probe) -> anyhow::Result<Outcome> {
     })
 }
 
-fn connect(socket: &OwnedFd, dst: SocketAddrV4) -> io::Result<()> {
-    let addr = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: dst.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*dst.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: `addr` is a valid sockaddr_in of the size given.
-    let rc = unsafe {
-        libc::connect(
-            socket.as_raw_fd(),
-            (&raw const addr).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
+fn connect(socket: &OwnedFd, dst: SocketAddr) -> io::Result<()> {
+    let fd = socket.as_raw_fd();
+    let rc = match dst {
+        SocketAddr::V4(dst) => {
+            let addr = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: dst.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*dst.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            let len = std::mem::size_of_val(&addr) as libc::socklen_t;
+            // SAFETY: `addr` is a valid sockaddr_in of the size given.
+            unsafe { libc::connect(fd, (&raw const addr).cast(), len) }
+        }
+        SocketAddr::V6(dst) => {
+            let addr = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: dst.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: dst.ip().octets(),
+                },
+                sin6_scope_id: 0,
+            };
+            let len = std::mem::size_of_val(&addr) as libc::socklen_t;
+            // SAFETY: `addr` is a valid sockaddr_in6 of the size given.
+            unsafe { libc::connect(fd, (&raw const addr).cast(), len) }
+        }
     };
     if rc == 0 {
         Ok(())
@@ -181,14 +210,19 @@ impl ProbeCgroup {
     }
 
     /// A socket created while this process is in the probe's cgroup.
-    fn socket_inside(&self, proto: Proto) -> anyhow::Result<OwnedFd> {
-        let kind = match proto {
+    fn socket_inside(&self, probe: &Probe) -> anyhow::Result<OwnedFd> {
+        let kind = match probe.proto {
             Proto::Tcp => libc::SOCK_STREAM | libc::SOCK_NONBLOCK,
             Proto::Udp => libc::SOCK_DGRAM,
         };
         join_cgroup(&self.path)?;
+        let domain = if probe.is_ipv6() {
+            libc::AF_INET6
+        } else {
+            libc::AF_INET
+        };
         // SAFETY: plain socket(2); the descriptor is owned right away.
-        let fd = unsafe { libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, 0) };
+        let fd = unsafe { libc::socket(domain, kind | libc::SOCK_CLOEXEC, 0) };
         let created = io::Error::last_os_error();
         join_cgroup(&self.home)?;
         if fd < 0 {

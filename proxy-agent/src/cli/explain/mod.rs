@@ -42,6 +42,7 @@ pub fn main(args: ExplainArgs) -> ExitCode {
 
 /// The rendered answer.
 pub fn run(args: &Args) -> anyhow::Result<String> {
+    args.probe.check().map_err(anyhow::Error::msg)?;
     let (mut datapath, names, mode) = match &args.source {
         Source::Offline(offline) => {
             let (datapath, names) = offline::prepare(offline)?;

@@ -4,10 +4,10 @@
 //! `Programmer`), inside a private network namespace that stands in for the
 //! node.
 
-use std::{collections::BTreeSet, ffi::OsString, net::Ipv4Addr};
+use std::{collections::BTreeSet, ffi::OsString, net::IpAddr};
 
 use anyhow::{Context as _, anyhow, bail};
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 
 use super::{args::Offline, frontend, sandbox, trace::Datapath};
@@ -86,7 +86,10 @@ pub fn prepare(args: &Offline) -> anyhow::Result<(Datapath, frontend::Names)> {
         .sync(&desired, &mut maps)
         .context("programming the services")?;
 
-    let names = frontend::names(&desired, &facts.addresses.node_ports);
+    let node_ports: Vec<IpAddr> = (facts.addresses.node_ports.iter().map(|a| IpAddr::V4(*a)))
+        .chain(facts.addresses6.node_ports.iter().map(|a| IpAddr::V6(*a)))
+        .collect();
+    let names = frontend::names(&desired, &node_ports);
     Ok((
         Datapath {
             ebpf,
@@ -137,12 +140,12 @@ fn flag_of(e: &OptionsError) -> &'static str {
     }
 }
 
-/// `--local-address`, else the Node object's IPv4 addresses.
+/// `--local-address`, else the Node object's addresses of both families.
 fn local_addresses(
     args: &Offline,
     node: Option<&Node>,
     node_name: &str,
-) -> anyhow::Result<Vec<Ipv4Addr>> {
+) -> anyhow::Result<Vec<IpAddr>> {
     let mut seen = BTreeSet::new();
     if !args.local_addresses.is_empty() {
         return Ok(args
@@ -158,7 +161,7 @@ fn local_addresses(
             args.manifests.display()
         );
     };
-    let addresses: Vec<Ipv4Addr> = node
+    let addresses: Vec<IpAddr> = node
         .status
         .iter()
         .flat_map(|s| s.addresses.iter().flatten())
@@ -167,30 +170,22 @@ fn local_addresses(
         .filter(|a| seen.insert(*a))
         .collect();
     if addresses.is_empty() {
-        bail!(
-            "--local-address: required, as Node {node_name:?} has no IPv4 InternalIP or ExternalIP"
-        );
+        bail!("--local-address: required, as Node {node_name:?} has no InternalIP or ExternalIP");
     }
     Ok(addresses)
 }
 
-/// This node's pods: its podCIDRs and every local endpoint.
-fn pod_routes(node: Option<&Node>, desired: &DesiredState) -> Vec<Ipv4Net> {
-    let mut routes: BTreeSet<Ipv4Net> = node
+/// This node's pods, in both families: its podCIDRs and every local endpoint.
+fn pod_routes(node: Option<&Node>, desired: &DesiredState) -> Vec<IpNet> {
+    let mut routes: BTreeSet<IpNet> = node
         .map(node_pod_cidrs)
         .unwrap_or_default()
         .into_iter()
-        .filter_map(|c| match c {
-            ipnet::IpNet::V4(c) => Some(c),
-            ipnet::IpNet::V6(_) => None,
-        })
         .collect();
     for svc in desired.services.values() {
         for ep in svc.cluster_endpoints.iter().chain(&svc.local_endpoints) {
-            if let (true, std::net::IpAddr::V4(ip)) = (ep.is_local, ep.ip)
-                && !routes.iter().any(|r| r.contains(&ip))
-            {
-                routes.insert(Ipv4Net::from(ip));
+            if ep.is_local && !routes.iter().any(|r| r.contains(&ep.ip)) {
+                routes.insert(IpNet::from(ep.ip));
             }
         }
     }

@@ -60,6 +60,28 @@ fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
     to.config
         .set(0, config, 0)
         .with_context(|| format!("writing {}", names::CONFIG))?;
+
+    let (from, to) = (&from.v6, &mut to.v6);
+    copy_hash(&from.backends, &mut to.backends, names::BACKENDS6)?;
+    copy_hash(&from.services, &mut to.services, names::SERVICES6)?;
+    copy_trie(
+        &from.local_pod_cidrs,
+        &mut to.local_pod_cidrs,
+        names::LOCAL_POD_CIDRS6,
+    )?;
+    copy_trie(
+        &from.source_ranges,
+        &mut to.source_ranges,
+        names::SOURCE_RANGES6,
+    )?;
+    copy_hash(&from.conntrack, &mut to.conntrack, names::CONNTRACK6)?;
+    let config = from
+        .config
+        .get(&0, 0)
+        .with_context(|| format!("reading {}", names::CONFIG6))?;
+    to.config
+        .set(0, config, 0)
+        .with_context(|| format!("writing {}", names::CONFIG6))?;
     Ok(())
 }
 
@@ -123,9 +145,10 @@ fn arrival_interface(
 }
 
 /// The ifindex of the device `ip route get` names for `addr`, if any.
-fn route_device(addr: std::net::Ipv4Addr) -> anyhow::Result<Option<u32>> {
+fn route_device(addr: std::net::IpAddr) -> anyhow::Result<Option<u32>> {
+    let family = if addr.is_ipv4() { "-4" } else { "-6" };
     let out = Command::new("ip")
-        .args(["-o", "-4", "route", "get", &addr.to_string()])
+        .args(["-o", family, "route", "get", &addr.to_string()])
         .output()
         .context("running ip (iproute2)")?;
     if !out.status.success() {

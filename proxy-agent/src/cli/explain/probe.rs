@@ -1,6 +1,9 @@
 //! The packet asked about, and the frame built from it.
 
-use std::{fmt, net::Ipv4Addr};
+use std::{
+    fmt,
+    net::{IpAddr, SocketAddr},
+};
 
 use crate::cli::packet::Frame;
 
@@ -57,14 +60,41 @@ impl Origin {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Probe {
     pub proto: Proto,
-    pub src: Ipv4Addr,
+    pub src: IpAddr,
     pub sport: u16,
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     pub dport: u16,
     pub origin: Origin,
 }
 
 impl Probe {
+    /// A packet has one family: the error names `--dst` when it is not the source's.
+    pub fn check(&self) -> Result<(), String> {
+        let family = |ip: &IpAddr| if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+        if self.src.is_ipv4() == self.dst.is_ipv4() {
+            return Ok(());
+        }
+        Err(format!(
+            "--dst: {} is {} but --src {} is {} (a packet has one family)",
+            self.dst,
+            family(&self.dst),
+            self.src,
+            family(&self.src)
+        ))
+    }
+
+    pub fn is_ipv6(&self) -> bool {
+        self.dst.is_ipv6()
+    }
+
+    pub fn source(&self) -> SocketAddr {
+        SocketAddr::new(self.src, self.sport)
+    }
+
+    pub fn destination(&self) -> SocketAddr {
+        SocketAddr::new(self.dst, self.dport)
+    }
+
     /// The same packet from another source port.
     pub fn with_sport(self, sport: u16) -> Self {
         Self { sport, ..self }
@@ -78,7 +108,7 @@ impl Probe {
         }
     }
 
-    /// An Ethernet + IPv4 frame: a TCP SYN, or a UDP datagram with a small payload.
+    /// An Ethernet + IPv4/IPv6 frame: a TCP SYN, or a UDP datagram with a small payload.
     pub fn bytes(&self) -> Vec<u8> {
         let payload: &[u8] = match self.proto {
             Proto::Tcp => b"",
@@ -92,12 +122,10 @@ impl fmt::Display for Probe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} {}:{} -> {}:{} from {}",
+            "{} {} -> {} from {}",
             self.proto.name(),
-            self.src,
-            self.sport,
-            self.dst,
-            self.dport,
+            self.source(),
+            self.destination(),
             self.origin.name()
         )
     }
@@ -124,13 +152,23 @@ mod tests {
     fn frames_carry_the_probe() {
         let p = Probe {
             proto: Proto::Udp,
-            src: Ipv4Addr::new(192, 0, 2, 1),
+            src: [192, 0, 2, 1].into(),
             sport: 1000,
-            dst: Ipv4Addr::new(192, 0, 2, 2),
+            dst: [192, 0, 2, 2].into(),
             dport: 53,
             origin: Origin::Pod,
         };
         assert_eq!(Frame::parse(&p.bytes()), Some(p.frame()));
         assert_eq!(p.to_string(), "udp 192.0.2.1:1000 -> 192.0.2.2:53 from pod");
+        let v6 = Probe {
+            src: "2001:db8::1".parse().unwrap(),
+            dst: "2001:db8::2".parse().unwrap(),
+            ..p
+        };
+        assert_eq!(Frame::parse(&v6.bytes()), Some(v6.frame()));
+        assert_eq!(
+            v6.to_string(),
+            "udp [2001:db8::1]:1000 -> [2001:db8::2]:53 from pod"
+        );
     }
 }

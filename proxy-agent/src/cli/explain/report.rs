@@ -2,7 +2,7 @@
 //! text for people or as a JSON object whose keys are always present (null
 //! when they do not apply), for scripts.
 
-use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddrV4};
+use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr};
 
 use serde::Serialize;
 
@@ -25,8 +25,8 @@ impl Packet {
     fn new(p: &Probe) -> Self {
         Packet {
             protocol: p.proto.name(),
-            source: SocketAddrV4::new(p.src, p.sport).to_string(),
-            destination: SocketAddrV4::new(p.dst, p.dport).to_string(),
+            source: p.source().to_string(),
+            destination: p.destination().to_string(),
             from: p.origin.name(),
         }
     }
@@ -338,10 +338,10 @@ impl Flows {
 
     /// Sorts the endpoints by address, for stable output.
     pub fn finish(mut self) -> Self {
+        // Unparsable names (none are expected) sort last.
         self.endpoints.sort_by_key(|e| {
-            e.endpoint
-                .parse::<SocketAddrV4>()
-                .map_or((u32::MAX, 0), |a| (u32::from(*a.ip()), a.port()))
+            let addr = e.endpoint.parse::<SocketAddr>();
+            (addr.is_err(), addr.ok())
         });
         self
     }

@@ -1,22 +1,27 @@
 //! The offline form's private network namespace: entered with unshare on
 //! the calling thread (gone when the thread ends), holding an external
-//! interface with the node's addresses and a default route, and a pod-facing
-//! interface with routes to this node's pods, so that FIB lookups and
+//! interface with the node's addresses and a default route per family, and a
+//! pod-facing interface with routes to this node's pods, so that FIB lookups and
 //! ifindex-based local-traffic detection behave as on the node. Nothing in
 //! it is connected to anything.
 
-use std::{ffi::CString, net::Ipv4Addr, process::Command};
+use std::{
+    ffi::CString,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    process::Command,
+};
 
 use anyhow::{Context as _, bail};
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use crate::{
     modes::ebpf::node::{DetectLocal, EbpfNodeSettings},
     sources::host::{HostInterface, HostNetwork},
 };
 
-/// The default route's next hop: a permanent neighbour on the external interface.
+/// The default routes' next hops: permanent neighbours on the external interface.
 const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 1);
+const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 const GATEWAY_MAC: &str = "02:00:00:00:00:fe";
 const IFNAMSIZ: usize = 15;
 
@@ -25,13 +30,13 @@ const IFNAMSIZ: usize = 15;
 pub struct Layout {
     /// Holds the node's local addresses; NodePort / LB / external-IP traffic arrives here.
     pub external: String,
-    pub local_addresses: Vec<Ipv4Addr>,
+    pub local_addresses: Vec<IpAddr>,
     /// The host side of a pod veth: where pod traffic arrives.
     pub pod: String,
     /// The bridge the pod veth is a port of (detectLocalMode BridgeInterface).
     pub bridge: Option<String>,
     /// This node's pods: routed to the pod side.
-    pub pod_routes: Vec<Ipv4Net>,
+    pub pod_routes: Vec<IpNet>,
 }
 
 impl Layout {
@@ -40,8 +45,8 @@ impl Layout {
     /// matching the pod-interface prefix or bridge of detectLocalMode.
     pub fn new(
         settings: &EbpfNodeSettings,
-        local_addresses: Vec<Ipv4Addr>,
-        pod_routes: Vec<Ipv4Net>,
+        local_addresses: Vec<IpAddr>,
+        pod_routes: Vec<IpNet>,
     ) -> Self {
         let pod_prefix = match &settings.detect_local {
             DetectLocal::InterfaceNamePrefix(p) if !p.is_empty() => p.clone(),
@@ -122,6 +127,9 @@ fn build(layout: &Layout) -> anyhow::Result<Sandbox> {
     // /proc/sys/net follows the namespace of the thread that opens it.
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
         .context("enabling forwarding (net.ipv4.ip_forward)")?;
+    // The FIB helper answers "forwarding disabled" for IPv6 without it.
+    std::fs::write("/proc/sys/net/ipv6/conf/all/forwarding", "1")
+        .context("enabling forwarding (net.ipv6.conf.all.forwarding)")?;
 
     let ext = layout.external.as_str();
     ip(&[
@@ -130,23 +138,27 @@ fn build(layout: &Layout) -> anyhow::Result<Sandbox> {
     ip(&["link", "set", "xplpeer0", "up"])?;
     ip(&["link", "set", ext, "up"])?;
     for addr in &layout.local_addresses {
-        ip(&["addr", "add", &format!("{addr}/32"), "dev", ext])?;
+        let host = IpNet::from(*addr).to_string();
+        // No duplicate address detection: the address is usable at once.
+        ip(&["addr", "add", &host, "dev", ext, "nodad"])?;
     }
-    let gateway = GATEWAY.to_string();
-    ip(&[
-        "neigh",
-        "add",
-        &gateway,
-        "lladdr",
-        GATEWAY_MAC,
-        "dev",
-        ext,
-        "nud",
-        "permanent",
-    ])?;
-    ip(&[
-        "route", "add", "default", "via", &gateway, "dev", ext, "onlink",
-    ])?;
+    for (family, gateway) in [("-4", IpAddr::V4(GATEWAY)), ("-6", IpAddr::V6(GATEWAY6))] {
+        let gateway = gateway.to_string();
+        ip(&[
+            "neigh",
+            "add",
+            &gateway,
+            "lladdr",
+            GATEWAY_MAC,
+            "dev",
+            ext,
+            "nud",
+            "permanent",
+        ])?;
+        ip(&[
+            family, "route", "add", "default", "via", &gateway, "dev", ext, "onlink",
+        ])?;
+    }
 
     let pod = layout.pod.as_str();
     ip(&[
@@ -175,14 +187,28 @@ fn build(layout: &Layout) -> anyhow::Result<Sandbox> {
             index: ifindex("lo")?,
             master: None,
             ipv4: vec![Ipv4Addr::LOCALHOST],
-            ipv6: Vec::new(),
+            ipv6: vec![Ipv6Addr::LOCALHOST],
         },
         HostInterface {
             name: ext.into(),
             index: external_ifindex,
             master: None,
-            ipv4: layout.local_addresses.clone(),
-            ipv6: Vec::new(),
+            ipv4: layout
+                .local_addresses
+                .iter()
+                .filter_map(|a| match a {
+                    IpAddr::V4(a) => Some(*a),
+                    IpAddr::V6(_) => None,
+                })
+                .collect(),
+            ipv6: layout
+                .local_addresses
+                .iter()
+                .filter_map(|a| match a {
+                    IpAddr::V6(a) => Some(*a),
+                    IpAddr::V4(_) => None,
+                })
+                .collect(),
         },
         HostInterface {
             name: pod.into(),

@@ -46,7 +46,7 @@ pub struct Step {
 impl Step {
     /// The return code's name.
     pub fn action(&self) -> &'static str {
-        if self.program == super::host::PROGRAM {
+        if super::host::PROGRAMS.contains(&self.program) {
             return if self.code == 1 {
                 "SOCK_ALLOW"
             } else {
@@ -100,7 +100,7 @@ impl Trace {
 
 /// Runs `probe` through the programs of its origin: `tc_from_pod`, or
 /// `xdp_from_netdev` and, when XDP passes the packet on, `tc_from_netdev`,
-/// or for the node's own connections the socket hook ([`super::host`]).
+/// or for the node's own connections the socket hook of its family ([`super::host`]).
 pub fn run(dp: &mut Datapath, probe: &Probe) -> anyhow::Result<Trace> {
     let before = counters(&dp.stats);
     let mut steps = Vec::new();

@@ -1,7 +1,7 @@
 //! What a [`Trace`] means: forwarded (where to, masqueraded or not),
 //! dropped (why), rejected (how), or passed through untouched.
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use proxy_common::{Counter, proto};
 
@@ -9,7 +9,7 @@ use super::{
     probe::{Origin, Probe},
     trace::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, Trace, XDP_ABORTED, XDP_DROP, XDP_TX},
 };
-use crate::cli::packet::{ETH_HLEN, Frame};
+use crate::cli::packet::{Frame, Layout};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {
@@ -95,9 +95,9 @@ pub enum Verdict {
     Forwarded {
         flow: Flow,
         /// Where the packet goes: the endpoint (or, for a reply, the client).
-        to: SocketAddrV4,
+        to: SocketAddr,
         /// The source it leaves with.
-        from: SocketAddrV4,
+        from: SocketAddr,
         /// The flow's source is translated (to the node's address).
         masqueraded: bool,
         exit: Exit,
@@ -148,7 +148,8 @@ pub fn classify(probe: &Probe, trace: &Trace) -> Verdict {
         && last.code == TC_ACT_REDIRECT
         && let Some(reason) = rejected
     {
-        let icmp = trace.output.get(ETH_HLEN + 9) == Some(&proto::ICMP);
+        let icmp = Layout::of(&trace.output)
+            .is_some_and(|l| matches!(l.proto, proto::ICMP | proto::ICMPV6));
         return Verdict::Rejected {
             reply: if icmp {
                 Reply::IcmpPortUnreachable
@@ -181,8 +182,8 @@ pub fn classify(probe: &Probe, trace: &Trace) -> Verdict {
     };
     Verdict::Forwarded {
         flow,
-        to: SocketAddrV4::new(out.dst, out.dport),
-        from: SocketAddrV4::new(out.src, out.sport),
+        to: SocketAddr::new(out.dst, out.dport),
+        from: SocketAddr::new(out.src, out.sport),
         masqueraded,
         exit,
     }
@@ -204,8 +205,8 @@ fn classify_host(probe: &Probe, trace: &Trace) -> Verdict {
     let out = Frame::parse(&trace.output).unwrap_or(input);
     Verdict::Forwarded {
         flow: Flow::New,
-        to: SocketAddrV4::new(out.dst, out.dport),
-        from: SocketAddrV4::new(input.src, input.sport),
+        to: SocketAddr::new(out.dst, out.dport),
+        from: SocketAddr::new(input.src, input.sport),
         masqueraded: false,
         exit: Exit::Socket,
     }
@@ -257,13 +258,14 @@ mod tests {
         probe::{Origin, Proto},
         trace::{Step, XDP_PASS},
     };
+    use crate::cli::packet::ETH_HLEN;
 
     fn probe() -> Probe {
         Probe {
             proto: Proto::Tcp,
-            src: Ipv4Addr::new(192, 0, 2, 100),
+            src: Ipv4Addr::new(192, 0, 2, 100).into(),
             sport: 40000,
-            dst: Ipv4Addr::new(192, 0, 2, 1),
+            dst: Ipv4Addr::new(192, 0, 2, 1).into(),
             dport: 30080,
             origin: Origin::Outside,
         }
@@ -361,6 +363,8 @@ mod tests {
             }
         );
         let mut icmp = vec![0u8; 70];
+        icmp[12..14].copy_from_slice(&[0x08, 0x00]);
+        icmp[ETH_HLEN] = 0x45;
         icmp[ETH_HLEN + 9] = proto::ICMP;
         let v = classify(
             &p,

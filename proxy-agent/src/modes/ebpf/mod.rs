@@ -88,10 +88,12 @@ fn load_object(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyhow::R
         .map_max_entries(names::SERVICES, sizes.services)
         .map_max_entries(names::BACKENDS, sizes.backends)
         .map_max_entries(names::CONNTRACK, sizes.conntrack)
-        // Each family's tables take the same configured sizes (IPv6
-        // conntrack keeps its own, smaller default until configured apart).
+        // Each family's tables take the same configured sizes, as Cilium's
+        // per-family tables do: a dual-stack node's IPv6 flows get the
+        // capacity its IPv4 flows have.
         .map_max_entries(names::SERVICES6, sizes.services)
-        .map_max_entries(names::BACKENDS6, sizes.backends);
+        .map_max_entries(names::BACKENDS6, sizes.backends)
+        .map_max_entries(names::CONNTRACK6, sizes.conntrack);
     let shapes = object_maps()?;
     if let Some(dir) = maps_dir {
         for name in shapes.keys() {
