@@ -5,7 +5,8 @@
 //! families at once, from a pod and from the external client, in native
 //! XDP, generic XDP and TC-only modes: externalTrafficPolicy Cluster
 //! masquerades to the node's address of the family, Local keeps the
-//! client's. Addresses from 198.18.0.0/15 and 2001:db8::/32. Needs root.
+//! client's; `explain --online` answers IPv6 packets from the agent's
+//! pinned IPv6 maps. Addresses from 198.18.0.0/15 and 2001:db8::/32. Needs root.
 
 use std::{
     collections::BTreeMap,
@@ -15,6 +16,7 @@ use std::{
 };
 
 use crate::{
+    cleanup_common::BpfFs,
     sock_client::{self, Op, Outcome, Place},
     support::{Agent, wait_for},
 };
@@ -189,12 +191,20 @@ fn dual_stack_end_to_end(xdp_mode: &str, expect_logged: &str) {
             fs::write(file, slice_yaml(service, family, ips)).unwrap();
         }
     }
+    let bpffs = BpfFs::new();
+    let pin_root = bpffs.dir.join("kube-ebpf-proxy");
     let agent = Agent::start_as(
         &tb.node_ns,
         "node-a",
         dir.path(),
         dir.path().join("agent.log"),
-        &["--ebpf-xdp-mode", xdp_mode],
+        &[
+            "--ebpf-xdp-mode",
+            xdp_mode,
+            "--ebpf-pin-root",
+            pin_root.to_str().unwrap(),
+            "--ebpf-detach-on-exit",
+        ],
     );
 
     let client = tb.pod("client").ns.clone();
@@ -288,6 +298,42 @@ fn dual_stack_end_to_end(xdp_mode: &str, expect_logged: &str) {
         );
     }
 
+    // `explain --online` reads the IPv6 maps the agent pinned: an IPv6
+    // packet from the pod to the IPv6 cluster IP, and one from outside to
+    // the node's IPv6 NodePort, masqueraded to the node's IPv6.
+    let pin_dir = pin_root.join(format!("v{}/maps", proxy_common::ABI_VERSION));
+    let v6_backends: Vec<String> = v6.iter().map(|ip| format!("[{ip}]:8080")).collect();
+    let from_pod = explain_online(
+        &tb.node_ns,
+        &pin_dir,
+        &["tcp", &client6.to_string(), VIP6, "80", "pod"],
+    );
+    assert_eq!(from_pod["verdict"], "forwarded", "{from_pod:#}");
+    assert!(
+        v6_backends.contains(&from_pod["endpoint"].as_str().unwrap().to_string()),
+        "{from_pod:#}"
+    );
+    assert_eq!(from_pod["frontend"]["kind"], "ClusterIP");
+    let from_outside = explain_online(
+        &tb.node_ns,
+        &pin_dir,
+        &[
+            "udp",
+            &EXTERNAL_CLIENT_IP6.to_string(),
+            &NODE_EXTERNAL_IP6.to_string(),
+            &NODE_PORT.to_string(),
+            "outside",
+        ],
+    );
+    assert_eq!(from_outside["verdict"], "forwarded", "{from_outside:#}");
+    assert_eq!(from_outside["masqueraded"], true, "{from_outside:#}");
+    let source: SocketAddr = from_outside["source"].as_str().unwrap().parse().unwrap();
+    assert_eq!(
+        source.ip(),
+        IpAddr::V6(NODE_EXTERNAL_IP6),
+        "{from_outside:#}"
+    );
+
     // eTP Local (every endpoint is on this node): the client's own address stays.
     let mut keep_targets: Vec<SocketAddr> = node
         .iter()
@@ -314,6 +360,26 @@ fn dual_stack_end_to_end(xdp_mode: &str, expect_logged: &str) {
         );
     }
     drop(agent);
+}
+
+/// `proxy-agent explain --online` in the node's namespace for
+/// `[proto, src, dst, dport, from]`, as JSON.
+fn explain_online(ns: &str, pin_dir: &std::path::Path, packet: &[&str; 5]) -> serde_json::Value {
+    let [proto, src, dst, dport, from] = packet;
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_proxy-agent")])
+        .args(["explain", "--online", "--output", "json", "--pin-dir"])
+        .arg(pin_dir)
+        .args(["--proto", proto, "--src", src, "--dst", dst])
+        .args(["--dport", dport, "--from", from])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "explain --online {packet:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[test]
