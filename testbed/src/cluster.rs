@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Each node routes the other's pod CIDR via the other's node IP (no
-//! encapsulation). Pods are wired as [`crate::Cni::Routed`] pods are, with
+//! encapsulation). [`Cluster::new_dual_stack`] adds IPv6 to the same
+//! layout: nodes 2001:db8::1 and ::2, client 2001:db8::100, pods
+//! 2001:db8:1::/64 and 2001:db8:2::/64, routed the same way. Pods are wired as [`crate::Cni::Routed`] pods are, with
 //! their node's IP as gateway. Every namespace is removed on drop, on panic
 //! and on SIGINT/SIGTERM (see [`crate::cleanup`]).
 //!
@@ -19,7 +21,11 @@
 //! native XDP program that passes everything (see [`crate::xdp_pass`]), and
 //! an XDP program on a node's `eth0` can answer with XDP_TX as on a real NIC.
 
-use std::{fmt, net::Ipv4Addr, os::fd::OwnedFd};
+use std::{
+    fmt,
+    net::{Ipv4Addr, Ipv6Addr},
+    os::fd::OwnedFd,
+};
 
 use anyhow::Context as _;
 
@@ -34,6 +40,9 @@ pub const LAN_BRIDGE: &str = "br0";
 pub const LAN_IFACE: &str = "eth0";
 pub const LAN_PREFIX_LEN: u8 = 24;
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+/// The client's IPv6 in a dual-stack cluster.
+pub const CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
+pub const LAN_PREFIX_LEN6: u8 = 64;
 /// Pod IPs on each node start at this last octet.
 pub const FIRST_POD_HOST: u8 = 10;
 
@@ -105,9 +114,13 @@ pub struct Node {
     pub id: NodeId,
     pub ns: String,
     pub ip: Ipv4Addr,
+    /// 2001:db8::1 (A) or ::2 (B) in a dual-stack cluster.
+    pub ip6: Option<Ipv6Addr>,
     /// The node's interface on the lan (where an XDP program would attach).
     pub eth0: String,
     pub pod_cidr: Ipv4Cidr,
+    /// 2001:db8:1::/64 (A) or 2001:db8:2::/64 (B) in a dual-stack cluster.
+    pub pod_cidr6: Option<String>,
     pub pods: Vec<Pod>,
     pods_created: u8,
 }
@@ -116,6 +129,7 @@ pub struct Node {
 pub struct Client {
     pub ns: String,
     pub ip: Ipv4Addr,
+    pub ip6: Option<Ipv6Addr>,
     pub eth0: String,
 }
 
@@ -132,17 +146,28 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new() -> anyhow::Result<Self> {
+        Self::build(false)
+    }
+
+    /// The same cluster in both families (see the module docs).
+    pub fn new_dual_stack() -> anyhow::Result<Self> {
+        Self::build(true)
+    }
+
+    fn build(dual_stack: bool) -> anyhow::Result<Self> {
         cleanup::sweep_stale();
         let id = cleanup::unique_id();
         let node = |n: NodeId| Node {
             id: n,
             ns: format!("{id}-node-{n}"),
             ip: Ipv4Addr::new(198, 18, 0, n.number()),
+            ip6: dual_stack.then(|| Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, n.number().into())),
             eth0: LAN_IFACE.to_owned(),
             pod_cidr: Ipv4Cidr {
                 addr: Ipv4Addr::new(198, 18, n.number(), 0),
                 prefix_len: 24,
             },
+            pod_cidr6: dual_stack.then(|| format!("2001:db8:{}::/64", n.number())),
             pods: Vec::new(),
             pods_created: 0,
         };
@@ -152,6 +177,7 @@ impl Cluster {
             client: Client {
                 ns: format!("{id}-client"),
                 ip: CLIENT_IP,
+                ip6: dual_stack.then_some(CLIENT_IP6),
                 eth0: LAN_IFACE.to_owned(),
             },
             id,
@@ -251,6 +277,9 @@ impl Cluster {
         self.add_ns(&node.ns)?;
         // Before any interface exists, so that they all inherit the defaults.
         netns::sysctl(&node.ns, "net.ipv4.ip_forward", "1")?;
+        if node.ip6.is_some() {
+            netns::sysctl(&node.ns, "net.ipv6.conf.all.forwarding", "1")?;
+        }
         netns::sysctl(&node.ns, "net.ipv4.conf.all.rp_filter", "0")?;
         netns::sysctl(&node.ns, "net.ipv4.conf.default.rp_filter", "0")?;
         self.plug_into_lan(&node.ns, &format!("port-{id}"))?;
@@ -277,7 +306,37 @@ impl Cluster {
                 "dev",
                 LAN_IFACE,
             ],
-        )
+        )?;
+        if let (Some(ip6), Some(other_ip6), Some(other_pods6)) =
+            (node.ip6, other.ip6, &other.pod_cidr6)
+        {
+            netns::ip(
+                ns,
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{ip6}/{LAN_PREFIX_LEN6}"),
+                    "dev",
+                    LAN_IFACE,
+                    "nodad",
+                ],
+            )?;
+            netns::ip(
+                ns,
+                &[
+                    "-6",
+                    "route",
+                    "add",
+                    other_pods6,
+                    "via",
+                    &other_ip6.to_string(),
+                    "dev",
+                    LAN_IFACE,
+                ],
+            )?;
+        }
+        Ok(())
     }
 
     /// No default route: the client is outside the cluster and reaches only
@@ -286,7 +345,22 @@ impl Cluster {
         let ns = self.client.ns.clone();
         self.add_ns(&ns)?;
         self.plug_into_lan(&ns, "port-client")?;
-        self.client_add_address(&format!("{}/{LAN_PREFIX_LEN}", self.client.ip))
+        self.client_add_address(&format!("{}/{LAN_PREFIX_LEN}", self.client.ip))?;
+        if let Some(ip6) = self.client.ip6 {
+            netns::ip(
+                Some(&ns),
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{ip6}/{LAN_PREFIX_LEN6}"),
+                    "dev",
+                    LAN_IFACE,
+                    "nodad",
+                ],
+            )?;
+        }
+        Ok(())
     }
 
     /// Adds an address (`"198.18.0.101/24"`) to the client's `eth0`, so a
@@ -318,7 +392,9 @@ impl Cluster {
 
     /// Adds a pod behind `node`, as a routed CNI does when a pod starts. Pod
     /// IPs are .10, .11, ... of the node's pod CIDR in order of creation,
-    /// never reused; the node-side veths are `veth0`, `veth1`, ...
+    /// never reused (in a dual-stack cluster also 2001:db8:N::10, ::11, ...,
+    /// with the node's `fe80::1` as gateway); the node-side veths are
+    /// `veth0`, `veth1`, ...
     /// Pod names are unique across the cluster.
     pub fn add_pod(&mut self, node: NodeId, name: &str) -> anyhow::Result<Pod> {
         anyhow::ensure!(self.find_pod(name).is_none(), "pod {name} exists");
@@ -331,17 +407,24 @@ impl Cluster {
             .filter(|&h| h < 255)
             .with_context(|| format!("too many pods on node {node}"))?;
         let ip = Ipv4Addr::new(198, 18, node.number(), host);
+        let ip6 = n
+            .ip6
+            .map(|_| Ipv6Addr::new(0x2001, 0xdb8, node.number().into(), 0, 0, 0, 0, host.into()));
         let pod = Pod {
             name: name.to_owned(),
             ns: pod_ns,
             ip,
-            ip6: None,
+            ip6,
             host_veth: format!("{POD_VETH_PREFIX}{index}"),
         };
         let (node_ns, gateway) = (n.ns.clone(), n.ip);
         self.add_ns(&pod.ns)?;
         crate::wire_routed_pod(&node_ns, &pod.ns, &pod.host_veth, ip, gateway)
             .with_context(|| format!("setting up pod {name} on node {node}"))?;
+        if let Some(ip6) = ip6 {
+            crate::wire_routed_pod6(&node_ns, &pod.ns, &pod.host_veth, ip6)
+                .with_context(|| format!("setting up pod {name}'s IPv6 on node {node}"))?;
+        }
         self.nodes[node.index()].pods.push(pod.clone());
         Ok(pod)
     }

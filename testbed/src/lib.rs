@@ -344,7 +344,7 @@ pub(crate) fn wire_routed_pod(
 /// The IPv6 half of a routed pod: its /128 routed to its veth, and a
 /// default route via the node's link-local `fe80::1` on that veth (as
 /// Calico does: no address of the node needs to be reachable on-link).
-fn wire_routed_pod6(
+pub(crate) fn wire_routed_pod6(
     node_ns: &str,
     pod_ns: &str,
     host_veth: &str,

@@ -6,7 +6,10 @@
 //! XDP, generic XDP and TC-only modes: externalTrafficPolicy Cluster
 //! masquerades to the node's address of the family, Local keeps the
 //! client's; `explain --online` answers IPv6 packets from the agent's
-//! pinned IPv6 maps. Addresses from 198.18.0.0/15 and 2001:db8::/32. Needs root.
+//! pinned IPv6 maps. Then the two-node cluster in both families: IPv6
+//! across nodes (pod to cluster IP, outside to either node's NodePort, by
+//! XDP_TX where XDP runs), eTP Local, hairpin. Addresses from
+//! 198.18.0.0/15 and 2001:db8::/32. Needs root.
 
 use std::{
     collections::BTreeMap,
@@ -94,13 +97,19 @@ fn node_yaml() -> String {
 
 /// One EndpointSlice per family, as the EndpointSlice controller writes them.
 fn slice_yaml(service: &str, address_type: &str, ips: &[String]) -> String {
+    let on_a: Vec<(String, &str)> = ips.iter().map(|ip| (ip.clone(), "node-a")).collect();
+    slice_yaml_on(service, address_type, &on_a)
+}
+
+/// The same with each endpoint on its node.
+fn slice_yaml_on(service: &str, address_type: &str, endpoints: &[(String, &str)]) -> String {
     let name = format!("{service}-{}", address_type.to_lowercase());
     let mut s = format!(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: demo\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: {address_type}\nports:\n  - {{name: http, protocol: TCP, port: 8080}}\n  - {{name: dns, protocol: UDP, port: 8080}}\nendpoints:\n"
     );
-    for ip in ips {
+    for (ip, node) in endpoints {
         s.push_str(&format!(
-            "  - addresses: [\"{ip}\"]\n    conditions: {{ready: true}}\n    nodeName: node-a\n"
+            "  - addresses: [\"{ip}\"]\n    conditions: {{ready: true}}\n    nodeName: {node}\n"
         ));
     }
     s
@@ -395,4 +404,197 @@ fn dual_stack_services_through_native_xdp() {
 #[test]
 fn dual_stack_services_through_tc_only() {
     dual_stack_end_to_end("disabled", "None");
+}
+
+/// Two dual-stack nodes, both running the agent: IPv6 crosses nodes from a
+/// pod to a cluster IP, from outside to either node's IPv6 NodePort
+/// (masqueraded to that node's IPv6; on node A in the XDP modes the
+/// answer leaves by `XDP_TX`, the endpoint being behind the other node),
+/// eTP Local keeps the client's IPv6 on the endpoint's node and drops on
+/// the other, and a pod reaching itself through its IPv6 cluster IP is
+/// masqueraded to its node's IPv6 (hairpin). IPv4 is served beside it.
+fn two_dual_stack_nodes(xdp_mode: &str) {
+    use testbed::cluster::{CLIENT_IP6, Cluster, NodeId};
+
+    let mut cluster = Cluster::new_dual_stack().unwrap();
+    let web_a = cluster.add_pod(NodeId::A, "web-a").unwrap();
+    let web_b = cluster.add_pod(NodeId::B, "web-b").unwrap();
+    let client_a = cluster.add_pod(NodeId::A, "client-a").unwrap();
+    let servers: Vec<_> = [&web_a, &web_b]
+        .iter()
+        .map(|p| servers::IdentityServer::start_dual_stack(&p.ns, &p.name, 8080).unwrap())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |file: &str, text: String| fs::write(dir.path().join(file), text).unwrap();
+    let nodes: Vec<String> = NodeId::ALL
+        .iter()
+        .map(|&id| {
+            let n = cluster.node(id);
+            format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: node-{id}}}\nspec:\n  podCIDR: {}\n  podCIDRs: [{}, \"{}\"]\nstatus:\n  addresses:\n    - {{type: InternalIP, address: \"{}\"}}\n    - {{type: InternalIP, address: \"{}\"}}\n",
+                n.pod_cidr,
+                n.pod_cidr,
+                n.pod_cidr6.as_ref().unwrap(),
+                n.ip,
+                n.ip6.unwrap()
+            )
+        })
+        .collect();
+    write("nodes.yaml", nodes.join("---\n"));
+    let (remote, local, hairpin) = (30_680, 30_681, 30_682);
+    for (name, vips, node_port, policy, on) in [
+        (
+            "remote",
+            ("2001:db8:ffff::30", "198.19.0.30"),
+            remote,
+            "Cluster",
+            &web_b,
+        ),
+        (
+            "local",
+            ("2001:db8:ffff::31", "198.19.0.31"),
+            local,
+            "Local",
+            &web_b,
+        ),
+        (
+            "hairpin",
+            ("2001:db8:ffff::32", "198.19.0.32"),
+            hairpin,
+            "Cluster",
+            &web_a,
+        ),
+    ] {
+        write(
+            &format!("{name}.yaml"),
+            service_yaml(name, vips, node_port, policy, &[], &[]),
+        );
+        let node = if on.name == "web-a" {
+            "node-a"
+        } else {
+            "node-b"
+        };
+        for (family, ip) in [
+            ("IPv4", on.ip.to_string()),
+            ("IPv6", on.ip6.unwrap().to_string()),
+        ] {
+            write(
+                &format!("{name}-{family}.yaml"),
+                slice_yaml_on(name, family, &[(ip, node)]),
+            );
+        }
+    }
+    let agents: Vec<Agent> = NodeId::ALL
+        .iter()
+        .map(|&id| {
+            Agent::start_as(
+                &cluster.node(id).ns,
+                &format!("node-{id}"),
+                dir.path(),
+                dir.path().join(format!("node-{id}.log")),
+                &[
+                    "--detect-local-mode",
+                    "NodeCIDR",
+                    "--ebpf-xdp-mode",
+                    xdp_mode,
+                ],
+            )
+        })
+        .collect();
+    let logs = || {
+        agents
+            .iter()
+            .map(|a| a.log_text())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    };
+    let (node_a6, node_b6) = (
+        IpAddr::V6(cluster.node(NodeId::A).ip6.unwrap()),
+        IpAddr::V6(cluster.node(NodeId::B).ip6.unwrap()),
+    );
+    let client = cluster.client().ns.clone();
+    wait_answers(&client, SocketAddr::new(node_a6, remote));
+    wait_answers(&client, SocketAddr::new(node_b6, remote));
+    sources(&servers);
+
+    // Every target reaches only `backend`, seen from `source`.
+    let check = |ns: &str, target: SocketAddr, backend: &str, source: IpAddr| {
+        let hits = exercise(ns, target, 5);
+        assert_eq!(
+            hits.keys().collect::<Vec<_>>(),
+            [backend],
+            "{target}: {hits:?}\n{}",
+            logs()
+        );
+        let seen = sources(&servers);
+        assert!(
+            !seen.is_empty() && seen.iter().all(|s| *s == source),
+            "{target}: seen from {seen:?}, expected {source}"
+        );
+    };
+    let pod_a6 = IpAddr::V6(client_a.ip6.unwrap());
+    let remote_vip6 = SocketAddr::new("2001:db8:ffff::30".parse().unwrap(), 80);
+    check(&client_a.ns, remote_vip6, "web-b", pod_a6);
+    let xdp_tx_a = || xdp_tx(&cluster.node(NodeId::A).ns);
+    let before = xdp_tx_a();
+    check(&client, SocketAddr::new(node_a6, remote), "web-b", node_a6);
+    let sent_back_by_xdp = xdp_tx_a() - before;
+    if xdp_mode == "disabled" {
+        assert_eq!(sent_back_by_xdp, 0, "no XDP program in TC-only mode");
+    } else {
+        // 5 TCP connections and 5 UDP exchanges, each way through node A.
+        assert!(
+            sent_back_by_xdp >= 20,
+            "IPv6 NodePort traffic to the other node leaves by XDP_TX: {sent_back_by_xdp}"
+        );
+    }
+    check(&client, SocketAddr::new(node_b6, remote), "web-b", node_b6);
+    let node_a4 = IpAddr::V4(cluster.node(NodeId::A).ip);
+    check(&client, SocketAddr::new(node_a4, remote), "web-b", node_a4);
+    check(
+        &client,
+        SocketAddr::new(node_b6, local),
+        "web-b",
+        IpAddr::V6(CLIENT_IP6),
+    );
+    let dropped = netns::run_in(&client, move || {
+        servers::tcp_identity(SocketAddr::new(node_a6, local), Duration::from_millis(500))
+    })
+    .unwrap();
+    assert!(
+        dropped.is_err(),
+        "eTP Local without an endpoint on node A drops: {dropped:?}"
+    );
+    let hairpin_vip6 = SocketAddr::new("2001:db8:ffff::32".parse().unwrap(), 80);
+    check(&web_a.ns, hairpin_vip6, "web-a", node_a6);
+    drop(agents);
+}
+
+/// The node agent's `xdp_tx` datapath events, from its metrics endpoint.
+fn xdp_tx(node_ns: &str) -> u64 {
+    let reply = netns::run_in(node_ns, || {
+        crate::http_client::get("127.0.0.1:10249".parse().unwrap(), "/metrics")
+    })
+    .unwrap()
+    .expect("the agent's metrics");
+    reply
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("kubeproxy_ebpf_datapath_events_total{event=\"xdp_tx\"} "))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+#[test]
+fn two_dual_stack_nodes_through_native_xdp() {
+    two_dual_stack_nodes("native");
+}
+
+#[test]
+fn two_dual_stack_nodes_through_tc_only() {
+    two_dual_stack_nodes("disabled");
+}
+
+#[test]
+fn two_dual_stack_nodes_through_generic_xdp() {
+    two_dual_stack_nodes("generic");
 }
