@@ -7,7 +7,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     time::Duration,
 };
 
@@ -17,13 +17,16 @@ use proxy_agent::{
     modes::ebpf::{
         self, KernelMaps, Programmer,
         maps::NodeMaps,
-        node::NodeAddresses,
+        node::{NodeAddresses, NodeAddressesOf},
         sockets::{SocketHooks, netns_cookie},
         stale_sockets::forget_and_terminate,
     },
 };
-use proxy_common::{Counter, DatapathConfig, config::flags};
-use testbed::{Cni, NODE_EXTERNAL_IP, ROUTED_GATEWAY, Testbed, netns, servers::IdentityServer};
+use proxy_common::{Counter, DatapathConfig, V6, config::flags};
+use testbed::{
+    Cni, NODE_EXTERNAL_IP, NODE_EXTERNAL_IP6, ROUTED_GATEWAY, Testbed, netns,
+    servers::IdentityServer,
+};
 
 use crate::{
     sock_client::{self, Op, Outcome, Place, UdpStream},
@@ -39,6 +42,14 @@ const GUARDED_LB_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 2, 2);
 const NODE_PORT: u16 = 30080;
 const EMPTY_NODE_PORT: u16 = 30081;
 const TARGET: u16 = 8080;
+/// The IPv6 addresses of the same services, in a dual-stack fixture.
+const CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 0x10);
+const EMPTY_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 0x11);
+const ITP_LOCAL_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 0x12);
+const GUARDED_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 0x13);
+const EXTERNAL_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 1, 0, 0, 0, 1);
+const LB_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 2, 0, 0, 0, 1);
+const GUARDED_LB_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 2, 0, 0, 0, 2);
 
 fn spn(name: &str, protocol: Protocol) -> ServicePortName {
     ServicePortName {
@@ -49,10 +60,10 @@ fn spn(name: &str, protocol: Protocol) -> ServicePortName {
     }
 }
 
-fn endpoint(ip: Ipv4Addr, local: bool) -> Endpoint {
+fn endpoint(ip: impl Into<IpAddr>, local: bool) -> Endpoint {
     Endpoint {
         is_local: local,
-        ..Endpoint::new(IpAddr::V4(ip), TARGET)
+        ..Endpoint::new(ip.into(), TARGET)
     }
 }
 
@@ -73,11 +84,34 @@ struct Fixture {
 
 impl Fixture {
     fn new(tag: &str) -> Self {
-        let tb = Testbed::new(Cni::Routed, &["pod-a", "pod-b"]).expect("testbed");
+        Self::build(tag, false)
+    }
+
+    /// The same in both families: pods, servers, node addresses and every
+    /// service also in IPv6.
+    fn new_dual_stack(tag: &str) -> Self {
+        Self::build(tag, true)
+    }
+
+    fn build(tag: &str, dual_stack: bool) -> Self {
+        let pods = ["pod-a", "pod-b"];
+        let tb = if dual_stack {
+            Testbed::new_dual_stack(&pods)
+        } else {
+            Testbed::new(Cni::Routed, &pods)
+        }
+        .expect("testbed");
         let servers = tb
             .pods
             .iter()
-            .map(|p| IdentityServer::start(&p.ns, &p.name, TARGET).expect("server"))
+            .map(|p| {
+                if dual_stack {
+                    IdentityServer::start_dual_stack(&p.ns, &p.name, TARGET)
+                } else {
+                    IdentityServer::start(&p.ns, &p.name, TARGET)
+                }
+                .expect("server")
+            })
             .collect();
         let mut ebpf = ebpf::load().expect("load the eBPF object (are we root?)");
         ebpf::load_socket_programs(&mut ebpf).expect("the socket programs load");
@@ -118,8 +152,21 @@ impl Fixture {
             localhost_node_ports,
             host: [ROUTED_GATEWAY, NODE_EXTERNAL_IP].into(),
         };
+        let dual_stack = self.tb.pods[0].ip6.is_some();
+        let node6 = NodeAddressesOf::<V6> {
+            primary: dual_stack.then_some(NODE_EXTERNAL_IP6),
+            node_ports: dual_stack
+                .then_some(NODE_EXTERNAL_IP6)
+                .into_iter()
+                .collect(),
+            localhost_node_ports: false,
+            host: dual_stack
+                .then_some(NODE_EXTERNAL_IP6)
+                .into_iter()
+                .collect(),
+        };
         self.programmer
-            .set_node_addresses(&node, &Default::default(), &self.state, &mut self.maps)
+            .set_node_addresses(&node, &node6, &self.state, &mut self.maps)
             .unwrap();
     }
 
@@ -173,19 +220,32 @@ fn services(tb: &Testbed) -> Vec<DesiredService> {
 
 /// [`services`] with web's endpoints on `web_pods` only.
 fn services_with_web_on(tb: &Testbed, web_pods: &[&str]) -> Vec<DesiredService> {
-    let a = tb.pod("pod-a").ip;
-    let b = tb.pod("pod-b").ip;
+    let dual_stack = tb.pods[0].ip6.is_some();
+    // The IPv4 address, and the IPv6 one in a dual-stack fixture.
+    let both = |v4: Ipv4Addr, v6: Ipv6Addr| -> Vec<IpAddr> {
+        std::iter::once(IpAddr::V4(v4))
+            .chain(dual_stack.then_some(IpAddr::V6(v6)))
+            .collect()
+    };
+    // A pod's endpoints, one per address it has.
+    let endpoints_of = |pod: &str, local: bool| -> Vec<Endpoint> {
+        let p = tb.pod(pod);
+        std::iter::once(IpAddr::V4(p.ip))
+            .chain(p.ip6.map(IpAddr::V6))
+            .map(|ip| endpoint(ip, local))
+            .collect()
+    };
     let web_endpoints: Vec<Endpoint> = web_pods
         .iter()
-        .map(|p| endpoint(tb.pod(p).ip, true))
+        .flat_map(|p| endpoints_of(p, true))
         .collect();
     let web = |protocol| DesiredService {
         node_port: Some(NODE_PORT),
-        external_ips: vec![IpAddr::V4(EXTERNAL_IP)],
-        load_balancer_ips: vec![IpAddr::V4(LB_IP)],
+        external_ips: both(EXTERNAL_IP, EXTERNAL_IP6),
+        load_balancer_ips: both(LB_IP, LB_IP6),
         ..DesiredService::cluster_ip(
             spn("web", protocol),
-            vec![IpAddr::V4(CLUSTER_IP)],
+            both(CLUSTER_IP, CLUSTER_IP6),
             80,
             web_endpoints.clone(),
         )
@@ -194,29 +254,33 @@ fn services_with_web_on(tb: &Testbed, web_pods: &[&str]) -> Vec<DesiredService> 
         node_port: Some(EMPTY_NODE_PORT),
         ..DesiredService::cluster_ip(
             spn("empty", protocol),
-            vec![IpAddr::V4(EMPTY_IP)],
+            both(EMPTY_IP, EMPTY_IP6),
             80,
             vec![],
         )
     };
+    let a = endpoints_of("pod-a", true);
     let itp_local = DesiredService {
         internal_policy_local: true,
-        local_endpoints: vec![endpoint(a, true)],
+        local_endpoints: a.clone(),
         ..DesiredService::cluster_ip(
             spn("itp-local", Protocol::Tcp),
-            vec![IpAddr::V4(ITP_LOCAL_IP)],
+            both(ITP_LOCAL_IP, ITP_LOCAL_IP6),
             80,
-            vec![endpoint(a, true), endpoint(b, false)],
+            [a.clone(), endpoints_of("pod-b", false)].concat(),
         )
     };
     let guarded = DesiredService {
-        load_balancer_ips: vec![IpAddr::V4(GUARDED_LB_IP)],
-        load_balancer_source_ranges: vec!["198.18.200.0/24".parse::<IpNet>().unwrap()],
+        load_balancer_ips: both(GUARDED_LB_IP, GUARDED_LB_IP6),
+        load_balancer_source_ranges: vec![
+            "198.18.200.0/24".parse::<IpNet>().unwrap(),
+            "2001:db8:200::/64".parse::<IpNet>().unwrap(),
+        ],
         ..DesiredService::cluster_ip(
             spn("guarded", Protocol::Tcp),
-            vec![IpAddr::V4(Ipv4Addr::new(198, 19, 0, 13))],
+            both(Ipv4Addr::new(198, 19, 0, 13), GUARDED_IP6),
             80,
-            vec![endpoint(a, true)],
+            a,
         )
     };
     vec![
@@ -229,8 +293,8 @@ fn services_with_web_on(tb: &Testbed, web_pods: &[&str]) -> Vec<DesiredService> 
     ]
 }
 
-fn at(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::from((ip, port))
+fn at(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
 }
 
 /// The identities `tries` clients got, failing on anything but an answer
@@ -391,20 +455,30 @@ fn next_answer(stream: &UdpStream, timeout: Duration) -> Option<String> {
 
 #[test]
 fn a_connected_udp_client_stops_reaching_a_removed_backend_within_a_second() {
-    let mut f = Fixture::new("stale-udp");
-    let stream = UdpStream::start(&f.host(), at(CLUSTER_IP, 80));
+    connected_udp_client_leaves_a_removed_backend(Fixture::new("stale-udp"), at(CLUSTER_IP, 80));
+}
+
+#[test]
+fn ipv6_a_connected_udp_client_stops_reaching_a_removed_backend_within_a_second() {
+    connected_udp_client_leaves_a_removed_backend(
+        Fixture::new_dual_stack("stale-udp6"),
+        at(CLUSTER_IP6, 80),
+    );
+}
+
+/// A connected UDP client of the node talks to `service`; one of its two
+/// backends leaves; the agent's teardown destroys the client's socket, which
+/// reconnects to the other within a second.
+fn connected_udp_client_leaves_a_removed_backend(mut f: Fixture, service: SocketAddr) {
+    let stream = UdpStream::start(&f.host(), service);
     let first = next_answer(&stream, Duration::from_secs(5)).expect("the client gets answers");
     let kept = if first == "pod-a" { "pod-b" } else { "pod-a" };
     let services = services_with_web_on(&f.tb, &[kept]);
     f.program(services);
     let gone = f.programmer.take_gone_udp();
-    assert!(
-        gone.iter()
-            .any(|g| g.service == SocketAddrV4::new(CLUSTER_IP, 80).into()),
-        "{gone:?}"
-    );
-    let sockets = &mut f.maps.sockets;
-    let done = in_netns(&f.tb.node_ns, || forget_and_terminate(&gone, sockets)).unwrap();
+    assert!(gone.iter().any(|g| g.service == service), "{gone:?}");
+    let maps = &mut f.maps;
+    let done = in_netns(&f.tb.node_ns, || forget_and_terminate(&gone, maps)).unwrap();
     assert_eq!(
         done.destroyed, 1,
         "the client's connected socket is destroyed"
@@ -439,4 +513,70 @@ fn a_connected_udp_client_stops_reaching_a_removed_backend_within_a_second() {
             Some(kept)
         );
     }
+}
+
+#[test]
+fn ipv6_host_clients_reach_every_frontend_kind_over_tcp_and_udp_and_see_the_service_address() {
+    let f = Fixture::new_dual_stack("frontends6");
+    let host = f.host();
+    let both: BTreeSet<String> = ["pod-a".to_string(), "pod-b".to_string()].into();
+    for op in [Op::Tcp, Op::Udp, Op::UdpConnected] {
+        assert_eq!(
+            identities(&host, op, at(CLUSTER_IP6, 80), 16),
+            both,
+            "{op:?}"
+        );
+        for dst in [
+            at(NODE_EXTERNAL_IP6, NODE_PORT),
+            at(EXTERNAL_IP6, 80),
+            at(LB_IP6, 80),
+        ] {
+            let got = identities(&host, op, dst, 3);
+            assert!(
+                got.is_subset(&both) && !got.is_empty(),
+                "{op:?} {dst}: {got:?}"
+            );
+        }
+    }
+    // The IPv4 frontends of the same services are served beside them.
+    assert_eq!(identities(&host, Op::Tcp, at(CLUSTER_IP, 80), 16), both);
+    assert_eq!(
+        f.counter(Counter::NewFlow),
+        0,
+        "no per-packet NAT was involved"
+    );
+}
+
+#[test]
+fn ipv6_no_endpoints_unknown_ports_and_source_ranges_are_refused_at_once() {
+    let f = Fixture::new_dual_stack("refused6");
+    let host = f.host();
+    for dst in [at(EMPTY_IP6, 80), at(NODE_EXTERNAL_IP6, EMPTY_NODE_PORT)] {
+        assert_refused_at_once(&host, Op::Tcp, dst);
+        assert_refused_at_once(&host, Op::Udp, dst);
+        assert_refused_at_once(&host, Op::UdpConnected, dst);
+    }
+    assert_refused_at_once(&host, Op::Tcp, at(CLUSTER_IP6, 81));
+    assert_refused_at_once(&host, Op::Tcp, at(GUARDED_LB_IP6, 80));
+    let got = identities(&host, Op::Tcp, at(ITP_LOCAL_IP6, 80), 12);
+    assert_eq!(
+        got,
+        ["pod-a".to_string()].into(),
+        "internalTrafficPolicy Local"
+    );
+}
+
+#[test]
+fn ipv6_pods_are_balanced_only_when_socket_lb_covers_them() {
+    let mut f = Fixture::new_dual_stack("pods6");
+    let pod = f.pod("pod-b");
+    let untouched = sock_client::run(&pod, Op::Tcp, at(CLUSTER_IP6, 80));
+    assert!(untouched.identity().is_none(), "{untouched:?}");
+    f.set_flags(flags::SOCKET_LB_HOST | flags::SOCKET_LB_PODS);
+    let before = f.counter(Counter::SockTranslated);
+    for op in [Op::Tcp, Op::Udp] {
+        let got = identities(&pod, op, at(CLUSTER_IP6, 80), 8);
+        assert!(!got.is_empty(), "{op:?}");
+    }
+    assert!(f.counter(Counter::SockTranslated) >= before + 16);
 }

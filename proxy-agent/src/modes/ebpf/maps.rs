@@ -11,8 +11,8 @@ use ipnet::{IpNet, Ipv4Net};
 use proxy_common::{
     Backend, Backend6, BackendId, BackendOf, CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf,
     DatapathConfig, DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, PrefixOf, ServiceKey,
-    ServiceKey6, ServiceKeyOf, ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange,
-    SourceRange6, SourceRangeOf, V4, V6, maps as names,
+    ServiceKey6, ServiceKeyOf, ServiceValue, SockKey, SockKey6, SockKeyOf, SockValue, SockValue6,
+    SockValueOf, SourceRange, SourceRange6, SourceRangeOf, V4, V6, maps as names,
 };
 
 use super::family::AgentFamily;
@@ -265,6 +265,7 @@ pub trait FamilyMapsOf: AgentFamily {
     fn conntrack(maps: &mut KernelMaps) -> &mut HashMap<MapData, CtKeyOf<Self>, CtValueOf<Self>>;
     fn source_ranges(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, SourceRangeOf<Self>, u8>;
     fn local_pod_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, PrefixOf<Self>, u8>;
+    fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKeyOf<Self>, SockValueOf<Self>>;
 }
 
 impl FamilyMapsOf for V4 {
@@ -283,6 +284,9 @@ impl FamilyMapsOf for V4 {
     fn local_pod_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, Ipv4Prefix, u8> {
         &mut maps.local_pod_cidrs
     }
+    fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKey, SockValue> {
+        &mut maps.sockets
+    }
 }
 
 impl FamilyMapsOf for V6 {
@@ -300,6 +304,9 @@ impl FamilyMapsOf for V6 {
     }
     fn local_pod_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, Ipv6Prefix, u8> {
         &mut maps.v6.local_pod_cidrs
+    }
+    fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKey6, SockValue6> {
+        &mut maps.v6.sockets
     }
 }
 

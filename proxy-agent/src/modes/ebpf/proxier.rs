@@ -172,7 +172,7 @@ impl EbpfProxier {
         if gone.is_empty() || !self.settings.socket_lb.enabled {
             return;
         }
-        match stale_sockets::forget_and_terminate(&gone, &mut self.maps.sockets) {
+        match stale_sockets::forget_and_terminate(&gone, &mut self.maps) {
             Ok(done) if done.forgotten + done.destroyed > 0 => info!(
                 backends_gone = gone.len(),
                 socket_choices_forgotten = done.forgotten,

@@ -10,27 +10,31 @@
 //! or send fails with ECONNABORTED and it opens a new socket, as it would
 //! after an ICMP error. It sees sockets of the agent's own network namespace,
 //! the node's; pods' sockets are in theirs (see `hostNamespaceOnly`).
+//! Both families, each from its own map and its own sock_diag dump.
 
-use std::{io, net::SocketAddrV4};
+use std::{io, net::SocketAddr};
 
-use aya::maps::{HashMap, MapData};
+use aya::Pod;
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_sock_diag::{
     SockDiagMessage,
-    constants::{AF_INET, IPPROTO_UDP},
+    constants::{AF_INET, AF_INET6, IPPROTO_UDP},
     inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
     message::SockDiagDestroy,
 };
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
-use proxy_common::{SockDirection, SockKey, SockValue, proto};
+use netlink_sys::{Socket, protocols::NETLINK_SOCK_DIAG};
+use proxy_common::{SockDirection, SockKeyOf, SockValueOf, V4, V6, proto};
+
+use super::{KernelMaps, maps::FamilyMapsOf};
+use crate::model::IpFamily;
 
 /// A backend that left a UDP service frontend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GoneUdp {
-    pub service: std::net::SocketAddr,
-    pub backend: std::net::SocketAddr,
+    pub service: SocketAddr,
+    pub backend: SocketAddr,
 }
 
 /// What [`forget_and_terminate`] did.
@@ -42,31 +46,61 @@ pub struct Terminated {
     pub destroyed: usize,
 }
 
-pub fn forget_and_terminate(
-    gone: &[GoneUdp],
-    sockets: &mut HashMap<MapData, SockKey, SockValue>,
-) -> io::Result<Terminated> {
-    let mut done = Terminated::default();
-    let doomed: Vec<SockKey> = sockets
+/// Both families: each family's sockets are in its own map (`SOCKETS`,
+/// `SOCKETS6`) and its own sock_diag dump.
+pub fn forget_and_terminate(gone: &[GoneUdp], maps: &mut KernelMaps) -> io::Result<Terminated> {
+    let mut done = Terminated {
+        forgotten: forget::<V4>(gone, maps) + forget::<V6>(gone, maps),
+        destroyed: 0,
+    };
+    let mut diag = Diag::open()?;
+    done.destroyed += terminate::<V4>(gone, &mut diag, maps)?;
+    done.destroyed += terminate::<V6>(gone, &mut diag, maps)?;
+    Ok(done)
+}
+
+/// Drops the kept choices (unconnected sends) of the gone backends.
+fn forget<F: FamilyMapsOf>(gone: &[GoneUdp], maps: &mut KernelMaps) -> usize
+where
+    SockKeyOf<F>: Pod,
+    SockValueOf<F>: Pod,
+{
+    let sockets = F::sockets(maps);
+    let doomed: Vec<SockKeyOf<F>> = sockets
         .iter()
         .filter_map(Result::ok)
-        .filter(|(k, v)| k.direction == SockDirection::Forward as u8 && was_gone(gone, k, v))
+        .filter(|(k, v)| {
+            let forward = k.direction == (SockDirection::Forward as u8);
+            forward && was_gone::<F>(gone, k, v)
+        })
         .map(|(k, _)| k)
         .collect();
-    for key in doomed {
-        if sockets.remove(&key).is_ok() {
-            done.forgotten += 1;
-        }
-    }
-    let mut diag = Diag::open()?;
-    for id in diag.udp_sockets()? {
-        let std::net::IpAddr::V4(addr) = id.destination_address else {
+    doomed
+        .iter()
+        .filter(|key| sockets.remove(key).is_ok())
+        .count()
+}
+
+/// Destroys the connected sockets the hooks pointed at a gone backend.
+fn terminate<F: FamilyMapsOf>(
+    gone: &[GoneUdp],
+    diag: &mut Diag,
+    maps: &mut KernelMaps,
+) -> io::Result<usize>
+where
+    SockKeyOf<F>: Pod,
+    SockValueOf<F>: Pod,
+{
+    let sockets = F::sockets(maps);
+    let mut destroyed = 0;
+    for id in diag.udp_sockets(F::FAMILY)? {
+        let Some(addr) = F::ip(&id.destination_address) else {
             continue;
         };
         let port = id.destination_port;
-        let key = SockKey::new(
+        let key = SockKeyOf::<F>::new(
             cookie(&id.cookie),
-            u32::from(addr).to_be(),
+            F::to_be(addr),
             port.to_be(),
             proto::UDP,
             SockDirection::Reverse,
@@ -76,34 +110,28 @@ pub fn forget_and_terminate(
             continue;
         };
         let pair = GoneUdp {
-            service: SocketAddrV4::new(
-                u32::from_be(service.addr_be).into(),
-                u16::from_be(service.port_be),
-            )
-            .into(),
-            backend: SocketAddrV4::new(addr, port).into(),
+            service: socket_addr::<F>(service.addr_be, service.port_be),
+            backend: SocketAddr::new(addr.into(), port),
         };
         if gone.contains(&pair) {
-            diag.destroy(id)?;
+            diag.destroy(F::FAMILY, id)?;
             let _ = sockets.remove(&key);
-            done.destroyed += 1;
+            destroyed += 1;
         }
     }
-    Ok(done)
+    Ok(destroyed)
+}
+
+fn socket_addr<F: FamilyMapsOf>(addr_be: F::Addr, port_be: u16) -> SocketAddr {
+    SocketAddr::new(F::from_be(addr_be).into(), u16::from_be(port_be))
 }
 
 /// Whether a socket's kept choice (`key`: the service, `value`: the backend) is gone.
-fn was_gone(gone: &[GoneUdp], key: &SockKey, value: &SockValue) -> bool {
-    let addr = |addr_be: u32, port_be: u16| {
-        std::net::SocketAddr::from(SocketAddrV4::new(
-            u32::from_be(addr_be).into(),
-            u16::from_be(port_be),
-        ))
-    };
+fn was_gone<F: FamilyMapsOf>(gone: &[GoneUdp], key: &SockKeyOf<F>, value: &SockValueOf<F>) -> bool {
     key.proto == proto::UDP
         && gone.iter().any(|g| {
-            g.service == addr(key.addr_be, key.port_be)
-                && g.backend == addr(value.addr_be, value.port_be)
+            g.service == socket_addr::<F>(key.addr_be, key.port_be)
+                && g.backend == socket_addr::<F>(value.addr_be, value.port_be)
         })
 }
 
@@ -125,7 +153,7 @@ impl Diag {
     fn open() -> io::Result<Self> {
         let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
         socket.bind_auto()?;
-        socket.connect(&SocketAddr::new(0, 0))?;
+        socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
         Ok(Diag {
             socket,
             sequence: 0,
@@ -133,9 +161,12 @@ impl Diag {
         })
     }
 
-    fn request(id: SocketId) -> SockDiagMessage {
+    fn request(family: IpFamily, id: SocketId) -> SockDiagMessage {
         SockDiagMessage::InetRequest(InetRequest {
-            family: AF_INET,
+            family: match family {
+                IpFamily::V4 => AF_INET,
+                IpFamily::V6 => AF_INET6,
+            },
             protocol: IPPROTO_UDP,
             extensions: ExtensionFlags::empty(),
             states: StateFlags::all(),
@@ -143,11 +174,15 @@ impl Diag {
         })
     }
 
-    /// Every IPv4 UDP socket's id (connected ones carry their peer).
-    fn udp_sockets(&mut self) -> io::Result<Vec<SocketId>> {
+    /// Every UDP socket's id of `family` (connected ones carry their peer).
+    fn udp_sockets(&mut self, family: IpFamily) -> io::Result<Vec<SocketId>> {
         let mut header = NetlinkHeader::default();
         header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        let sequence = self.send(header, Self::request(SocketId::new_v4()))?;
+        let any = match family {
+            IpFamily::V4 => SocketId::new_v4(),
+            IpFamily::V6 => SocketId::new_v6(),
+        };
+        let sequence = self.send(header, Self::request(family, any))?;
         let mut ids = Vec::new();
         loop {
             let len = self.socket.recv(&mut &mut self.buf[..], 0)?;
@@ -175,12 +210,12 @@ impl Diag {
         }
     }
 
-    fn destroy(&mut self, id: SocketId) -> io::Result<()> {
+    fn destroy(&mut self, family: IpFamily, id: SocketId) -> io::Result<()> {
         let mut header = NetlinkHeader::default();
         header.flags = NLM_F_REQUEST | NLM_F_ACK;
         let mut message = NetlinkMessage::new(
             header,
-            NetlinkPayload::InnerMessage(SockDiagDestroy::new(Self::request(id))),
+            NetlinkPayload::InnerMessage(SockDiagDestroy::new(Self::request(family, id))),
         );
         self.sequence = self.sequence.wrapping_add(1);
         message.header.sequence_number = self.sequence;
