@@ -21,3 +21,4 @@ mod fuzz_datapath;
 mod introspect_fill;
 mod monitor_events;
 mod pins_migration;
+mod upstream_flows;
