@@ -71,7 +71,8 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
 
     let engine = sync::run_observed(
         events,
-        SourceState::with_node_settings(&opts.node_name, node_settings),
+        SourceState::with_node_settings(&opts.node_name, node_settings)
+            .with_configured_service_cidrs(opts.ebpf.service_cidrs()),
         running.proxier,
         timing,
         std::future::pending(),

@@ -18,6 +18,11 @@ pub const CONFIG6: &str = "CONFIG6";
 pub const LOCAL_POD_CIDRS6: &str = "LOCAL_POD_CIDRS6";
 pub const SOURCE_RANGES6: &str = "SOURCE_RANGES6";
 pub const SOCKETS6: &str = "SOCKETS6";
+/// The service CIDRs of each family (ServiceCIDR objects, else the
+/// configuration): traffic to an address inside one that no service holds
+/// is dropped, as upstream's nftables mode does. Added without an ABI bump.
+pub const SERVICE_CIDRS: &str = "SERVICE_CIDRS";
+pub const SERVICE_CIDRS6: &str = "SERVICE_CIDRS6";
 /// Added without an ABI bump (a missing pin is created at load): only
 /// `proxy-agent monitor` reads them.
 pub const MONITOR: &str = "MONITOR";
@@ -37,6 +42,7 @@ pub const MAX_CONNTRACK: u32 = 262_144;
 pub const MAX_CONNTRACK6: u32 = 131_072;
 pub const MAX_IFACES: u32 = 4_096;
 pub const MAX_LOCAL_POD_CIDRS: u32 = 64;
+pub const MAX_SERVICE_CIDRS: u32 = 64;
 pub const MAX_SOURCE_RANGES: u32 = 16_384;
 /// Sockets the socket hooks pointed at a backend; least recently used first out.
 pub const MAX_SOCKETS: u32 = 262_144;

@@ -86,6 +86,9 @@ counters! {
     /// IPv6 packets passed untouched because their extension headers are
     /// more, or other, than the programs walk (or not TCP/UDP behind them).
     PassUnparsed = 28 => "pass_unparsed",
+    /// To an address inside a service CIDR that no service holds: dropped,
+    /// as upstream's nftables mode drops traffic to unallocated cluster IPs.
+    DropUnallocated = 29 => "drop_unallocated_cluster_ip",
 }
 
 const _: () = assert!((Counter::ALL.len() as u32) <= COUNTER_MAX);

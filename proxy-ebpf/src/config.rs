@@ -21,6 +21,13 @@ pub fn get() -> Option<&'static DatapathConfig> {
 
 /// Whether upstream's local-traffic detector (detectLocalMode) would call
 /// this packet pod traffic from this node.
+/// Whether `daddr_be` is inside one of the cluster's service CIDRs.
+#[inline(always)]
+pub fn in_service_cidr<F: Ip>(daddr_be: F::Addr) -> bool {
+    let key = Key::new(F::BITS, PrefixOf::<F> { addr_be: daddr_be });
+    F::service_cidrs().get(&key).is_some()
+}
+
 #[inline(always)]
 pub fn from_local_pod<F: Ip>(config: &DatapathConfig, saddr_be: F::Addr, ifindex: u32) -> bool {
     if config.flags & F::DETECT_LOCAL_BY_CIDR != 0 {

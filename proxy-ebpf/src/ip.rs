@@ -64,6 +64,7 @@ pub trait Ip: Family {
     fn backends() -> &'static HashMap<BackendId, BackendOf<Self>>;
     fn conntrack() -> &'static LruHashMap<CtKeyOf<Self>, CtValueOf<Self>>;
     fn local_pod_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8>;
+    fn service_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8>;
     fn source_ranges() -> &'static LpmTrie<SourceRangeOf<Self>, u8>;
     fn sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockValueOf<Self>>;
     /// This CPU's scratch space (see [`Scratch`]).
@@ -126,6 +127,10 @@ impl Ip for V4 {
     #[inline(always)]
     fn local_pod_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8> {
         &maps::LOCAL_POD_CIDRS
+    }
+    #[inline(always)]
+    fn service_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8> {
+        &maps::SERVICE_CIDRS
     }
     #[inline(always)]
     fn source_ranges() -> &'static LpmTrie<SourceRangeOf<Self>, u8> {
@@ -192,6 +197,10 @@ impl Ip for V6 {
     #[inline(always)]
     fn local_pod_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8> {
         &maps::LOCAL_POD_CIDRS6
+    }
+    #[inline(always)]
+    fn service_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8> {
+        &maps::SERVICE_CIDRS6
     }
     #[inline(always)]
     fn source_ranges() -> &'static LpmTrie<SourceRangeOf<Self>, u8> {

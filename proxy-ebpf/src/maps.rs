@@ -8,7 +8,7 @@ use proxy_common::{
     DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, MonitorSlot, ServiceKey, ServiceKey6,
     ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange, SourceRange6, V4, V6,
     maps::{
-        MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS,
+        MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS, MAX_SERVICE_CIDRS,
         MAX_SERVICE_ENTRIES, MAX_SOCKETS, MAX_SOURCE_RANGES,
     },
     monitor::{MONITOR_RING_BYTES, MONITOR_SLOTS},
@@ -40,6 +40,10 @@ pub static LOCAL_POD_CIDRS: LpmTrie<Ipv4Prefix, u8> =
     LpmTrie::with_max_entries(MAX_LOCAL_POD_CIDRS, 0);
 
 #[map]
+pub static SERVICE_CIDRS: LpmTrie<Ipv4Prefix, u8> =
+    LpmTrie::with_max_entries(MAX_SERVICE_CIDRS, 0);
+
+#[map]
 pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> =
     LpmTrie::with_max_entries(MAX_SOURCE_RANGES, 0);
 
@@ -64,6 +68,10 @@ pub static CONFIG6: Array<DatapathConfig6> = Array::with_max_entries(1, 0);
 #[map]
 pub static LOCAL_POD_CIDRS6: LpmTrie<Ipv6Prefix, u8> =
     LpmTrie::with_max_entries(MAX_LOCAL_POD_CIDRS, 0);
+
+#[map]
+pub static SERVICE_CIDRS6: LpmTrie<Ipv6Prefix, u8> =
+    LpmTrie::with_max_entries(MAX_SERVICE_CIDRS, 0);
 
 #[map]
 pub static SOURCE_RANGES6: LpmTrie<SourceRange6, u8> =

@@ -68,6 +68,11 @@ pub fn forward<F: Ip>(ctx: &SockAddrContext) -> i32 {
         {
             return refuse(&asked);
         }
+        // Upstream drops the packets; failing the call says it sooner.
+        if crate::config::in_service_cidr::<F>(addr_be) {
+            count(Counter::DropUnallocated);
+            return refuse(&asked);
+        }
         return ALLOW;
     };
     if frontend.has(svc::SOURCE_RANGES) {

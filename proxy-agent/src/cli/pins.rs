@@ -56,6 +56,7 @@ impl PinnedMaps {
             config: open(dir, names::CONFIG)?.0,
             ifaces: open(dir, names::IFACES)?.0,
             local_pod_cidrs: open(dir, names::LOCAL_POD_CIDRS)?.0,
+            service_cidrs: open(dir, names::SERVICE_CIDRS)?.0,
             source_ranges: open(dir, names::SOURCE_RANGES)?.0,
             sockets: open(dir, names::SOCKETS)?.0,
             v6: Maps6 {
@@ -64,6 +65,7 @@ impl PinnedMaps {
                 conntrack: open(dir, names::CONNTRACK6)?.0,
                 config: open(dir, names::CONFIG6)?.0,
                 local_pod_cidrs: open(dir, names::LOCAL_POD_CIDRS6)?.0,
+                service_cidrs: open(dir, names::SERVICE_CIDRS6)?.0,
                 source_ranges: open(dir, names::SOURCE_RANGES6)?.0,
                 sockets: open(dir, names::SOCKETS6)?.0,
             },

@@ -189,6 +189,10 @@ pub struct DesiredState {
     pub services: BTreeMap<ServicePortName, DesiredService>,
     /// This node, as of the sync.
     pub node: NodeModel,
+    /// The cluster's service CIDRs, both families (the ServiceCIDR objects,
+    /// else the configuration's): traffic to an address inside one that no
+    /// service holds is dropped, as upstream's nftables mode does.
+    pub service_cidrs: BTreeSet<IpNet>,
 }
 
 impl DesiredState {

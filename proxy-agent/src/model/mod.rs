@@ -10,12 +10,14 @@
 //! - [`topology`]: [`categorize_endpoints`] (`topology.go`).
 //! - [`trackers`]: change trackers that record only what changed.
 //! - [`desired`]: one [`DesiredService`] per service port.
+//! - [`service_cidrs`]: the cluster's service CIDRs (ServiceCIDR objects).
 
 mod build;
 mod construct;
 pub mod desired;
 pub mod node;
 pub mod service;
+pub mod service_cidrs;
 pub mod slice;
 pub mod topology;
 pub mod trackers;
@@ -27,6 +29,7 @@ pub use desired::{
 };
 pub use node::{NodeModel, NodeSettings, node_pod_cidrs};
 pub use service::{ServicePortInfo, ServicePorts, SessionAffinity, service_ports};
+pub use service_cidrs::ServiceCidrs;
 pub use topology::{Categorized, categorize_endpoints};
 pub use trackers::{EndpointsChangeTracker, ServiceChangeTracker};
 pub use types::{Endpoint, IpFamily, NamespacedName, Protocol, ServicePortName};

@@ -93,6 +93,11 @@ pub struct EbpfDatapathConfiguration {
     pub socket_lb: SocketLb,
     #[serde(default, deserialize_with = "nullable")]
     pub pinning: Pinning,
+    /// The cluster's service CIDRs, used while the cluster has no ServiceCIDR
+    /// objects (networking.k8s.io/v1): traffic to an address inside one
+    /// that no service holds is dropped. Empty: nothing is dropped so.
+    #[serde(default, rename = "serviceCIDRs", deserialize_with = "nullable")]
+    pub service_cidrs: Vec<String>,
 }
 
 impl Default for EbpfDatapathConfiguration {
@@ -107,6 +112,7 @@ impl Default for EbpfDatapathConfiguration {
             load_balancing: LoadBalancing::default(),
             socket_lb: SocketLb::default(),
             pinning: Pinning::default(),
+            service_cidrs: Vec::new(),
         }
     }
 }
@@ -190,6 +196,13 @@ impl EbpfDatapathConfiguration {
     pub fn socket_lb_host_namespace_only(&self) -> bool {
         self.socket_lb.host_namespace_only.unwrap_or(true)
     }
+    /// `serviceCIDRs`, parsed (validation refused any that is not a CIDR).
+    pub fn service_cidrs(&self) -> Vec<ipnet::IpNet> {
+        self.service_cidrs
+            .iter()
+            .filter_map(|c| c.trim().parse().ok())
+            .collect()
+    }
 }
 
 pub fn set_defaults(c: &mut EbpfDatapathConfiguration) {
@@ -250,6 +263,15 @@ pub fn validate(c: &EbpfDatapathConfiguration) -> Result<(), FieldErrors> {
                 format!("externalInterfaces[{i}]"),
                 p,
                 "must be a valid interface name (1-15 characters, no '/', ':' or spaces)",
+            ));
+        }
+    }
+    for (i, cidr) in c.service_cidrs.iter().enumerate() {
+        if cidr.trim().parse::<ipnet::IpNet>().is_err() {
+            errs.push(FieldError::invalid_str(
+                format!("serviceCIDRs[{i}]"),
+                cidr,
+                "must be a CIDR (198.19.0.0/16, 2001:db8:ffff::/108)",
             ));
         }
     }

@@ -402,6 +402,9 @@ pub struct Flags {
     /// [ours] Interfaces that get the XDP program for NodePort/LoadBalancer/externalIP traffic (default: those holding the node IPs).
     #[arg(long = "ebpf-external-interfaces", value_name = "strings", action = ArgAction::Append, value_delimiter = ',')]
     pub ebpf_external_interfaces: Vec<String>,
+    /// [ours] The cluster's service CIDRs, used while it has no ServiceCIDR objects: traffic to an unallocated address in one is dropped.
+    #[arg(long = "ebpf-service-cidrs", value_name = "strings", action = ArgAction::Append, value_delimiter = ',')]
+    pub ebpf_service_cidrs: Vec<String>,
     /// [ours] XDP attach mode: auto, native, generic or disabled.
     #[arg(long = "ebpf-xdp-mode", value_name = "string", default_value = "auto", value_parser = xdp_mode)]
     pub ebpf_xdp_mode: XdpMode,

@@ -274,6 +274,9 @@ fn ebpf_from_flags(p: &ParsedFlags, c: &mut EbpfDatapathConfiguration) {
     if p.is_set("ebpf-external-interfaces") {
         c.external_interfaces = f.ebpf_external_interfaces.clone();
     }
+    if p.is_set("ebpf-service-cidrs") {
+        c.service_cidrs = f.ebpf_service_cidrs.clone();
+    }
     if p.is_set("ebpf-xdp-mode") {
         c.xdp_mode = f.ebpf_xdp_mode;
     }

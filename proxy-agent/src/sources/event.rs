@@ -1,6 +1,7 @@
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 
 use std::sync::Arc;
@@ -21,6 +22,9 @@ pub enum SourceEvent {
     SlicesSynced,
     NodeApplied(Box<Node>),
     NodeDeleted,
+    ServiceCidrApplied(Box<ServiceCIDR>),
+    /// A ServiceCIDR object (cluster-scoped: its name) was deleted.
+    ServiceCidrDeleted(String),
     /// The host's interfaces or addresses changed (the host source).
     HostChanged(Arc<HostNetwork>),
 }

@@ -1,4 +1,4 @@
-//! The standalone source: Service, EndpointSlice and Node objects read from
+//! The standalone source: Service, EndpointSlice, Node and ServiceCIDR objects read from
 //! YAML or JSON files in a directory (multi-document files and `kind: List`
 //! allowed), validated as the API server would before anything is programmed.
 
@@ -10,7 +10,9 @@ use std::{
     time::SystemTime,
 };
 
-use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice, networking::v1::ServiceCIDR,
+};
 use serde::de::DeserializeOwned;
 
 use crate::{model::NamespacedName, sources::SourceEvent};
@@ -21,6 +23,7 @@ pub struct Manifests {
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
     pub nodes: Vec<Node>,
+    pub service_cidrs: Vec<ServiceCIDR>,
 }
 
 /// A rejected manifest: which file, which document in it, which field.
@@ -159,6 +162,13 @@ fn load_file(
                         .map_err(|m| in_doc(Some("metadata.name".into()), m))?;
                     out.nodes.push(node);
                 }
+                ("networking.k8s.io/v1", "ServiceCIDR") => {
+                    let cidr: ServiceCIDR = typed(item).map_err(|(f, m)| in_doc(f, m))?;
+                    validate_service_cidr(&cidr).map_err(|(f, m)| in_doc(Some(f), m))?;
+                    remember(seen, &kind, &cidr.metadata)
+                        .map_err(|m| in_doc(Some("metadata.name".into()), m))?;
+                    out.service_cidrs.push(cidr);
+                }
                 ("", _) | (_, "") => {
                     return Err(in_doc(
                         Some(
@@ -293,6 +303,37 @@ fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// As the API server validates a ServiceCIDR: one or two CIDRs, of
+/// different families.
+fn validate_service_cidr(obj: &ServiceCIDR) -> Result<(), (String, String)> {
+    let cidrs = obj
+        .spec
+        .as_ref()
+        .and_then(|s| s.cidrs.as_deref())
+        .unwrap_or_default();
+    if cidrs.is_empty() || cidrs.len() > 2 {
+        return Err((
+            "spec.cidrs".into(),
+            format!("must hold one or two CIDRs, holds {}", cidrs.len()),
+        ));
+    }
+    let mut families = Vec::new();
+    for (i, c) in cidrs.iter().enumerate() {
+        let net: ipnet::IpNet = c
+            .trim()
+            .parse()
+            .map_err(|_| (format!("spec.cidrs[{i}]"), format!("{c:?} is not a CIDR")))?;
+        if families.contains(&net.addr().is_ipv4()) {
+            return Err((
+                format!("spec.cidrs[{i}]"),
+                "two CIDRs must be of different families".into(),
+            ));
+        }
+        families.push(net.addr().is_ipv4());
+    }
+    Ok(())
+}
+
 /// The directory as a source of [`SourceEvent`]s, polled every `interval`:
 /// the first good read lists everything and marks both kinds synced; later
 /// reads send only what changed. A bad read sends nothing, so the last good
@@ -410,6 +451,24 @@ fn diff(prev: Option<&Manifests>, next: &Manifests, node_name: &str) -> Vec<Sour
             .filter(|k| !after.contains_key(*k))
             .cloned()
             .map(SourceEvent::SliceDeleted),
+    );
+
+    let name = |c: &ServiceCIDR| c.metadata.name.clone().unwrap_or_default();
+    let before: BTreeMap<String, &ServiceCIDR> =
+        old.service_cidrs.iter().map(|c| (name(c), c)).collect();
+    let after: BTreeMap<String, &ServiceCIDR> =
+        next.service_cidrs.iter().map(|c| (name(c), c)).collect();
+    for (k, cidr) in &after {
+        if before.get(k) != Some(cidr) {
+            out.push(SourceEvent::ServiceCidrApplied(Box::new((*cidr).clone())));
+        }
+    }
+    out.extend(
+        before
+            .keys()
+            .filter(|k| !after.contains_key(*k))
+            .cloned()
+            .map(SourceEvent::ServiceCidrDeleted),
     );
 
     let ours = |nodes: &[Node]| {

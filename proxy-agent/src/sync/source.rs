@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::Node;
 use super::{SyncObserver, TrackerEvent};
 use crate::model::{
     EndpointsChangeTracker, NodeModel, NodeSettings, NodeTopology, ServiceChangeTracker,
+    ServiceCidrs,
 };
 use crate::sources::{SourceEvent, host::HostNetwork};
 
@@ -18,6 +19,7 @@ pub struct SourceState {
     node_object: Option<Node>,
     host: Arc<HostNetwork>,
     node_model: NodeModel,
+    service_cidrs: ServiceCidrs,
     services_synced: bool,
     slices_synced: bool,
 }
@@ -39,9 +41,21 @@ impl SourceState {
             node_object: None,
             host,
             node_model,
+            service_cidrs: ServiceCidrs::default(),
             services_synced: false,
             slices_synced: false,
         }
+    }
+
+    /// Service CIDRs to guard while the cluster has no ServiceCIDR objects.
+    pub fn with_configured_service_cidrs(mut self, cidrs: Vec<ipnet::IpNet>) -> Self {
+        self.service_cidrs = ServiceCidrs::with_configured(cidrs);
+        self
+    }
+
+    /// The service CIDRs to guard now.
+    pub fn service_cidrs(&self) -> std::collections::BTreeSet<ipnet::IpNet> {
+        self.service_cidrs.effective()
     }
 
     /// Upstream's `isInitialized`: nothing is programmed before both kinds
@@ -99,6 +113,8 @@ impl SourceState {
                 observer.node(None);
                 changed
             }
+            SourceEvent::ServiceCidrApplied(obj) => self.service_cidrs.apply(&obj),
+            SourceEvent::ServiceCidrDeleted(name) => self.service_cidrs.delete(&name),
             SourceEvent::HostChanged(host) => {
                 self.host = host;
                 self.rebuild_node_model()

@@ -104,6 +104,7 @@ impl<P: Proxier> Syncer<P> {
                 }
             };
             self.desired.node = src.node_model().clone();
+            self.desired.service_cidrs = src.service_cidrs();
             (changes, trigger_times)
         };
         let result = self.proxier.sync(&self.desired, &changes);

@@ -56,6 +56,8 @@ struct Net {
     remote_pods: &'static str,
     /// The prefix length of the lan the node, the peer and the client share.
     lan_prefix: u8,
+    /// The cluster's service CIDR: every service address here is inside it.
+    service_cidr: &'static str,
     /// The datapath's flag for detect-local by CIDR in this family.
     detect_local_by_cidr: u32,
     /// Service address `n` (cluster IPs).
@@ -94,6 +96,7 @@ const IPV4: Net = Net {
     pod_cidr: "198.18.1.0/24",
     remote_pods: "198.18.2.0/24",
     lan_prefix: 24,
+    service_cidr: "198.19.0.0/16",
     detect_local_by_cidr: flags::DETECT_LOCAL_BY_CIDR,
     service_at: |n| IpAddr::V4(Ipv4Addr::new(198, 19, 0, n)),
     external_at: |n| v4(3, n.into()),
@@ -111,6 +114,7 @@ const IPV6: Net = Net {
     pod_cidr: "2001:db8:1::/64",
     remote_pods: "2001:db8:2::/64",
     lan_prefix: 64,
+    service_cidr: "2001:db8:ffff::/64",
     detect_local_by_cidr: flags::DETECT_LOCAL_BY_CIDR6,
     service_at: |n| v6(0xffff, n.into()),
     external_at: |n| v6(3, n.into()),
@@ -131,6 +135,7 @@ in_both_families!(
     internal_traffic_policy_local_uses_only_this_nodes_endpoints,
     interface_based_local_detection_decides_cluster_ip_masquerade,
     a_masquerade_port_is_never_taken_from_a_live_flow,
+    traffic_to_an_unallocated_address_of_a_service_cidr_is_dropped,
 );
 
 const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -827,6 +832,45 @@ fn a_masquerade_port_is_never_taken_from_a_live_flow(net: &Net) {
                 TC_ACT_REDIRECT,
                 [Is(Frame::tcp(net.node, 62000, net.remote_backend, TARGET))],
             ),
+        ],
+    }
+    .run();
+}
+
+/// As upstream's nftables mode: inside a service CIDR, an address no service
+/// holds is dropped, from pods and from outside (by XDP already, or by TC
+/// where no XDP runs); a cluster IP's unused port is still rejected, and
+/// outside the CIDRs nothing changes.
+fn traffic_to_an_unallocated_address_of_a_service_cidr_is_dropped(net: &Net) {
+    let unallocated = net.service(99);
+    let elsewhere = net.external(99);
+    Scenario {
+        net,
+        config: standard(net),
+        services: vec![web(net)],
+        steps: vec![
+            send(FromPod, syn(net.local_pod, 40000, unallocated, 80), TC_ACT_OK, [Unchanged]),
+            Step::Setup(if net.node.is_ipv4() {
+                |dp| dp.maps.put_service_cidr(IPV4.service_cidr.parse().unwrap()).unwrap()
+            } else {
+                |dp| dp.maps.put_service_cidr(IPV6.service_cidr.parse().unwrap()).unwrap()
+            }),
+            send(FromPod, syn(net.local_pod, 40001, unallocated, 80), TC_ACT_SHOT, []),
+            send(Xdp, syn(net.client, 40002, unallocated, 80), XDP_DROP, []),
+            send(FromNetdev, syn(net.client, 40002, unallocated, 80), TC_ACT_SHOT, []),
+            counters([(Counter::DropUnallocated, 3)]),
+            send(
+                FromPod,
+                syn(net.local_pod, 40003, net.cluster_ip, 80),
+                TC_ACT_REDIRECT,
+                [To(net.remote_backend, TARGET)],
+            ),
+            send(FromPod, syn(net.local_pod, 40004, net.cluster_ip, 81), TC_ACT_REDIRECT, [Rst]),
+            send(FromPod, syn(net.local_pod, 40005, elsewhere, 80), TC_ACT_OK, [Unchanged]),
+            counters([
+                (Counter::DropUnallocated, 3),
+                (Counter::RejectUnknownPort, 1),
+            ]),
         ],
     }
     .run();

@@ -1940,6 +1940,7 @@ impl Fixture {
             config,
             config6: Default::default(),
             local_pod_cidrs: [POD_CIDR.parse().unwrap()].into(),
+            service_cidrs: Default::default(),
             ifaces: [
                 (
                     ext,

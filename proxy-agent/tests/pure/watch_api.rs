@@ -28,6 +28,7 @@ enum Res {
     Services,
     Slices,
     Nodes,
+    ServiceCidrs,
 }
 
 /// One scripted answer: what the request must look like, and the response.
@@ -112,6 +113,16 @@ fn node(rv: &str, zone: &str) -> Value {
         "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.10"}]}})
 }
 
+/// A ServiceCIDR as the API server sends it (cluster-scoped, with its Ready condition).
+fn service_cidr(name: &str, rv: &str, cidrs: &[&str]) -> Value {
+    json!({"kind": "ServiceCIDR", "apiVersion": "networking.k8s.io/v1",
+        "metadata": {"name": name, "resourceVersion": rv, "uid": format!("uid-{name}"),
+            "finalizers": ["networking.k8s.io/service-cidr-finalizer"]},
+        "spec": {"cidrs": cidrs},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "",
+            "message": "Kubernetes Service CIDR is ready", "lastTransitionTime": "2026-11-23T10:00:00Z"}]}})
+}
+
 fn decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::new();
@@ -166,6 +177,7 @@ fn timed_fake_apiserver(
                 "/api/v1/services" => Res::Services,
                 "/apis/discovery.k8s.io/v1/endpointslices" => Res::Slices,
                 "/api/v1/nodes" => Res::Nodes,
+                "/apis/networking.k8s.io/v1/servicecidrs" => Res::ServiceCidrs,
                 other => {
                     errs.lock()
                         .unwrap()
@@ -183,6 +195,9 @@ fn timed_fake_apiserver(
                 }
                 Res::Nodes => {
                     q.get("fieldSelector").map(String::as_str) == Some("metadata.name=node-a")
+                }
+                Res::ServiceCidrs => {
+                    !q.contains_key("labelSelector") && !q.contains_key("fieldSelector")
                 }
             };
             if !selector_ok {
@@ -279,6 +294,12 @@ fn describe(e: &SourceEvent) -> String {
         ),
         SourceEvent::NodeDeleted => "node-".into(),
         SourceEvent::HostChanged(_) => "host".into(),
+        SourceEvent::ServiceCidrApplied(c) => format!(
+            "cidr+ {} {:?}",
+            c.metadata.name.as_deref().unwrap(),
+            c.spec.as_ref().unwrap().cidrs.as_ref().unwrap()
+        ),
+        SourceEvent::ServiceCidrDeleted(name) => format!("cidr- {name}"),
     }
 }
 
@@ -470,6 +491,139 @@ async fn nothing_is_synced_while_endpoint_slices_are_not_listed() {
     }
     syncer.sync().unwrap();
     assert!(rec.0.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn service_cidrs_are_listed_and_watched_and_replace_the_configured_ones() {
+    let scripts = vec![
+        (
+            Res::Services,
+            vec![list("ServiceList", "v1", "1", vec![service("a", "1", 80)])],
+        ),
+        (
+            Res::Slices,
+            vec![list("EndpointSliceList", "discovery.k8s.io/v1", "1", vec![])],
+        ),
+        (
+            Res::ServiceCidrs,
+            vec![
+                list(
+                    "ServiceCIDRList",
+                    "networking.k8s.io/v1",
+                    "7",
+                    vec![service_cidr(
+                        "kubernetes",
+                        "5",
+                        &["198.19.0.0/16", "2001:db8:ffff::/108"],
+                    )],
+                ),
+                watch_lines(
+                    "7",
+                    vec![
+                        ev(
+                            "ADDED",
+                            service_cidr("extra", "8", &["198.18.128.0/24"]),
+                        ),
+                        ev(
+                            "DELETED",
+                            service_cidr(
+                                "kubernetes",
+                                "9",
+                                &["198.19.0.0/16", "2001:db8:ffff::/108"],
+                            ),
+                        ),
+                    ],
+                ),
+            ],
+        ),
+    ];
+    let (client, errors) = fake_apiserver(scripts);
+    let mut stream = Box::pin(watch::events(client, NODE));
+    let events = drain(&mut stream).await;
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:#?}",
+        errors.lock().unwrap()
+    );
+    assert_eq!(
+        of(&events, "cidr"),
+        [
+            "cidr+ kubernetes [\"198.19.0.0/16\", \"2001:db8:ffff::/108\"]",
+            "cidr+ extra [\"198.18.128.0/24\"]",
+            "cidr- kubernetes",
+        ]
+    );
+    let configured = vec!["198.19.0.0/20".parse().unwrap()];
+    let mut state = SourceState::new(NODE).with_configured_service_cidrs(configured);
+    let cidrs = |s: &SourceState| -> Vec<String> {
+        s.service_cidrs().iter().map(|c| c.to_string()).collect()
+    };
+    assert_eq!(cidrs(&state), ["198.19.0.0/20"], "the configured, while none is listed");
+    // Services and EndpointSlices first: before both are listed nothing syncs.
+    let (cidr_events, rest): (Vec<_>, Vec<_>) = events
+        .into_iter()
+        .partition(|e| describe(e).starts_with("cidr"));
+    for e in rest {
+        state.handle(e);
+    }
+    assert!(state.is_initialized());
+    let mut seen = Vec::new();
+    for e in cidr_events {
+        assert!(state.handle(e), "a service CIDR change asks for a sync");
+        seen.push(cidrs(&state));
+    }
+    assert_eq!(
+        seen,
+        [
+            vec!["198.19.0.0/16", "2001:db8:ffff::/108"],
+            vec!["198.18.128.0/24", "198.19.0.0/16", "2001:db8:ffff::/108"],
+            vec!["198.18.128.0/24"],
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cluster_without_the_service_cidr_api_keeps_the_configured_ones() {
+    let not_found = Step {
+        watch: false,
+        rv: None,
+        status: 404,
+        body: json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "the server could not find the requested resource", "reason": "NotFound",
+            "details": {}, "code": 404})
+        .to_string(),
+    };
+    let scripts = vec![
+        (
+            Res::Services,
+            vec![list("ServiceList", "v1", "1", vec![service("a", "1", 80)])],
+        ),
+        (
+            Res::Slices,
+            vec![list("EndpointSliceList", "discovery.k8s.io/v1", "1", vec![])],
+        ),
+        (Res::ServiceCidrs, vec![not_found]),
+    ];
+    let (client, errors) = fake_apiserver(scripts);
+    let mut stream = Box::pin(watch::events(client, NODE));
+    let events = drain(&mut stream).await;
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:#?}",
+        errors.lock().unwrap()
+    );
+    assert!(of(&events, "cidr").is_empty());
+    let configured = vec!["198.19.0.0/16".parse().unwrap()];
+    let mut state = SourceState::new(NODE).with_configured_service_cidrs(configured);
+    let mut synced = false;
+    for e in events {
+        synced |= state.handle(e);
+    }
+    assert!(synced, "Services and EndpointSlices still sync");
+    assert_eq!(
+        state.service_cidrs().iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+        ["198.19.0.0/16"]
+    );
 }
 
 #[test]

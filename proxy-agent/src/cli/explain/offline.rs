@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::Node;
 use super::{args::Offline, frontend, sandbox, trace::Datapath};
 use crate::{
     model::{
-        DesiredState, NodeModel, NodeSettings, NodeTopology, build_desired_state_for,
-        node_pod_cidrs,
+        DesiredState, NodeModel, NodeSettings, NodeTopology, ServiceCidrs,
+        build_desired_state_for, node_pod_cidrs,
     },
     modes::ebpf::{
         self, KernelMaps, MapSizes, NodeProgrammer, Programmer,
@@ -59,7 +59,11 @@ pub fn prepare(args: &Offline) -> anyhow::Result<(Datapath, frontend::Names)> {
         node.as_ref(),
         std::sync::Arc::new(sandbox.host.clone()),
     );
-    let facts = node_facts(&settings, &model);
+    let mut service_cidrs = ServiceCidrs::with_configured(opts.ebpf.service_cidrs());
+    for obj in &objects.service_cidrs {
+        service_cidrs.apply(obj);
+    }
+    let facts = node_facts(&settings, &model).with_service_cidrs(&service_cidrs.effective());
 
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let sizes = MapSizes {

@@ -52,6 +52,11 @@ fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
         &mut to.source_ranges,
         names::SOURCE_RANGES,
     )?;
+    copy_trie(
+        &from.service_cidrs,
+        &mut to.service_cidrs,
+        names::SERVICE_CIDRS,
+    )?;
     copy_hash(&from.conntrack, &mut to.conntrack, names::CONNTRACK)?;
     let config = from
         .config
@@ -73,6 +78,11 @@ fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
         &from.source_ranges,
         &mut to.source_ranges,
         names::SOURCE_RANGES6,
+    )?;
+    copy_trie(
+        &from.service_cidrs,
+        &mut to.service_cidrs,
+        names::SERVICE_CIDRS6,
     )?;
     copy_hash(&from.conntrack, &mut to.conntrack, names::CONNTRACK6)?;
     let config = from

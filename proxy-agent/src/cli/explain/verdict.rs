@@ -193,9 +193,14 @@ pub fn classify(probe: &Probe, trace: &Trace) -> Verdict {
 /// it, or left it alone (no service: nothing to translate).
 fn classify_host(probe: &Probe, trace: &Trace) -> Verdict {
     if trace.moved(Counter::SockRefused) > 0 {
+        let unallocated = trace.moved(Counter::DropUnallocated) > 0;
         return Verdict::Rejected {
             reply: Reply::ConnectionRefused,
-            reason: Some(Counter::SockRefused),
+            reason: Some(if unallocated {
+                Counter::DropUnallocated
+            } else {
+                Counter::SockRefused
+            }),
         };
     }
     if trace.moved(Counter::SockTranslated) == 0 {
@@ -238,6 +243,9 @@ pub fn describe(reason: Counter) -> &'static str {
         Counter::DropConntrackFull => "the conntrack table refused the new flow",
         Counter::DropSnatExhausted => "no free masquerade source port",
         Counter::DropRejectFailed => "a reject could not be built",
+        Counter::DropUnallocated => {
+            "the address is inside a service CIDR but no service holds it (an unallocated cluster IP)"
+        }
         Counter::RejectNoEndpoints => "the service has no endpoints",
         Counter::RejectUnknownPort => "the cluster IP serves no service on this port",
         Counter::SockRefused => {

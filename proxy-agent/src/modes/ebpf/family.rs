@@ -25,6 +25,7 @@ pub trait AgentFamily: Family + fmt::Debug {
     const CONNTRACK: &'static str;
     const SOURCE_RANGES: &'static str;
     const LOCAL_POD_CIDRS: &'static str;
+    const SERVICE_CIDRS: &'static str;
 
     fn ip(addr: &IpAddr) -> Option<Self::Ip>;
     fn net(net: &IpNet) -> Option<Self::Net>;
@@ -40,8 +41,8 @@ pub trait AgentFamily: Family + fmt::Debug {
     /// The `SOURCE_RANGES*` key of `range` for `service_id`: the id is
     /// matched exactly (its 32 bits come first), then the range's prefix.
     fn source_range_key(service_id: u32, range: Self::Net) -> Key<SourceRangeOf<Self>>;
-    /// The `LOCAL_POD_CIDRS*` key of `cidr`.
-    fn local_pod_cidr_key(cidr: Self::Net) -> Key<PrefixOf<Self>>;
+    /// The key of `cidr` in a prefix trie (`LOCAL_POD_CIDRS*`, `SERVICE_CIDRS*`).
+    fn prefix_key(cidr: Self::Net) -> Key<PrefixOf<Self>>;
 }
 
 fn source_range_key<F: AgentFamily>(service_id: u32, range: F::Net) -> Key<SourceRangeOf<F>>
@@ -58,7 +59,7 @@ where
     )
 }
 
-fn local_pod_cidr_key<F: AgentFamily>(cidr: F::Net) -> Key<PrefixOf<F>>
+fn prefix_key<F: AgentFamily>(cidr: F::Net) -> Key<PrefixOf<F>>
 where
     PrefixOf<F>: Pod,
 {
@@ -80,6 +81,7 @@ impl AgentFamily for V4 {
     const CONNTRACK: &'static str = names::CONNTRACK;
     const SOURCE_RANGES: &'static str = names::SOURCE_RANGES;
     const LOCAL_POD_CIDRS: &'static str = names::LOCAL_POD_CIDRS;
+    const SERVICE_CIDRS: &'static str = names::SERVICE_CIDRS;
 
     fn ip(addr: &IpAddr) -> Option<Ipv4Addr> {
         match addr {
@@ -112,8 +114,8 @@ impl AgentFamily for V4 {
     fn source_range_key(service_id: u32, range: Ipv4Net) -> Key<SourceRangeOf<Self>> {
         source_range_key::<Self>(service_id, range)
     }
-    fn local_pod_cidr_key(cidr: Ipv4Net) -> Key<PrefixOf<Self>> {
-        local_pod_cidr_key::<Self>(cidr)
+    fn prefix_key(cidr: Ipv4Net) -> Key<PrefixOf<Self>> {
+        prefix_key::<Self>(cidr)
     }
     fn net_of(ip: Ipv4Addr, prefix_len: u8) -> Ipv4Net {
         Ipv4Net::new(ip, prefix_len.min(32)).unwrap_or_default()
@@ -129,6 +131,7 @@ impl AgentFamily for V6 {
     const CONNTRACK: &'static str = names::CONNTRACK6;
     const SOURCE_RANGES: &'static str = names::SOURCE_RANGES6;
     const LOCAL_POD_CIDRS: &'static str = names::LOCAL_POD_CIDRS6;
+    const SERVICE_CIDRS: &'static str = names::SERVICE_CIDRS6;
 
     fn ip(addr: &IpAddr) -> Option<Ipv6Addr> {
         match addr {
@@ -168,8 +171,8 @@ impl AgentFamily for V6 {
     fn source_range_key(service_id: u32, range: Ipv6Net) -> Key<SourceRangeOf<Self>> {
         source_range_key::<Self>(service_id, range)
     }
-    fn local_pod_cidr_key(cidr: Ipv6Net) -> Key<PrefixOf<Self>> {
-        local_pod_cidr_key::<Self>(cidr)
+    fn prefix_key(cidr: Ipv6Net) -> Key<PrefixOf<Self>> {
+        prefix_key::<Self>(cidr)
     }
     fn net_of(ip: Ipv6Addr, prefix_len: u8) -> Ipv6Net {
         Ipv6Net::new(ip, prefix_len.min(128)).unwrap_or_default()

@@ -73,6 +73,8 @@ pub trait NodeMaps {
     fn delete_iface(&mut self, ifindex: u32) -> Result<(), MapError>;
     fn put_local_pod_cidr(&mut self, cidr: IpNet) -> Result<(), MapError>;
     fn delete_local_pod_cidr(&mut self, cidr: IpNet) -> Result<(), MapError>;
+    fn put_service_cidr(&mut self, cidr: IpNet) -> Result<(), MapError>;
+    fn delete_service_cidr(&mut self, cidr: IpNet) -> Result<(), MapError>;
 }
 
 /// The `SOURCE_RANGES` key of `range` for `service_id`: the id is matched
@@ -81,9 +83,9 @@ pub fn source_range_key(service_id: u32, range: Ipv4Net) -> Key<SourceRange> {
     V4::source_range_key(service_id, range)
 }
 
-/// The `LOCAL_POD_CIDRS` key of `cidr`.
-pub fn local_pod_cidr_key(cidr: Ipv4Net) -> Key<Ipv4Prefix> {
-    V4::local_pod_cidr_key(cidr)
+/// The IPv4 prefix-trie key of `cidr`.
+pub fn prefix_key(cidr: Ipv4Net) -> Key<Ipv4Prefix> {
+    V4::prefix_key(cidr)
 }
 
 /// The IPv6 maps of a loaded datapath.
@@ -93,6 +95,7 @@ pub struct Maps6 {
     pub conntrack: HashMap<MapData, CtKey6, CtValue6>,
     pub config: Array<MapData, DatapathConfig6>,
     pub local_pod_cidrs: LpmTrie<MapData, Ipv6Prefix, u8>,
+    pub service_cidrs: LpmTrie<MapData, Ipv6Prefix, u8>,
     pub source_ranges: LpmTrie<MapData, SourceRange6, u8>,
     pub sockets: HashMap<MapData, SockKey6, SockValue6>,
 }
@@ -105,6 +108,7 @@ pub struct KernelMaps {
     pub config: Array<MapData, DatapathConfig>,
     pub ifaces: HashMap<MapData, u32, IfaceInfo>,
     pub local_pod_cidrs: LpmTrie<MapData, Ipv4Prefix, u8>,
+    pub service_cidrs: LpmTrie<MapData, Ipv4Prefix, u8>,
     pub source_ranges: LpmTrie<MapData, SourceRange, u8>,
     /// The socket hooks' choices (written only by the programs).
     pub sockets: HashMap<MapData, SockKey, SockValue>,
@@ -121,6 +125,7 @@ impl KernelMaps {
             config: take_map(ebpf, names::CONFIG)?,
             ifaces: take_map(ebpf, names::IFACES)?,
             local_pod_cidrs: take_map(ebpf, names::LOCAL_POD_CIDRS)?,
+            service_cidrs: take_map(ebpf, names::SERVICE_CIDRS)?,
             source_ranges: take_map(ebpf, names::SOURCE_RANGES)?,
             sockets: take_map(ebpf, names::SOCKETS)?,
             v6: Maps6 {
@@ -129,6 +134,7 @@ impl KernelMaps {
                 conntrack: take_map(ebpf, names::CONNTRACK6)?,
                 config: take_map(ebpf, names::CONFIG6)?,
                 local_pod_cidrs: take_map(ebpf, names::LOCAL_POD_CIDRS6)?,
+                service_cidrs: take_map(ebpf, names::SERVICE_CIDRS6)?,
                 source_ranges: take_map(ebpf, names::SOURCE_RANGES6)?,
                 sockets: take_map(ebpf, names::SOCKETS6)?,
             },
@@ -193,29 +199,29 @@ impl KernelMaps {
                 .iter()
                 .collect::<Result<_, _>>()
                 .map_err(read(names::IFACES))?,
-            local_pod_cidrs: self
-                .local_pod_cidrs
-                .keys()
-                .map(|k| {
-                    k.map(|k| {
-                        IpNet::from(V4::net_of(
-                            V4::from_be(k.data().addr_be),
-                            k.prefix_len() as u8,
-                        ))
-                    })
-                })
-                .chain(self.v6.local_pod_cidrs.keys().map(|k| {
-                    k.map(|k| {
-                        IpNet::from(V6::net_of(
-                            V6::from_be(k.data().addr_be),
-                            k.prefix_len() as u8,
-                        ))
-                    })
-                }))
-                .collect::<Result<_, _>>()
+            local_pod_cidrs: prefixes(&self.local_pod_cidrs, &self.v6.local_pod_cidrs)
                 .map_err(read(names::LOCAL_POD_CIDRS))?,
+            service_cidrs: prefixes(&self.service_cidrs, &self.v6.service_cidrs)
+                .map_err(read(names::SERVICE_CIDRS))?,
         })
     }
+}
+
+/// Both families' prefixes of a pair of prefix tries.
+fn prefixes(
+    v4: &LpmTrie<MapData, Ipv4Prefix, u8>,
+    v6: &LpmTrie<MapData, Ipv6Prefix, u8>,
+) -> Result<Vec<IpNet>, aya::maps::MapError> {
+    let net4 = |k: Key<Ipv4Prefix>| {
+        IpNet::from(V4::net_of(V4::from_be(k.data().addr_be), k.prefix_len() as u8))
+    };
+    let net6 = |k: Key<Ipv6Prefix>| {
+        IpNet::from(V6::net_of(V6::from_be(k.data().addr_be), k.prefix_len() as u8))
+    };
+    v4.keys()
+        .map(|k| k.map(net4))
+        .chain(v6.keys().map(|k| k.map(net6)))
+        .collect()
 }
 
 /// What the node maps hold.
@@ -226,6 +232,7 @@ pub struct NodeSnapshot {
     pub ifaces: Vec<(u32, IfaceInfo)>,
     /// Both families'.
     pub local_pod_cidrs: Vec<IpNet>,
+    pub service_cidrs: Vec<IpNet>,
 }
 
 fn take_map<M>(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<M>
@@ -265,6 +272,7 @@ pub trait FamilyMapsOf: AgentFamily {
     fn conntrack(maps: &mut KernelMaps) -> &mut HashMap<MapData, CtKeyOf<Self>, CtValueOf<Self>>;
     fn source_ranges(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, SourceRangeOf<Self>, u8>;
     fn local_pod_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, PrefixOf<Self>, u8>;
+    fn service_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, PrefixOf<Self>, u8>;
     fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKeyOf<Self>, SockValueOf<Self>>;
 }
 
@@ -283,6 +291,9 @@ impl FamilyMapsOf for V4 {
     }
     fn local_pod_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, Ipv4Prefix, u8> {
         &mut maps.local_pod_cidrs
+    }
+    fn service_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, Ipv4Prefix, u8> {
+        &mut maps.service_cidrs
     }
     fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKey, SockValue> {
         &mut maps.sockets
@@ -304,6 +315,9 @@ impl FamilyMapsOf for V6 {
     }
     fn local_pod_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, Ipv6Prefix, u8> {
         &mut maps.v6.local_pod_cidrs
+    }
+    fn service_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, Ipv6Prefix, u8> {
+        &mut maps.v6.service_cidrs
     }
     fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKey6, SockValue6> {
         &mut maps.v6.sockets
@@ -392,30 +406,64 @@ impl NodeMaps for KernelMaps {
     }
 
     fn put_local_pod_cidr(&mut self, cidr: IpNet) -> Result<(), MapError> {
-        match cidr {
-            IpNet::V4(c) => {
-                V4::local_pod_cidrs(self).insert(&V4::local_pod_cidr_key(c), PRESENT, 0)
-            }
-            IpNet::V6(c) => {
-                V6::local_pod_cidrs(self).insert(&V6::local_pod_cidr_key(c), PRESENT, 0)
-            }
-        }
-        .map_err(write_error(local_pod_cidrs_name(&cidr)))
+        PrefixSet::LocalPodCidrs.put(self, cidr)
     }
 
     fn delete_local_pod_cidr(&mut self, cidr: IpNet) -> Result<(), MapError> {
-        ignore_missing(match cidr {
-            IpNet::V4(c) => V4::local_pod_cidrs(self).remove(&V4::local_pod_cidr_key(c)),
-            IpNet::V6(c) => V6::local_pod_cidrs(self).remove(&V6::local_pod_cidr_key(c)),
-        })
-        .map_err(write_error(local_pod_cidrs_name(&cidr)))
+        PrefixSet::LocalPodCidrs.delete(self, cidr)
+    }
+
+    fn put_service_cidr(&mut self, cidr: IpNet) -> Result<(), MapError> {
+        PrefixSet::ServiceCidrs.put(self, cidr)
+    }
+
+    fn delete_service_cidr(&mut self, cidr: IpNet) -> Result<(), MapError> {
+        PrefixSet::ServiceCidrs.delete(self, cidr)
     }
 }
 
-fn local_pod_cidrs_name(cidr: &IpNet) -> &'static str {
-    match cidr {
-        IpNet::V4(_) => V4::LOCAL_POD_CIDRS,
-        IpNet::V6(_) => V6::LOCAL_POD_CIDRS,
+/// The prefix tries the node maps hold, one per family each.
+#[derive(Clone, Copy)]
+enum PrefixSet {
+    LocalPodCidrs,
+    ServiceCidrs,
+}
+
+impl PrefixSet {
+    fn trie<F: FamilyMapsOf>(self, maps: &mut KernelMaps) -> &mut LpmTrie<MapData, PrefixOf<F>, u8> {
+        match self {
+            PrefixSet::LocalPodCidrs => F::local_pod_cidrs(maps),
+            PrefixSet::ServiceCidrs => F::service_cidrs(maps),
+        }
+    }
+
+    fn name<F: FamilyMapsOf>(self) -> &'static str {
+        match self {
+            PrefixSet::LocalPodCidrs => F::LOCAL_POD_CIDRS,
+            PrefixSet::ServiceCidrs => F::SERVICE_CIDRS,
+        }
+    }
+
+    fn put(self, maps: &mut KernelMaps, cidr: IpNet) -> Result<(), MapError> {
+        match cidr {
+            IpNet::V4(c) => self
+                .trie::<V4>(maps)
+                .insert(&V4::prefix_key(c), PRESENT, 0)
+                .map_err(write_error(self.name::<V4>())),
+            IpNet::V6(c) => self
+                .trie::<V6>(maps)
+                .insert(&V6::prefix_key(c), PRESENT, 0)
+                .map_err(write_error(self.name::<V6>())),
+        }
+    }
+
+    fn delete(self, maps: &mut KernelMaps, cidr: IpNet) -> Result<(), MapError> {
+        match cidr {
+            IpNet::V4(c) => ignore_missing(self.trie::<V4>(maps).remove(&V4::prefix_key(c)))
+                .map_err(write_error(self.name::<V4>())),
+            IpNet::V6(c) => ignore_missing(self.trie::<V6>(maps).remove(&V6::prefix_key(c)))
+                .map_err(write_error(self.name::<V6>())),
+        }
     }
 }
 
@@ -433,8 +481,8 @@ mod tests {
     }
 
     #[test]
-    fn local_pod_cidr_key_is_the_prefix() {
-        let key = local_pod_cidr_key("10.244.1.0/24".parse().unwrap());
+    fn prefix_key_is_the_prefix() {
+        let key = prefix_key("10.244.1.0/24".parse().unwrap());
         assert_eq!(key.prefix_len(), 24);
         assert_eq!(key.data().addr_be.to_ne_bytes(), [10, 244, 1, 0]);
     }

@@ -220,6 +220,10 @@ pub struct NodeFacts {
     pub config6: DatapathConfig6,
     /// Both families' local pod CIDRs.
     pub local_pod_cidrs: BTreeSet<IpNet>,
+    /// The cluster's service CIDRs (both families): an address inside one
+    /// that no service holds is dropped. From the desired state
+    /// ([`NodeFacts::with_service_cidrs`]), not the node.
+    pub service_cidrs: BTreeSet<IpNet>,
     /// Interfaces with at least one flag, by ifindex.
     pub ifaces: BTreeMap<u32, IfaceInfo>,
     pub addresses: NodeAddresses,
@@ -268,10 +272,21 @@ pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
             masquerade_addr_be: node.primary_ipv6.map_or([0; 4], V6::to_be),
         },
         local_pod_cidrs: local_pod_cidrs.into_iter().map(|c| c.trunc()).collect(),
+        service_cidrs: BTreeSet::new(),
         ifaces: roles.flags,
         addresses: addresses_of::<V4>(node, primary, settings.localhost_node_ports),
         addresses6: addresses_of::<V6>(node, node.primary_ipv6, false),
         external_interfaces: roles.external,
+    }
+}
+
+impl NodeFacts {
+    /// These facts with the cluster's service CIDRs.
+    pub fn with_service_cidrs(self, cidrs: &BTreeSet<IpNet>) -> Self {
+        NodeFacts {
+            service_cidrs: cidrs.iter().map(IpNet::trunc).collect(),
+            ..self
+        }
     }
 }
 
@@ -343,6 +358,7 @@ pub struct NodeProgrammer {
     config: Option<DatapathConfig>,
     config6: Option<DatapathConfig6>,
     local_pod_cidrs: BTreeSet<IpNet>,
+    service_cidrs: BTreeSet<IpNet>,
     ifaces: BTreeMap<u32, IfaceInfo>,
 }
 
@@ -358,6 +374,7 @@ impl NodeProgrammer {
             config: Some(snapshot.config),
             config6: Some(snapshot.config6),
             local_pod_cidrs: snapshot.local_pod_cidrs.iter().copied().collect(),
+            service_cidrs: snapshot.service_cidrs.iter().copied().collect(),
             ifaces: snapshot.ifaces.iter().copied().collect(),
         }
     }
@@ -373,6 +390,15 @@ impl NodeProgrammer {
             if !self.local_pod_cidrs.contains(cidr) {
                 maps.put_local_pod_cidr(*cidr)?;
                 self.local_pod_cidrs.insert(*cidr);
+                ops += 1;
+            }
+        }
+        // New service CIDRs first, stale ones last: an address of a CIDR
+        // that stays is never left unguarded between two writes.
+        for cidr in &facts.service_cidrs {
+            if !self.service_cidrs.contains(cidr) {
+                maps.put_service_cidr(*cidr)?;
+                self.service_cidrs.insert(*cidr);
                 ops += 1;
             }
         }
@@ -402,6 +428,16 @@ impl NodeProgrammer {
         for cidr in stale {
             maps.delete_local_pod_cidr(cidr)?;
             self.local_pod_cidrs.remove(&cidr);
+            ops += 1;
+        }
+        let stale: Vec<IpNet> = self
+            .service_cidrs
+            .difference(&facts.service_cidrs)
+            .copied()
+            .collect();
+        for cidr in stale {
+            maps.delete_service_cidr(cidr)?;
+            self.service_cidrs.remove(&cidr);
             ops += 1;
         }
         let stale: Vec<u32> = self

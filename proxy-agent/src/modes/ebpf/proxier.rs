@@ -190,7 +190,8 @@ impl EbpfProxier {
     }
 
     fn apply_node_facts(&mut self, desired: &DesiredState) -> Result<(), MapError> {
-        let facts = node_facts(&self.settings, &desired.node);
+        let facts =
+            node_facts(&self.settings, &desired.node).with_service_cidrs(&desired.service_cidrs);
         if self.applied.as_ref() == Some(&facts) {
             return Ok(());
         }
@@ -204,6 +205,7 @@ impl EbpfProxier {
         info!(
             node_writes = writes,
             node_port_addresses = ?facts.addresses.node_ports,
+            service_cidrs = ?facts.service_cidrs,
             external_interfaces = ?facts.external_interfaces.keys().collect::<Vec<_>>(),
             frontend_writes = stats.writes,
             "node facts applied"

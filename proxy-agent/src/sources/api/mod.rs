@@ -1,5 +1,6 @@
 //! The Kubernetes API source: kube-rs watchers on Services, EndpointSlices
-//! (discovery.k8s.io/v1) and this node's Node, turned into [`SourceEvent`]s.
+//! (discovery.k8s.io/v1), ServiceCIDRs (networking.k8s.io/v1) and this
+//! node's Node, turned into [`SourceEvent`]s.
 //!
 //! kube-rs' watcher resumes from the last resourceVersion after a disconnect
 //! and relists after 410 Gone; [`relist`] turns a relist into deletions of
@@ -12,6 +13,7 @@ use futures::{Stream, StreamExt, stream};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 use kube::{
     Api, Client,
@@ -19,7 +21,7 @@ use kube::{
 };
 
 pub use client::{ClientError, ClientOptions, build_client};
-pub use relist::{Kind, NodeKind, Relister, ServiceKind, SliceKind};
+pub use relist::{Kind, NodeKind, Relister, ServiceCidrKind, ServiceKind, SliceKind};
 
 use crate::sources::SourceEvent;
 
@@ -44,13 +46,23 @@ pub fn node_name(hostname_override: Option<&str>) -> std::io::Result<String> {
     Ok(name.to_lowercase())
 }
 
-/// All three watches merged into one stream, which never ends.
+/// All four watches merged into one stream, which never ends.
 pub fn events(client: Client, node_name: &str) -> impl Stream<Item = SourceEvent> + Send + use<> {
     stream::select_all([
         service_events(client.clone()).boxed(),
         slice_events(client.clone()).boxed(),
+        service_cidr_events(client.clone()).boxed(),
         node_events(client, node_name).boxed(),
     ])
+}
+
+/// Clusters before 1.33 serve no ServiceCIDR API: the watch keeps retrying
+/// with backoff (and says so), and the configured service CIDRs apply.
+pub fn service_cidr_events(client: Client) -> impl Stream<Item = SourceEvent> + Send {
+    relisted(
+        watcher(Api::<ServiceCIDR>::all(client), watcher::Config::default()),
+        ServiceCidrKind,
+    )
 }
 
 pub fn service_events(client: Client) -> impl Stream<Item = SourceEvent> + Send {

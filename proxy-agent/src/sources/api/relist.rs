@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 use kube::runtime::watcher::Event;
 
@@ -61,6 +62,25 @@ impl Kind for SliceKind {
     }
     fn synced() -> Option<SourceEvent> {
         Some(SourceEvent::SlicesSynced)
+    }
+}
+
+pub struct ServiceCidrKind;
+impl Kind for ServiceCidrKind {
+    type Object = ServiceCIDR;
+    const NAME: &'static str = "ServiceCIDR";
+    fn key(obj: &ServiceCIDR) -> Option<NamespacedName> {
+        key_of(&obj.metadata)
+    }
+    fn applied(obj: ServiceCIDR) -> SourceEvent {
+        SourceEvent::ServiceCidrApplied(Box::new(obj))
+    }
+    fn deleted(key: NamespacedName) -> SourceEvent {
+        SourceEvent::ServiceCidrDeleted(key.name)
+    }
+    /// Nothing waits for them: until they are listed, the configured ones apply.
+    fn synced() -> Option<SourceEvent> {
+        None
     }
 }
 

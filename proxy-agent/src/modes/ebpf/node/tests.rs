@@ -398,6 +398,7 @@ struct FakeNodeMaps {
     config: Option<DatapathConfig>,
     ifaces: BTreeMap<u32, IfaceInfo>,
     cidrs: BTreeSet<IpNet>,
+    service_cidrs: BTreeSet<IpNet>,
     log: Vec<String>,
 }
 
@@ -431,6 +432,47 @@ impl NodeMaps for FakeNodeMaps {
         self.cidrs.remove(&cidr);
         Ok(())
     }
+    fn put_service_cidr(&mut self, cidr: IpNet) -> Result<(), MapError> {
+        self.log.push(format!("service-cidr {cidr}"));
+        self.service_cidrs.insert(cidr);
+        Ok(())
+    }
+    fn delete_service_cidr(&mut self, cidr: IpNet) -> Result<(), MapError> {
+        self.log.push(format!("-service-cidr {cidr}"));
+        self.service_cidrs.remove(&cidr);
+        Ok(())
+    }
+}
+
+#[test]
+fn service_cidrs_are_added_before_stale_ones_go_and_only_changes_are_written() {
+    let mut maps = FakeNodeMaps::default();
+    let mut p = NodeProgrammer::new();
+    let n = node(&["192.0.2.10"], &[], &["10.244.1.0/24"]);
+    let base = derive(&settings(DetectLocal::None), Some(&n), &host());
+    let cidrs = |c: &[&str]| -> BTreeSet<IpNet> { c.iter().map(|c| c.parse().unwrap()).collect() };
+    let first = base
+        .clone()
+        .with_service_cidrs(&cidrs(&["10.96.0.7/16", "2001:db8:ffff::/108"]));
+    p.apply(&first, &mut maps).unwrap();
+    assert_eq!(
+        maps.service_cidrs,
+        cidrs(&["10.96.0.0/16", "2001:db8:ffff::/108"]),
+        "host bits cleared"
+    );
+    maps.log.clear();
+    let next = base.with_service_cidrs(&cidrs(&["10.96.0.0/15"]));
+    p.apply(&next, &mut maps).unwrap();
+    let service_writes: Vec<&String> = maps.log.iter().filter(|l| l.contains("service-cidr")).collect();
+    assert_eq!(
+        service_writes,
+        [
+            "service-cidr 10.96.0.0/15",
+            "-service-cidr 10.96.0.0/16",
+            "-service-cidr 2001:db8:ffff::/108"
+        ]
+    );
+    assert_eq!(p.apply(&next, &mut maps).unwrap(), 0, "nothing changed");
 }
 
 #[test]
