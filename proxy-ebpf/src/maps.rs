@@ -8,8 +8,8 @@ use proxy_common::{
     DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, MonitorSlot, ServiceKey, ServiceKey6,
     ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange, SourceRange6, V4, V6,
     maps::{
-        MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS, MAX_SERVICE_CIDRS,
-        MAX_SERVICE_ENTRIES, MAX_SOCKETS, MAX_SOURCE_RANGES,
+        MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS,
+        MAX_SERVICE_CIDRS, MAX_SERVICE_ENTRIES, MAX_SOCKETS, MAX_SOURCE_RANGES,
     },
     monitor::{MONITOR_RING_BYTES, MONITOR_SLOTS},
     stats::COUNTER_MAX,
@@ -40,8 +40,7 @@ pub static LOCAL_POD_CIDRS: LpmTrie<Ipv4Prefix, u8> =
     LpmTrie::with_max_entries(MAX_LOCAL_POD_CIDRS, 0);
 
 #[map]
-pub static SERVICE_CIDRS: LpmTrie<Ipv4Prefix, u8> =
-    LpmTrie::with_max_entries(MAX_SERVICE_CIDRS, 0);
+pub static SERVICE_CIDRS: LpmTrie<Ipv4Prefix, u8> = LpmTrie::with_max_entries(MAX_SERVICE_CIDRS, 0);
 
 #[map]
 pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> =

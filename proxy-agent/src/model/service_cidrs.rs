@@ -100,14 +100,27 @@ mod tests {
     fn objects_replace_the_configured_cidrs_while_any_exists() {
         let mut s = ServiceCidrs::with_configured(vec!["198.19.0.0/16".parse().unwrap()]);
         assert_eq!(s.effective(), set(&["198.19.0.0/16"]));
-        assert!(s.apply(&object("kubernetes", &["198.19.0.0/17", "2001:db8:ffff::/108"])));
-        assert_eq!(s.effective(), set(&["198.19.0.0/17", "2001:db8:ffff::/108"]));
+        assert!(s.apply(&object(
+            "kubernetes",
+            &["198.19.0.0/17", "2001:db8:ffff::/108"]
+        )));
+        assert_eq!(
+            s.effective(),
+            set(&["198.19.0.0/17", "2001:db8:ffff::/108"])
+        );
         assert!(s.apply(&object("extra", &["198.19.128.0/17"])));
-        assert!(!s.apply(&object("extra", &["198.19.128.0/17"])), "no change");
+        assert!(
+            !s.apply(&object("extra", &["198.19.128.0/17"])),
+            "no change"
+        );
         assert!(s.delete("kubernetes"));
         assert_eq!(s.effective(), set(&["198.19.128.0/17"]));
         assert!(s.delete("extra"));
-        assert_eq!(s.effective(), set(&["198.19.0.0/16"]), "back to the configured");
+        assert_eq!(
+            s.effective(),
+            set(&["198.19.0.0/16"]),
+            "back to the configured"
+        );
         assert!(!s.delete("extra"));
     }
 

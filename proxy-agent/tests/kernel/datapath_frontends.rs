@@ -849,15 +849,38 @@ fn traffic_to_an_unallocated_address_of_a_service_cidr_is_dropped(net: &Net) {
         config: standard(net),
         services: vec![web(net)],
         steps: vec![
-            send(FromPod, syn(net.local_pod, 40000, unallocated, 80), TC_ACT_OK, [Unchanged]),
+            send(
+                FromPod,
+                syn(net.local_pod, 40000, unallocated, 80),
+                TC_ACT_OK,
+                [Unchanged],
+            ),
             Step::Setup(if net.node.is_ipv4() {
-                |dp| dp.maps.put_service_cidr(IPV4.service_cidr.parse().unwrap()).unwrap()
+                |dp| {
+                    dp.maps
+                        .put_service_cidr(IPV4.service_cidr.parse().unwrap())
+                        .unwrap()
+                }
             } else {
-                |dp| dp.maps.put_service_cidr(IPV6.service_cidr.parse().unwrap()).unwrap()
+                |dp| {
+                    dp.maps
+                        .put_service_cidr(IPV6.service_cidr.parse().unwrap())
+                        .unwrap()
+                }
             }),
-            send(FromPod, syn(net.local_pod, 40001, unallocated, 80), TC_ACT_SHOT, []),
+            send(
+                FromPod,
+                syn(net.local_pod, 40001, unallocated, 80),
+                TC_ACT_SHOT,
+                [],
+            ),
             send(Xdp, syn(net.client, 40002, unallocated, 80), XDP_DROP, []),
-            send(FromNetdev, syn(net.client, 40002, unallocated, 80), TC_ACT_SHOT, []),
+            send(
+                FromNetdev,
+                syn(net.client, 40002, unallocated, 80),
+                TC_ACT_SHOT,
+                [],
+            ),
             counters([(Counter::DropUnallocated, 3)]),
             send(
                 FromPod,
@@ -865,8 +888,18 @@ fn traffic_to_an_unallocated_address_of_a_service_cidr_is_dropped(net: &Net) {
                 TC_ACT_REDIRECT,
                 [To(net.remote_backend, TARGET)],
             ),
-            send(FromPod, syn(net.local_pod, 40004, net.cluster_ip, 81), TC_ACT_REDIRECT, [Rst]),
-            send(FromPod, syn(net.local_pod, 40005, elsewhere, 80), TC_ACT_OK, [Unchanged]),
+            send(
+                FromPod,
+                syn(net.local_pod, 40004, net.cluster_ip, 81),
+                TC_ACT_REDIRECT,
+                [Rst],
+            ),
+            send(
+                FromPod,
+                syn(net.local_pod, 40005, elsewhere, 80),
+                TC_ACT_OK,
+                [Unchanged],
+            ),
             counters([
                 (Counter::DropUnallocated, 3),
                 (Counter::RejectUnknownPort, 1),

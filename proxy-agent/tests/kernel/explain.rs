@@ -581,3 +581,52 @@ fn the_nodes_own_connections_are_explained_through_the_socket_hook() {
     assert_eq!(flows["verdicts"]["forwarded"], 30, "{flows:#}");
     assert_eq!(flows["endpoints"].as_array().unwrap().len(), 3, "{flows:#}");
 }
+
+#[test]
+fn an_unallocated_address_of_a_service_cidr_is_dropped_and_the_node_refused() {
+    let unallocated = Ipv4Addr::new(198, 19, 0, 99);
+    let check = |o: &Offline| {
+        let v = o.json(&refs(&packet("tcp", POD_A, unallocated, 80, "pod")));
+        assert_eq!(v["verdict"], "dropped", "{v:#}");
+        assert_eq!(v["reason"], "drop_unallocated_cluster_ip");
+        assert_eq!(
+            v["explanation"],
+            "the address is inside a service CIDR but no service holds it (an unallocated cluster IP)"
+        );
+        let v = o.json(&refs(&packet("udp", NODE_A, unallocated, 80, "host")));
+        assert_eq!(v["verdict"], "rejected", "{v:#}");
+        assert_eq!(v["reject"], "connection_refused");
+        assert_eq!(v["reason"], "drop_unallocated_cluster_ip");
+        // Allocated cluster IPs are served as before.
+        let v = o.json(&refs(&packet("tcp", POD_A, REMOTE_VIP, 80, "pod")));
+        assert_forwarded(&v, WEB_B, false);
+    };
+    // Without service CIDRs nothing is dropped so.
+    let o = Offline::new();
+    let v = o.json(&refs(&packet("tcp", POD_A, unallocated, 80, "pod")));
+    assert_eq!(v["verdict"], "passed", "{v:#}");
+
+    // From a ServiceCIDR object.
+    fs::write(
+        o.dir.path().join("service-cidr.yaml"),
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec: {cidrs: [198.19.0.0/16]}\n",
+    )
+    .unwrap();
+    check(&o);
+
+    // From the extension's serviceCIDRs, where the cluster has no object.
+    let o = Offline::new();
+    let ebpf = o.dir.path().join("ebpf.yaml");
+    fs::write(
+        &ebpf,
+        "apiVersion: ebpf.kube-ebpf-proxy.io/v1alpha1\nkind: EbpfDatapathConfiguration\nserviceCIDRs: [198.19.0.0/16]\n",
+    )
+    .unwrap();
+    let flags = [
+        vec!["--ebpf-config".to_string(), ebpf.display().to_string()],
+        packet("tcp", POD_A, unallocated, 80, "pod"),
+    ]
+    .concat();
+    let v = o.json(&refs(&flags));
+    assert_eq!(v["reason"], "drop_unallocated_cluster_ip", "{v:#}");
+}

@@ -145,3 +145,29 @@ fn a_missing_directory_is_an_error() {
     let e = manifests::load_dir(std::path::Path::new("/nonexistent/manifests")).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/manifests"));
 }
+
+const SERVICE_CIDR: &str = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec:\n  cidrs: [198.19.0.0/16, '2001:db8:ffff::/108']\n";
+
+#[test]
+fn service_cidrs_are_read_and_validated_as_the_api_server_does() {
+    let m = load(&[("cidr.yaml", SERVICE_CIDR)]).unwrap();
+    assert_eq!(m.service_cidrs.len(), 1);
+    let cases = [
+        (
+            SERVICE_CIDR.replace("198.19.0.0/16", "198.19.0.0/40"),
+            "spec.cidrs[0]",
+        ),
+        (
+            SERVICE_CIDR.replace("'2001:db8:ffff::/108'", "198.18.0.0/16"),
+            "spec.cidrs[1]",
+        ),
+        (
+            SERVICE_CIDR.replace("[198.19.0.0/16, '2001:db8:ffff::/108']", "[]"),
+            "spec.cidrs",
+        ),
+    ];
+    for (text, field) in cases {
+        let e = rejection(&[("cidr.yaml", &text)]);
+        assert_eq!(e.field.as_deref(), Some(field), "for {text}: {e}");
+    }
+}

@@ -150,6 +150,7 @@ const EBPF_DEFAULTS: &[(&str, &str)] = &[
     ("pinning.root", "/sys/fs/bpf/kube-ebpf-proxy"),
     ("pinning.detachOnExit", "false"),
     ("pinning.stateDir", "/run/kube-ebpf-proxy"),
+    ("serviceCIDRs", "[]"),
 ];
 
 #[test]

@@ -79,6 +79,7 @@ const OUR_FLAGS: &[&str] = &[
     "ebpf-write-config-to",
     "ebpf-pod-interface-prefixes",
     "ebpf-external-interfaces",
+    "ebpf-service-cidrs",
     "ebpf-xdp-mode",
     "ebpf-map-size-services",
     "ebpf-map-size-backends",
@@ -415,4 +416,22 @@ fn version_flag() {
     ));
     // bad flags are still reported before --version is honoured
     assert!(try_parse(&["--version", "--bogus"]).is_err());
+}
+
+#[test]
+fn service_cidrs_come_from_the_flag_and_are_validated() {
+    let o = opts(&["--ebpf-service-cidrs=198.19.0.0/16,2001:db8:ffff::/108"]);
+    let cidrs: Vec<String> = o
+        .ebpf
+        .service_cidrs()
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    assert_eq!(cidrs, ["198.19.0.0/16", "2001:db8:ffff::/108"]);
+    assert!(opts(&[]).ebpf.service_cidrs().is_empty());
+    let e = err(&["--ebpf-service-cidrs=198.19.0.0/33"]).to_string();
+    assert!(
+        e.contains("serviceCIDRs[0]") && e.contains("must be a CIDR"),
+        "{e}"
+    );
 }

@@ -404,7 +404,11 @@ fn ebpf_extension_rules() {
             "externalInterfaces[1]: Invalid value: \"a/b\": must be a valid interface name (1-15 characters, no '/', ':' or spaces)",
         ),
         (
-            "xdpMode: native\nsocketLB:\n  enabled: false\nloadBalancing:\n  algorithm: maglev\n  maglevTableSize: 65537\n",
+            "serviceCIDRs: [198.19.0.0/16, \"2001:db8:ffff::/108\", 10.96.0.1]\n",
+            "serviceCIDRs[2]: Invalid value: \"10.96.0.1\": must be a CIDR (198.19.0.0/16, 2001:db8:ffff::/108)",
+        ),
+        (
+            "xdpMode: native\nsocketLB:\n  enabled: false\nloadBalancing:\n  algorithm: maglev\n  maglevTableSize: 65537\nserviceCIDRs: [198.19.0.0/16, \"2001:db8:ffff::/108\"]\n",
             "",
         ),
     ];

@@ -502,7 +502,12 @@ async fn service_cidrs_are_listed_and_watched_and_replace_the_configured_ones() 
         ),
         (
             Res::Slices,
-            vec![list("EndpointSliceList", "discovery.k8s.io/v1", "1", vec![])],
+            vec![list(
+                "EndpointSliceList",
+                "discovery.k8s.io/v1",
+                "1",
+                vec![],
+            )],
         ),
         (
             Res::ServiceCidrs,
@@ -520,10 +525,7 @@ async fn service_cidrs_are_listed_and_watched_and_replace_the_configured_ones() 
                 watch_lines(
                     "7",
                     vec![
-                        ev(
-                            "ADDED",
-                            service_cidr("extra", "8", &["198.18.128.0/24"]),
-                        ),
+                        ev("ADDED", service_cidr("extra", "8", &["198.18.128.0/24"])),
                         ev(
                             "DELETED",
                             service_cidr(
@@ -558,7 +560,11 @@ async fn service_cidrs_are_listed_and_watched_and_replace_the_configured_ones() 
     let cidrs = |s: &SourceState| -> Vec<String> {
         s.service_cidrs().iter().map(|c| c.to_string()).collect()
     };
-    assert_eq!(cidrs(&state), ["198.19.0.0/20"], "the configured, while none is listed");
+    assert_eq!(
+        cidrs(&state),
+        ["198.19.0.0/20"],
+        "the configured, while none is listed"
+    );
     // Services and EndpointSlices first: before both are listed nothing syncs.
     let (cidr_events, rest): (Vec<_>, Vec<_>) = events
         .into_iter()
@@ -600,7 +606,12 @@ async fn a_cluster_without_the_service_cidr_api_keeps_the_configured_ones() {
         ),
         (
             Res::Slices,
-            vec![list("EndpointSliceList", "discovery.k8s.io/v1", "1", vec![])],
+            vec![list(
+                "EndpointSliceList",
+                "discovery.k8s.io/v1",
+                "1",
+                vec![],
+            )],
         ),
         (Res::ServiceCidrs, vec![not_found]),
     ];
@@ -621,7 +632,11 @@ async fn a_cluster_without_the_service_cidr_api_keeps_the_configured_ones() {
     }
     assert!(synced, "Services and EndpointSlices still sync");
     assert_eq!(
-        state.service_cidrs().iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+        state
+            .service_cidrs()
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>(),
         ["198.19.0.0/16"]
     );
 }

@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::Node;
 use super::{args::Offline, frontend, sandbox, trace::Datapath};
 use crate::{
     model::{
-        DesiredState, NodeModel, NodeSettings, NodeTopology, ServiceCidrs,
-        build_desired_state_for, node_pod_cidrs,
+        DesiredState, NodeModel, NodeSettings, NodeTopology, ServiceCidrs, build_desired_state_for,
+        node_pod_cidrs,
     },
     modes::ebpf::{
         self, KernelMaps, MapSizes, NodeProgrammer, Programmer,

@@ -213,10 +213,16 @@ fn prefixes(
     v6: &LpmTrie<MapData, Ipv6Prefix, u8>,
 ) -> Result<Vec<IpNet>, aya::maps::MapError> {
     let net4 = |k: Key<Ipv4Prefix>| {
-        IpNet::from(V4::net_of(V4::from_be(k.data().addr_be), k.prefix_len() as u8))
+        IpNet::from(V4::net_of(
+            V4::from_be(k.data().addr_be),
+            k.prefix_len() as u8,
+        ))
     };
     let net6 = |k: Key<Ipv6Prefix>| {
-        IpNet::from(V6::net_of(V6::from_be(k.data().addr_be), k.prefix_len() as u8))
+        IpNet::from(V6::net_of(
+            V6::from_be(k.data().addr_be),
+            k.prefix_len() as u8,
+        ))
     };
     v4.keys()
         .map(|k| k.map(net4))
@@ -430,7 +436,10 @@ enum PrefixSet {
 }
 
 impl PrefixSet {
-    fn trie<F: FamilyMapsOf>(self, maps: &mut KernelMaps) -> &mut LpmTrie<MapData, PrefixOf<F>, u8> {
+    fn trie<F: FamilyMapsOf>(
+        self,
+        maps: &mut KernelMaps,
+    ) -> &mut LpmTrie<MapData, PrefixOf<F>, u8> {
         match self {
             PrefixSet::LocalPodCidrs => F::local_pod_cidrs(maps),
             PrefixSet::ServiceCidrs => F::service_cidrs(maps),

@@ -463,7 +463,11 @@ fn service_cidrs_are_added_before_stale_ones_go_and_only_changes_are_written() {
     maps.log.clear();
     let next = base.with_service_cidrs(&cidrs(&["10.96.0.0/15"]));
     p.apply(&next, &mut maps).unwrap();
-    let service_writes: Vec<&String> = maps.log.iter().filter(|l| l.contains("service-cidr")).collect();
+    let service_writes: Vec<&String> = maps
+        .log
+        .iter()
+        .filter(|l| l.contains("service-cidr"))
+        .collect();
     assert_eq!(
         service_writes,
         [
