@@ -307,6 +307,35 @@ fn dual_stack_end_to_end(xdp_mode: &str, expect_logged: &str) {
         );
     }
 
+    // A ServiceCIDR appears: from then on, traffic from a pod to an address
+    // of it that no service holds is dropped (and counted), in both families.
+    let events = |name: &str| datapath_events(&tb.node_ns, name);
+    let before = events("drop_unallocated_cluster_ip");
+    fs::write(
+        dir.path().join("service-cidr.yaml"),
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec:\n  cidrs: [198.19.0.0/24, \"2001:db8:ffff::/112\"]\n",
+    )
+    .unwrap();
+    let unallocated = [
+        SocketAddr::new("2001:db8:ffff::99".parse().unwrap(), 80),
+        SocketAddr::new("198.19.0.99".parse().unwrap(), 80),
+    ];
+    wait_for(
+        Duration::from_secs(20),
+        "connections to unallocated cluster IPs to be dropped",
+        || {
+            for target in unallocated {
+                let _ = netns::run_in(&client, move || {
+                    servers::tcp_identity(target, Duration::from_millis(200))
+                });
+            }
+            (events("drop_unallocated_cluster_ip") >= before + 2).then_some(())
+        },
+    );
+    // Allocated cluster IPs still answer.
+    wait_answers(&client, vip6);
+    sources(&servers);
+
     // `explain --online` reads the IPv6 maps the agent pinned: an IPv6
     // packet from the pod to the IPv6 cluster IP, and one from outside to
     // the node's IPv6 NodePort, masqueraded to the node's IPv6.
@@ -572,15 +601,21 @@ fn two_dual_stack_nodes(xdp_mode: &str) {
 
 /// The node agent's `xdp_tx` datapath events, from its metrics endpoint.
 fn xdp_tx(node_ns: &str) -> u64 {
+    datapath_events(node_ns, "xdp_tx")
+}
+
+/// The node agent's datapath events named `event`, from its metrics endpoint.
+fn datapath_events(node_ns: &str, event: &str) -> u64 {
     let reply = netns::run_in(node_ns, || {
         crate::http_client::get("127.0.0.1:10249".parse().unwrap(), "/metrics")
     })
     .unwrap()
     .expect("the agent's metrics");
+    let prefix = format!("kubeproxy_ebpf_datapath_events_total{{event=\"{event}\"}} ");
     reply
         .body
         .lines()
-        .find_map(|l| l.strip_prefix("kubeproxy_ebpf_datapath_events_total{event=\"xdp_tx\"} "))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .map_or(0, |n| n.trim().parse().unwrap())
 }
 
