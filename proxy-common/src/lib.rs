@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod action;
+pub mod affinity;
 pub mod backend;
 pub mod config;
 pub mod conntrack;
@@ -19,6 +20,7 @@ pub mod stats;
 #[cfg(feature = "user")]
 mod pod;
 
+pub use affinity::{AffinityKey, AffinityKey6, AffinityKeyOf, AffinityValue};
 pub use backend::{Backend, Backend6, BackendId, BackendOf};
 pub use config::{
     DatapathConfig, DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, PrefixOf, SourceRange,
@@ -76,3 +78,6 @@ assert_layout!(MonitorSlot, size = 24, align = 8);
 assert_layout!(MonitorEvent, size = 56, align = 8);
 assert_layout!(MonitorEvent6, size = 104, align = 8);
 assert_layout!(DatapathConfig6, size = 16, align = 4);
+assert_layout!(AffinityKey, size = 8, align = 4);
+assert_layout!(AffinityKey6, size = 20, align = 4);
+assert_layout!(AffinityValue, size = 16, align = 8);

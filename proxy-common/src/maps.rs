@@ -23,6 +23,9 @@ pub const SOCKETS6: &str = "SOCKETS6";
 /// is dropped, as upstream's nftables mode does. Added without an ABI bump.
 pub const SERVICE_CIDRS: &str = "SERVICE_CIDRS";
 pub const SERVICE_CIDRS6: &str = "SERVICE_CIDRS6";
+/// Session affinity per family (`proxy_common::affinity`). Added without an ABI bump.
+pub const AFFINITY: &str = "AFFINITY";
+pub const AFFINITY6: &str = "AFFINITY6";
 /// Added without an ABI bump (a missing pin is created at load): only
 /// `proxy-agent monitor` reads them.
 pub const MONITOR: &str = "MONITOR";
@@ -43,6 +46,8 @@ pub const MAX_CONNTRACK6: u32 = 131_072;
 pub const MAX_IFACES: u32 = 4_096;
 pub const MAX_LOCAL_POD_CIDRS: u32 = 64;
 pub const MAX_SERVICE_CIDRS: u32 = 64;
+/// Clients pinned to a backend, across services; least recently used first out.
+pub const MAX_AFFINITY: u32 = 65_536;
 pub const MAX_SOURCE_RANGES: u32 = 16_384;
 /// Sockets the socket hooks pointed at a backend; least recently used first out.
 pub const MAX_SOCKETS: u32 = 262_144;

@@ -23,3 +23,6 @@ unsafe impl aya::Pod for crate::SockKey6 {}
 unsafe impl aya::Pod for crate::SockValue6 {}
 unsafe impl aya::Pod for crate::MonitorEvent6 {}
 unsafe impl aya::Pod for crate::DatapathConfig6 {}
+unsafe impl aya::Pod for crate::AffinityKey {}
+unsafe impl aya::Pod for crate::AffinityKey6 {}
+unsafe impl aya::Pod for crate::AffinityValue {}

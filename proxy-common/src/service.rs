@@ -106,6 +106,9 @@ pub mod flags {
     /// per-packet programs pass traffic to it, as upstream drops martian
     /// packets to 127.0.0.0/8 that did not come from the node itself.
     pub const HOST_ONLY: u16 = 1 << 5;
+    /// `sessionAffinity: ClientIP`: slot 0's `backend_id` is the timeout in
+    /// seconds (see [`crate::affinity`]).
+    pub const AFFINITY: u16 = 1 << 6;
     pub const KIND_SHIFT: u16 = 12;
 }
 
@@ -138,6 +141,11 @@ impl ServiceValue {
             count: 0,
             flags: 0,
         }
+    }
+
+    /// The affinity timeout of a frontend with [`flags::AFFINITY`], in nanoseconds.
+    pub const fn affinity_timeout_ns(&self) -> u64 {
+        self.backend_id as u64 * 1_000_000_000
     }
 
     pub const fn has(&self, flag: u16) -> bool {

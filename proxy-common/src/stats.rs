@@ -89,6 +89,9 @@ counters! {
     /// To an address inside a service CIDR that no service holds: dropped,
     /// as upstream's nftables mode drops traffic to unallocated cluster IPs.
     DropUnallocated = 29 => "drop_unallocated_cluster_ip",
+    /// A new connection sent to the backend its client is pinned to
+    /// (`sessionAffinity: ClientIP`).
+    AffinityHit = 30 => "affinity_hit",
 }
 
 const _: () = assert!((Counter::ALL.len() as u32) <= COUNTER_MAX);

@@ -260,15 +260,19 @@ pub enum Pick<F: Family> {
     Empty,
 }
 
-/// Balances a new connection to `frontend` (found at `key`). Clients of
-/// this node (`local_client`: its pods, and its own sockets) reaching an
-/// external frontend whose policy is Local bypass the policy, as upstream
-/// short-circuits them, as if they went out to the load balancer and back.
+/// Balances a new connection of `client` to `frontend` (found at `key`),
+/// to the backend it is pinned to when the service has session affinity.
+/// Clients of this node (`local_client`: its pods, and its own sockets)
+/// reaching an external frontend whose policy is Local bypass the policy,
+/// as upstream short-circuits them, as if they went out to the load
+/// balancer and back.
 #[inline(always)]
 pub fn pick<F: Ip>(
     key: ServiceKeyOf<F>,
     frontend: &ServiceValue,
     local_client: bool,
+    client: F::Addr,
+    now: u64,
 ) -> Result<Pick<F>, Counter> {
     let (set_key, set) =
         if frontend.has(svc::EXTERNAL) && frontend.has(svc::POLICY_LOCAL) && local_client {
@@ -280,7 +284,18 @@ pub fn pick<F: Ip>(
     if set.count == 0 {
         return Ok(Pick::Empty);
     }
-    let (id, backend) = lb::select(&set_key, &set)?;
+    let affinity = frontend.has(svc::AFFINITY);
+    if affinity
+        && let Some((id, backend)) =
+            crate::affinity::pinned(frontend, &set_key, set.count, client, now)
+    {
+        crate::stats::count(Counter::AffinityHit);
+        return Ok(Pick::Backend(id, backend));
+    }
+    let (slot, id, backend) = lb::select(&set_key, &set)?;
+    if affinity {
+        crate::affinity::pin(frontend, &set_key, client, (slot, id), now);
+    }
     Ok(Pick::Backend(id, backend))
 }
 
@@ -303,7 +318,7 @@ fn new_flow<F: Ip>(
     let policy_local = frontend.has(svc::POLICY_LOCAL);
 
     let key = ServiceKeyOf::<F>::frontend(pkt.daddr_be, pkt.dport_be, pkt.proto);
-    let (backend_id, backend) = match pick(key, frontend, local_client)? {
+    let (backend_id, backend) = match pick(key, frontend, local_client, pkt.saddr_be, now)? {
         Pick::Backend(id, backend) => (id, backend),
         Pick::Empty => {
             return Ok(if frontend.has(svc::REJECT_WHEN_EMPTY) {

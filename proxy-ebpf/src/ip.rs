@@ -8,9 +8,9 @@ use aya_ebpf::{
     maps::{HashMap, LpmTrie, LruHashMap},
 };
 use proxy_common::{
-    BackendId, BackendOf, Counter, CtKeyOf, CtValueOf, DatapathConfig, Family, MonitorEventOf,
-    PrefixOf, ServiceKeyOf, ServiceValue, SockKeyOf, SockValueOf, SourceRangeOf, V4, V6,
-    config::flags as config_flags, proto,
+    AffinityKeyOf, AffinityValue, BackendId, BackendOf, Counter, CtKeyOf, CtValueOf,
+    DatapathConfig, Family, MonitorEventOf, PrefixOf, ServiceKeyOf, ServiceValue, SockKeyOf,
+    SockValueOf, SourceRangeOf, V4, V6, config::flags as config_flags, proto,
 };
 
 use crate::{
@@ -36,6 +36,9 @@ pub struct Scratch<F: Family> {
     pub event: MonitorEventOf<F>,
     /// Where L4 starts behind IPv6 extension headers (see `packet::parse6`).
     pub l4_off: u32,
+    /// A session-affinity entry being looked up or written.
+    pub affinity_key: AffinityKeyOf<F>,
+    pub affinity: AffinityValue,
 }
 
 /// The largest reply a reject builds (an ICMPv6 error with its quote).
@@ -67,6 +70,7 @@ pub trait Ip: Family {
     fn service_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8>;
     fn source_ranges() -> &'static LpmTrie<SourceRangeOf<Self>, u8>;
     fn sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockValueOf<Self>>;
+    fn affinity() -> &'static LruHashMap<AffinityKeyOf<Self>, AffinityValue>;
     /// This CPU's scratch space (see [`Scratch`]).
     fn scratch() -> Option<&'static mut Scratch<Self>>;
 
@@ -141,6 +145,10 @@ impl Ip for V4 {
         &maps::SOCKETS
     }
     #[inline(always)]
+    fn affinity() -> &'static LruHashMap<AffinityKeyOf<Self>, AffinityValue> {
+        &maps::AFFINITY
+    }
+    #[inline(always)]
     fn scratch() -> Option<&'static mut Scratch<Self>> {
         // SAFETY: per-CPU memory, and a program run is never preempted by another on its CPU.
         maps::SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
@@ -209,6 +217,10 @@ impl Ip for V6 {
     #[inline(always)]
     fn sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockValueOf<Self>> {
         &maps::SOCKETS6
+    }
+    #[inline(always)]
+    fn affinity() -> &'static LruHashMap<AffinityKeyOf<Self>, AffinityValue> {
+        &maps::AFFINITY6
     }
     #[inline(always)]
     fn scratch() -> Option<&'static mut Scratch<Self>> {

@@ -16,19 +16,20 @@ pub fn below(n: u32) -> u32 {
     unsafe { bpf_get_prandom_u32() % n }
 }
 
-/// Picks one of the `set.count` backends behind `key` uniformly at random.
+/// Picks one of the `set.count` backends behind `key` uniformly at random:
+/// its slot, id and backend.
 #[inline(always)]
 pub fn select<F: Ip>(
     key: &ServiceKeyOf<F>,
     set: &ServiceValue,
-) -> Result<(BackendId, BackendOf<F>), Counter> {
+) -> Result<(u16, BackendId, BackendOf<F>), Counter> {
     let slot = below(set.count as u32) as u16 + 1;
     // SAFETY: map values are plain data and copied out immediately.
     let backend_id = frontend(&key.with_slot(slot))
         .ok_or(Counter::DropBackendMissing)?
         .backend_id;
     let backend = backend::<F>(backend_id).ok_or(Counter::DropBackendMissing)?;
-    Ok((backend_id, backend))
+    Ok((slot, backend_id, backend))
 }
 
 #[inline(always)]

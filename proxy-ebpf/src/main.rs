@@ -3,6 +3,7 @@
 #![no_std]
 #![no_main]
 
+mod affinity;
 mod config;
 mod conntrack;
 mod csum;

@@ -4,11 +4,12 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use proxy_common::{
-    Backend, Backend6, BackendId, CtKey, CtKey6, CtValue, CtValue6, DatapathConfig,
-    DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, MonitorSlot, ServiceKey, ServiceKey6,
-    ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange, SourceRange6, V4, V6,
+    AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, BackendId, CtKey, CtKey6, CtValue,
+    CtValue6, DatapathConfig, DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, MonitorSlot,
+    ServiceKey, ServiceKey6, ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange,
+    SourceRange6, V4, V6,
     maps::{
-        MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS,
+        MAX_AFFINITY, MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS,
         MAX_SERVICE_CIDRS, MAX_SERVICE_ENTRIES, MAX_SOCKETS, MAX_SOURCE_RANGES,
     },
     monitor::{MONITOR_RING_BYTES, MONITOR_SLOTS},
@@ -49,6 +50,10 @@ pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> =
 #[map]
 pub static SOCKETS: LruHashMap<SockKey, SockValue> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);
 
+#[map]
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
+    LruHashMap::with_max_entries(MAX_AFFINITY, 0);
+
 // The IPv6 maps: the IPv4 ones' names with a `6` (docs/dual-stack.md).
 #[map]
 pub static SERVICES6: HashMap<ServiceKey6, ServiceValue> =
@@ -75,6 +80,10 @@ pub static SERVICE_CIDRS6: LpmTrie<Ipv6Prefix, u8> =
 #[map]
 pub static SOURCE_RANGES6: LpmTrie<SourceRange6, u8> =
     LpmTrie::with_max_entries(MAX_SOURCE_RANGES, 0);
+
+#[map]
+pub static AFFINITY6: LruHashMap<AffinityKey6, AffinityValue> =
+    LruHashMap::with_max_entries(MAX_AFFINITY, 0);
 
 #[map]
 pub static SOCKETS6: LruHashMap<SockKey6, SockValue6> =

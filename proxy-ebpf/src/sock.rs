@@ -98,7 +98,20 @@ pub fn forward<F: Ip>(ctx: &SockAddrContext) -> i32 {
     };
     let chosen = match kept {
         Some(kept) => Some(kept),
-        None => match flow::pick(key, &frontend, true) {
+        // A pod's address is not known before its packet exists: affinity,
+        // which is by client address, is left to the per-packet path.
+        None if frontend.has(svc::AFFINITY) && !host => {
+            count(Counter::SockDeclined);
+            return ALLOW;
+        }
+        // The node's own connections leave from its primary address.
+        None => match flow::pick(
+            key,
+            &frontend,
+            true,
+            F::masquerade_addr(config),
+            crate::conntrack::now_ns(),
+        ) {
             Ok(Pick::Backend(id, b)) => Some((id, b.addr_be, b.port_be)),
             Ok(Pick::Empty) => None,
             Err(reason) => {

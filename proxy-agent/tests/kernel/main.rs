@@ -11,6 +11,7 @@ mod bpffs;
 mod explain_common;
 mod tester;
 
+mod datapath_affinity;
 mod datapath_conntrack;
 mod datapath_frontends;
 mod datapath_ipv6;

@@ -119,13 +119,20 @@ pub fn load_socket_programs(ebpf: &mut Ebpf) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every map of the embedded object by name, with its definition.
+/// The per-CPU working memory of the programs (`SCRATCH`, `SCRATCH6`):
+/// no state lives there across packets, so it is never pinned and its
+/// layout may change from one version to the next.
+pub fn is_scratch(map: &str) -> bool {
+    map.starts_with("SCRATCH")
+}
+
+/// Every map of the embedded object that is pinned, by name, with its definition.
 pub fn object_maps() -> anyhow::Result<std::collections::BTreeMap<String, pin::MapShape>> {
     let object = aya_obj::Object::parse(OBJECT).context("parsing the embedded eBPF object")?;
     Ok(object
         .maps
         .iter()
-        .filter(|(name, _)| !name.starts_with('.'))
+        .filter(|(name, _)| !name.starts_with('.') && !is_scratch(name))
         .map(|(name, map)| {
             (
                 name.clone(),

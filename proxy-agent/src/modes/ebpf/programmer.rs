@@ -26,7 +26,9 @@ use proxy_common::{
 };
 
 use self::{
-    frontends::{EndpointSet, has_endpoint_on, wanted_frontends, wanted_source_ranges},
+    frontends::{
+        EndpointSet, WantedFrontend, has_endpoint_on, wanted_frontends, wanted_source_ranges,
+    },
     ids::Ids,
     markers::ClusterIpMarkers,
 };
@@ -349,7 +351,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 slot.insert(ids);
             }
             let ids = &ids_by_set[&f.endpoints];
-            self.program_frontend(f.key, spn, service_id, f.flags, ids, maps, run)?;
+            self.program_frontend(f, spn, service_id, ids, maps, run)?;
             if f.kind() == FrontendKind::ClusterIp {
                 run.cluster_ip_frontends.push(f.key);
             } else {
@@ -460,17 +462,16 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         Ok(id)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn program_frontend(
         &mut self,
-        key: ServiceKeyOf<F>,
+        f: &WantedFrontend<F>,
         owner: &ServicePortName,
         service_id: u32,
-        flags: u16,
         wanted: &[BackendId],
         maps: &mut impl ServiceMaps<F>,
         run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
+        let key = f.key;
         let frontend = self.frontends.entry(key).or_insert_with(|| Frontend {
             owner: owner.clone(),
             service_id,
@@ -514,7 +515,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 }
             }
         }
-        let value = ServiceValue::frontend(count, service_id, flags);
+        let value = f.value(count, service_id);
         if frontend.written != Some(value) {
             maps.put_service(&key, &value)?;
             run.stats.writes += 1;

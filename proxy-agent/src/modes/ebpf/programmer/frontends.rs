@@ -11,7 +11,7 @@ use proxy_common::{
     service::flags,
 };
 
-use crate::model::{DesiredService, Endpoint};
+use crate::model::{DesiredService, Endpoint, SessionAffinity};
 use crate::modes::ebpf::{family::AgentFamily, node::NodeAddressesOf};
 
 /// Which of the service's endpoint lists a frontend balances over.
@@ -58,11 +58,24 @@ pub(super) struct WantedFrontend<F: AgentFamily> {
     pub key: ServiceKeyOf<F>,
     pub flags: u16,
     pub endpoints: EndpointSet,
+    /// `sessionAffinity: ClientIP`'s timeout in seconds; 0: none.
+    pub affinity_s: u32,
 }
 
 impl<F: AgentFamily> WantedFrontend<F> {
     pub(super) fn kind(&self) -> FrontendKind {
         ServiceValue::frontend(0, 0, self.flags).kind()
+    }
+
+    /// Slot 0's value: with affinity, its timeout is in `backend_id`.
+    pub(super) fn value(&self, count: u16, service_id: u32) -> ServiceValue {
+        if self.affinity_s == 0 {
+            return ServiceValue::frontend(count, service_id, self.flags);
+        }
+        ServiceValue {
+            backend_id: self.affinity_s,
+            ..ServiceValue::frontend(count, service_id, self.flags | flags::AFFINITY)
+        }
     }
 }
 
@@ -79,6 +92,10 @@ pub(super) fn wanted_frontends<F: AgentFamily>(
         flags::REJECT_WHEN_EMPTY
     };
     let policy_local = |local: bool| if local { flags::POLICY_LOCAL } else { 0 };
+    let affinity_s = match svc.session_affinity {
+        SessionAffinity::ClientIp { timeout_seconds } => timeout_seconds.max(1),
+        SessionAffinity::None => 0,
+    };
     let mut out = Vec::new();
 
     for vip in of_family::<F>(&svc.cluster_ips) {
@@ -88,6 +105,7 @@ pub(super) fn wanted_frontends<F: AgentFamily>(
                 | reject
                 | policy_local(svc.internal_policy_local),
             endpoints: EndpointSet::Internal,
+            affinity_s,
         });
     }
 
@@ -125,12 +143,14 @@ pub(super) fn wanted_frontends<F: AgentFamily>(
             key,
             flags: flags | policy_local(svc.external_policy_local),
             endpoints: EndpointSet::External,
+            affinity_s,
         });
         if svc.external_policy_local {
             out.push(WantedFrontend {
                 key: key.with_scope(Scope::ClusterWide),
                 flags,
                 endpoints: EndpointSet::Cluster,
+                affinity_s,
             });
         }
     }
