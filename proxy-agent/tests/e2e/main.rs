@@ -22,6 +22,7 @@ mod support;
 mod capabilities;
 mod cleanup_binary;
 mod cleanup_netns;
+mod e2e_affinity;
 mod e2e_cluster;
 mod e2e_clusterip;
 mod e2e_dual_stack;
