@@ -59,6 +59,7 @@ impl PinnedMaps {
             service_cidrs: open(dir, names::SERVICE_CIDRS)?.0,
             source_ranges: open(dir, names::SOURCE_RANGES)?.0,
             sockets: open(dir, names::SOCKETS)?.0,
+            affinity: open(dir, names::AFFINITY)?.0,
             v6: Maps6 {
                 services: open(dir, names::SERVICES6)?.0,
                 backends: open(dir, names::BACKENDS6)?.0,
@@ -68,6 +69,7 @@ impl PinnedMaps {
                 service_cidrs: open(dir, names::SERVICE_CIDRS6)?.0,
                 source_ranges: open(dir, names::SOURCE_RANGES6)?.0,
                 sockets: open(dir, names::SOCKETS6)?.0,
+                affinity: open(dir, names::AFFINITY6)?.0,
             },
         };
         Ok(PinnedMaps {

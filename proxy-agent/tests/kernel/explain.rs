@@ -377,6 +377,7 @@ fn json_output_has_a_stable_shape() {
         "mode",
         "packet",
         "frontend",
+        "affinity",
         "verdict",
         "endpoint",
         "destination",
@@ -629,4 +630,46 @@ fn an_unallocated_address_of_a_service_cidr_is_dropped_and_the_node_refused() {
     .concat();
     let v = o.json(&refs(&flags));
     assert_eq!(v["reason"], "drop_unallocated_cluster_ip", "{v:#}");
+}
+
+#[test]
+fn session_affinity_is_shown_with_the_endpoint_and_how_long_the_pin_lasts() {
+    let o = Offline::new();
+    // The trio service with ClientIP affinity.
+    let trio = o.dir.path().join("trio-svc.yaml");
+    let yaml = fs::read_to_string(&trio).unwrap().replace(
+        "spec:\n",
+        "spec:\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n",
+    );
+    fs::write(&trio, yaml).unwrap();
+
+    let v = o.json(&refs(&packet("tcp", POD_A, TRIO_VIP, 80, "pod")));
+    let pinned = v["endpoint"].as_str().unwrap().to_owned();
+    assert_eq!(v["affinity"]["timeout_seconds"], 600, "{v:#}");
+    assert_eq!(v["affinity"]["endpoint"], pinned.as_str());
+    assert_eq!(v["affinity"]["already_pinned"], false);
+    let left = v["affinity"]["expires_in_seconds"].as_u64().unwrap();
+    assert!((598..=600).contains(&left), "{v:#}");
+
+    // 60 connections of one client: one endpoint, and the pin holds.
+    let flows = o.json(&refs(
+        &[
+            packet("tcp", POD_A, TRIO_VIP, 80, "pod"),
+            vec!["--flows".into(), "60".into()],
+        ]
+        .concat(),
+    ));
+    assert_eq!(flows["verdicts"]["forwarded"], 60, "{flows:#}");
+    assert_eq!(flows["endpoints"].as_array().unwrap().len(), 1, "{flows:#}");
+    assert_eq!(flows["affinity"]["already_pinned"], true, "{flows:#}");
+    assert_eq!(flows["counters"], Value::Null, "a tally has no counters");
+
+    let text = o.text(&refs(&packet("tcp", POD_A, TRIO_VIP, 80, "pod")));
+    assert!(
+        text.contains("  affinity   ClientIP, 600 s: this client is now pinned to 198.18."),
+        "{text}"
+    );
+    // Without affinity, no such line and a null field.
+    let v = o.json(&refs(&packet("tcp", POD_A, REMOTE_VIP, 80, "pod")));
+    assert_eq!(v["affinity"], Value::Null);
 }

@@ -49,6 +49,9 @@ pub struct Frontend {
     pub endpoints: u16,
     pub policy_local: bool,
     pub source_ranges: bool,
+    pub service_id: u32,
+    /// `sessionAffinity: ClientIP`'s timeout; `None`: no affinity.
+    pub affinity_timeout_s: Option<u32>,
 }
 
 impl Frontend {
@@ -93,6 +96,8 @@ pub fn lookup(maps: &KernelMaps, names: &Names, probe: &Probe) -> Option<Fronten
         endpoints: value.count,
         policy_local: value.has(flags::POLICY_LOCAL),
         source_ranges: value.has(flags::SOURCE_RANGES),
+        service_id: value.service_id,
+        affinity_timeout_s: value.has(flags::AFFINITY).then_some(value.backend_id),
     })
 }
 

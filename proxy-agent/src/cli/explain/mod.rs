@@ -11,6 +11,7 @@
 //! args -> offline | online -> Datapath -> trace::run -> verdict::classify -> report (text | json)
 //! ```
 
+pub mod affinity;
 pub mod args;
 pub mod frontend;
 mod host;
@@ -59,17 +60,25 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
         None => {
             let trace = trace::run(&mut datapath, probe)?;
             let verdict = verdict::classify(probe, &trace);
-            let report = report::Single::new(mode, probe, front.as_ref(), &trace, &verdict);
+            let pin = front
+                .as_ref()
+                .and_then(|f| affinity::read(&datapath.maps, f, probe, &trace));
+            let report = report::Single::new(mode, probe, front.as_ref(), &trace, &verdict)
+                .with_affinity(pin);
             args.output.render(&report, report::Single::text)
         }
         Some(n) => {
             let mut tally = report::Flows::new(mode, probe, front.as_ref());
+            let mut pin = None;
             for sport in probe::source_ports(probe.sport, n) {
                 let flow = probe.with_sport(sport);
                 let trace = trace::run(&mut datapath, &flow)?;
                 tally.add(&verdict::classify(&flow, &trace));
+                pin = front
+                    .as_ref()
+                    .and_then(|f| affinity::read(&datapath.maps, f, &flow, &trace));
             }
-            let tally = tally.finish();
+            let tally = tally.finish().with_affinity(pin);
             args.output.render(&tally, report::Flows::text)
         }
     }

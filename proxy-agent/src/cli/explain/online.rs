@@ -58,6 +58,7 @@ fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
         names::SERVICE_CIDRS,
     )?;
     copy_hash(&from.conntrack, &mut to.conntrack, names::CONNTRACK)?;
+    copy_hash(&from.affinity, &mut to.affinity, names::AFFINITY)?;
     let config = from
         .config
         .get(&0, 0)
@@ -85,6 +86,7 @@ fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
         names::SERVICE_CIDRS6,
     )?;
     copy_hash(&from.conntrack, &mut to.conntrack, names::CONNTRACK6)?;
+    copy_hash(&from.affinity, &mut to.affinity, names::AFFINITY6)?;
     let config = from
         .config
         .get(&0, 0)

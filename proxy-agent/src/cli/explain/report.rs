@@ -70,6 +70,8 @@ pub struct Single {
     pub mode: &'static str,
     pub packet: Packet,
     pub frontend: Option<FrontendJson>,
+    /// Session affinity of the frontend, as the probe left it; null: none.
+    pub affinity: Option<super::affinity::Pin>,
     /// forwarded, dropped, rejected or passed.
     pub verdict: &'static str,
     /// Forwarded new or established flows: the endpoint chosen.
@@ -106,6 +108,7 @@ impl Single {
             mode,
             packet: Packet::new(probe),
             frontend: frontend.map(FrontendJson::new),
+            affinity: None,
             verdict: verdict.name(),
             endpoint: None,
             destination: None,
@@ -159,6 +162,10 @@ impl Single {
         s
     }
 
+    pub fn with_affinity(self, affinity: Option<super::affinity::Pin>) -> Self {
+        Self { affinity, ..self }
+    }
+
     pub fn text(&self) -> String {
         let mut out = String::new();
         let headline = match self.verdict {
@@ -201,6 +208,9 @@ impl Single {
             "  frontend   {}",
             frontend_text(self.frontend.as_ref())
         );
+        if let Some(pin) = &self.affinity {
+            let _ = writeln!(out, "  affinity   {}", super::affinity::text(pin));
+        }
         if let (Some(flow), Some(exit)) = (self.flow, self.exit_text) {
             let _ = writeln!(out, "  flow       {flow}, {exit}");
         }
@@ -284,6 +294,8 @@ pub struct Flows {
     /// The first flow's packet; the others differ in the source port only.
     pub packet: Packet,
     pub frontend: Option<FrontendJson>,
+    /// Session affinity of the frontend after the last flow; null: none.
+    pub affinity: Option<super::affinity::Pin>,
     pub flows: u32,
     /// forwarded, dropped, rejected, passed: how many flows each (all four present).
     pub verdicts: BTreeMap<&'static str, u32>,
@@ -300,6 +312,7 @@ impl Flows {
             mode,
             packet: Packet::new(probe),
             frontend: frontend.map(FrontendJson::new),
+            affinity: None,
             flows: 0,
             verdicts: ["forwarded", "dropped", "rejected", "passed"]
                 .into_iter()
@@ -337,6 +350,10 @@ impl Flows {
     }
 
     /// Sorts the endpoints by address, for stable output.
+    pub fn with_affinity(self, affinity: Option<super::affinity::Pin>) -> Self {
+        Self { affinity, ..self }
+    }
+
     pub fn finish(mut self) -> Self {
         // Unparsable names (none are expected) sort last.
         self.endpoints.sort_by_key(|e| {
@@ -373,6 +390,9 @@ impl Flows {
             "  frontend   {}",
             frontend_text(self.frontend.as_ref())
         );
+        if let Some(pin) = &self.affinity {
+            let _ = writeln!(out, "  affinity   {}", super::affinity::text(pin));
+        }
         let verdicts: Vec<String> = self
             .verdicts
             .iter()

@@ -9,10 +9,11 @@ use aya::{
 };
 use ipnet::{IpNet, Ipv4Net};
 use proxy_common::{
-    Backend, Backend6, BackendId, BackendOf, CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf,
-    DatapathConfig, DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, PrefixOf, ServiceKey,
-    ServiceKey6, ServiceKeyOf, ServiceValue, SockKey, SockKey6, SockKeyOf, SockValue, SockValue6,
-    SockValueOf, SourceRange, SourceRange6, SourceRangeOf, V4, V6, maps as names,
+    AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, BackendId, BackendOf, CtKey,
+    CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf, DatapathConfig, DatapathConfig6, IfaceInfo,
+    Ipv4Prefix, Ipv6Prefix, PrefixOf, ServiceKey, ServiceKey6, ServiceKeyOf, ServiceValue, SockKey,
+    SockKey6, SockKeyOf, SockValue, SockValue6, SockValueOf, SourceRange, SourceRange6,
+    SourceRangeOf, V4, V6, maps as names,
 };
 
 use super::family::AgentFamily;
@@ -98,6 +99,7 @@ pub struct Maps6 {
     pub service_cidrs: LpmTrie<MapData, Ipv6Prefix, u8>,
     pub source_ranges: LpmTrie<MapData, SourceRange6, u8>,
     pub sockets: HashMap<MapData, SockKey6, SockValue6>,
+    pub affinity: HashMap<MapData, AffinityKey6, AffinityValue>,
 }
 
 /// The kernel maps of a loaded datapath.
@@ -112,6 +114,7 @@ pub struct KernelMaps {
     pub source_ranges: LpmTrie<MapData, SourceRange, u8>,
     /// The socket hooks' choices (written only by the programs).
     pub sockets: HashMap<MapData, SockKey, SockValue>,
+    pub affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     pub v6: Maps6,
 }
 
@@ -128,6 +131,7 @@ impl KernelMaps {
             service_cidrs: take_map(ebpf, names::SERVICE_CIDRS)?,
             source_ranges: take_map(ebpf, names::SOURCE_RANGES)?,
             sockets: take_map(ebpf, names::SOCKETS)?,
+            affinity: take_map(ebpf, names::AFFINITY)?,
             v6: Maps6 {
                 services: take_map(ebpf, names::SERVICES6)?,
                 backends: take_map(ebpf, names::BACKENDS6)?,
@@ -137,6 +141,7 @@ impl KernelMaps {
                 service_cidrs: take_map(ebpf, names::SERVICE_CIDRS6)?,
                 source_ranges: take_map(ebpf, names::SOURCE_RANGES6)?,
                 sockets: take_map(ebpf, names::SOCKETS6)?,
+                affinity: take_map(ebpf, names::AFFINITY6)?,
             },
         };
         Ok((maps, take_map(ebpf, names::STATS)?))
