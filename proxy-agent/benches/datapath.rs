@@ -895,6 +895,7 @@ fn node_facts(ifaces: Ifaces) -> anyhow::Result<NodeFacts> {
         },
         config6: Default::default(),
         local_pod_cidrs: [POD_CIDR.parse::<ipnet::IpNet>().context("pod CIDR")?].into(),
+        service_cidrs: Default::default(),
         ifaces: [(
             ifaces.uplink,
             IfaceInfo {

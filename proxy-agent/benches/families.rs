@@ -21,8 +21,10 @@ use std::{
 };
 
 use anyhow::{Context as _, ensure};
+mod common;
+
+use common::{enter_throwaway_netns, mean, median, tcp};
 use proxy_agent::{
-    cli::packet::{ETH_HLEN, Frame, IPV4_HLEN, fix_checksums},
     model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
     modes::ebpf::{KernelMaps, Programmer, load, test_run},
 };
@@ -39,10 +41,6 @@ const NEW_FLOWS_PER_ROUND: usize = 60;
 const PASS_REPEAT: u32 = 100_000;
 const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;
-
-const POD_IFACE: &str = "pod0";
-const UPLINK: &str = "eth0";
-const GATEWAY_MAC: &str = "02:00:00:00:00:01";
 
 /// One family's addresses: pod client, VIP, backend, and a non-service destination.
 struct Plan {
@@ -211,129 +209,4 @@ fn run() -> anyhow::Result<()> {
     println!("\n(new-flow figures include the kernel's per-call cost around a single run)");
     println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
-}
-
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len().max(1) as f64
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-/// An Ethernet / IP / TCP frame with TTL or hop limit 255 (the loop takes
-/// one per iteration) and valid checksums.
-fn tcp(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, flags: u8) -> Vec<u8> {
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let mut pkt = Frame::tcp(s, sport, d, dport).build(&[]);
-            pkt[ETH_HLEN + 8] = 255;
-            pkt[ETH_HLEN + IPV4_HLEN + 13] = flags;
-            fix_checksums(&mut pkt);
-            pkt
-        }
-        (IpAddr::V6(s), IpAddr::V6(d)) => tcp6(s, sport, d, dport, flags),
-        _ => unreachable!("one family per flow"),
-    }
-}
-
-fn tcp6(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16, flags: u8) -> Vec<u8> {
-    let mut l4 = Vec::with_capacity(20);
-    l4.extend(sport.to_be_bytes());
-    l4.extend(dport.to_be_bytes());
-    l4.extend(1u32.to_be_bytes());
-    l4.extend(0u32.to_be_bytes());
-    l4.extend([5 << 4, flags]);
-    l4.extend(64_240u16.to_be_bytes());
-    l4.extend([0, 0, 0, 0]);
-    let mut sum: u32 = 0;
-    let mut add = |b: &[u8]| {
-        for pair in b.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
-        }
-    };
-    add(&src.octets());
-    add(&dst.octets());
-    add(&(l4.len() as u32).to_be_bytes());
-    add(&[0, 6]);
-    add(&l4);
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    l4[16..18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    let mut f = vec![
-        0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 3, 0x86, 0xdd, 0x60, 0, 0, 0,
-    ];
-    f.extend((l4.len() as u16).to_be_bytes());
-    f.extend([6, 255]);
-    f.extend(src.octets());
-    f.extend(dst.octets());
-    f.extend(l4);
-    f
-}
-
-/// A network namespace of this (single-threaded) process that disappears
-/// with it: a pod interface, and an uplink whose permanent neighbour is the
-/// next hop for backends and VIPs of both families.
-fn enter_throwaway_netns() -> anyhow::Result<u32> {
-    // SAFETY: unshare has no memory-safety preconditions; the process has one thread.
-    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("unshare(CLONE_NEWNET)");
-    }
-    let ip = |args: &[&str]| testbed::netns::ip(None, args);
-    ip(&["link", "set", "lo", "up"])?;
-    for iface in [POD_IFACE, UPLINK] {
-        let peer = format!("{iface}-peer");
-        ip(&["link", "add", iface, "type", "veth", "peer", "name", &peer])?;
-        ip(&["link", "set", &peer, "up"])?;
-        ip(&["link", "set", iface, "up"])?;
-    }
-    ip(&["addr", "add", "198.18.255.2/24", "dev", UPLINK])?;
-    ip(&[
-        "-6",
-        "addr",
-        "add",
-        "2001:db8:ff::2/64",
-        "dev",
-        UPLINK,
-        "nodad",
-    ])?;
-    for gateway in ["198.18.255.1", "2001:db8:ff::1"] {
-        ip(&[
-            "neigh",
-            "replace",
-            gateway,
-            "lladdr",
-            GATEWAY_MAC,
-            "nud",
-            "permanent",
-            "dev",
-            UPLINK,
-        ])?;
-    }
-    for net in ["198.18.0.0/17", "198.19.0.0/16"] {
-        ip(&["route", "add", net, "via", "198.18.255.1", "dev", UPLINK])?;
-    }
-    for net in ["2001:db8:1::/64", "2001:db8:ffff::/64"] {
-        ip(&[
-            "-6",
-            "route",
-            "add",
-            net,
-            "via",
-            "2001:db8:ff::1",
-            "dev",
-            UPLINK,
-        ])?;
-    }
-    // bpf_fib_lookup answers only when the arrival interface forwards.
-    std::fs::write("/proc/sys/net/ipv4/conf/all/forwarding", "1")?;
-    std::fs::write("/proc/sys/net/ipv6/conf/all/forwarding", "1")?;
-    let c = std::ffi::CString::new(POD_IFACE)?;
-    // SAFETY: `c` is a valid NUL-terminated string.
-    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    ensure!(index != 0, "{POD_IFACE} has no ifindex");
-    Ok(index)
 }

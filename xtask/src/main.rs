@@ -123,6 +123,8 @@ fn run(task: Task) -> anyhow::Result<()> {
                     "socket_lb",
                     "--bench",
                     "families",
+                    "--bench",
+                    "semantics",
                 ])
                 // The datapath bench needs the eBPF object embedded.
                 .env_remove("AYA_BUILD_SKIP")
