@@ -18,7 +18,7 @@ use std::{
 use ipnet::IpNet;
 use proxy_agent::{
     cli::packet::Frame,
-    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
+    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName, SessionAffinity},
     modes::ebpf::{
         self,
         family::AgentFamily,
@@ -136,6 +136,7 @@ in_both_families!(
     interface_based_local_detection_decides_cluster_ip_masquerade,
     a_masquerade_port_is_never_taken_from_a_live_flow,
     traffic_to_an_unallocated_address_of_a_service_cidr_is_dropped,
+    affinity_keeps_to_the_endpoints_the_traffic_policy_allows,
 );
 
 const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -905,6 +906,51 @@ fn traffic_to_an_unallocated_address_of_a_service_cidr_is_dropped(net: &Net) {
                 (Counter::RejectUnknownPort, 1),
             ]),
         ],
+    }
+    .run();
+}
+
+/// Session affinity keeps to the endpoints the traffic policy allows: with
+/// externalTrafficPolicy Local, an outside client is pinned among this
+/// node's endpoints only, through the NodePort and the LB IP alike.
+fn affinity_keeps_to_the_endpoints_the_traffic_policy_allows(net: &Net) {
+    let lb = net.external(27);
+    let frontends = [(net.node, 30087), (lb, 80)];
+    Scenario {
+        net,
+        config: standard(net),
+        services: vec![DesiredService {
+            external_policy_local: true,
+            load_balancer_ips: vec![lb],
+            session_affinity: SessionAffinity::ClientIp {
+                timeout_seconds: 10_800,
+            },
+            ..external(
+                "sticky-local",
+                Protocol::Tcp,
+                net.service(17),
+                30087,
+                vec![
+                    endpoint(net.local_backend, true),
+                    endpoint(net.remote_backend, false),
+                ],
+            )
+        }],
+        steps: (40000u16..40010)
+            .zip(frontends.into_iter().cycle())
+            .map(|(sport, (dst, port))| {
+                send(
+                    FromNetdev,
+                    syn(net.client, sport, dst, port),
+                    TC_ACT_OK,
+                    [Is(Frame::tcp(net.client, sport, net.local_backend, TARGET))],
+                )
+            })
+            .chain([counters([
+                (Counter::AffinityHit, 9),
+                (Counter::NewFlow, 10),
+            ])])
+            .collect(),
     }
     .run();
 }
