@@ -3,7 +3,8 @@
 //! SOCKETS map and with an 8 bytes shorter CONFIG, and version 3, whose
 //! CONFIG was 32 bytes shorter) are migrated so an established flow keeps its
 //! backend; an unknown version or a layout that does not match is refused,
-//! naming what it found, and the pins are left as they were. Needs root.
+//! naming what it found, and the pins are left as they were; the IPv6 maps
+//! and the affinity pins are taken over too. Needs root.
 
 use std::{net::Ipv4Addr, path::PathBuf};
 
@@ -269,4 +270,50 @@ fn a_fresh_bpffs_mount_root_works_as_the_pin_root() {
         root.join("progs.debug").exists(),
         "--cleanup leaves the kernel's pins"
     );
+}
+
+/// The IPv6 maps are pinned and taken over as the IPv4 ones are: an IPv6
+/// flow opened before a restart keeps its backend after it, and so does a
+/// client pinned by session affinity.
+#[test]
+fn ipv6_flows_and_affinity_pins_survive_a_restart() {
+    use proxy_agent::model::SessionAffinity;
+    use std::net::{IpAddr, Ipv6Addr};
+
+    let client = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 2));
+    let vip = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 0x10));
+    let backends: Vec<IpAddr> = (2..5)
+        .map(|h| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, h)))
+        .collect();
+    let mut state = web_service(vip, &backends, 8080);
+    for svc in state.services.values_mut() {
+        svc.session_affinity = SessionAffinity::ClientIp {
+            timeout_seconds: 10_800,
+        };
+    }
+    let fs = BpfFs::new();
+    let layout = PinLayout::new(root(&fs));
+    let mut first = open_pinned(&layout, sizes()).unwrap();
+    Programmer::new().sync(&state, &mut first.maps).unwrap();
+    let syn = send(&first, Frame::tcp(client, 40000, vip, 80), tcp_flags::SYN);
+    let backend = syn.dst;
+    assert!(backends.contains(&backend));
+    send(&first, syn.reply(), tcp_flags::SYN | tcp_flags::ACK);
+    drop(first);
+    for map in ["CONNTRACK6", "SERVICES6", "BACKENDS6", "AFFINITY6"] {
+        assert!(layout.maps_dir().join(map).exists(), "{map} pinned");
+    }
+
+    let second = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(second.takeover, Takeover::Adopt);
+    let next = send(&second, Frame::tcp(client, 40000, vip, 80), tcp_flags::ACK);
+    assert_eq!(
+        next.dst, backend,
+        "the established IPv6 flow keeps its backend"
+    );
+    assert_eq!(counter(&second, Counter::Established), 1);
+    // A new connection of the same client follows its pin.
+    let again = send(&second, Frame::tcp(client, 40001, vip, 80), tcp_flags::SYN);
+    assert_eq!(again.dst, backend, "the affinity pin survived");
+    assert_eq!(counter(&second, Counter::AffinityHit), 1);
 }
