@@ -6,6 +6,7 @@ pub mod cleanup;
 pub mod family;
 mod interfaces;
 pub mod introspect;
+pub mod maglev;
 pub mod maps;
 pub mod metrics;
 pub mod migrate;
