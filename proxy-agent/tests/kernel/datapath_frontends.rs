@@ -99,7 +99,7 @@ const IPV4: Net = Net {
     service_cidr: "198.19.0.0/16",
     detect_local_by_cidr: flags::DETECT_LOCAL_BY_CIDR,
     service_at: |n| IpAddr::V4(Ipv4Addr::new(198, 19, 0, n)),
-    external_at: |n| v4(3, n.into()),
+    external_at: |n| v4(3, n),
 };
 
 const IPV6: Net = Net {
