@@ -163,9 +163,10 @@ fn private_node_namespace(net: &Net) -> u32 {
     // forwarding the FIB helper answers "forwarding disabled".
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap();
     std::fs::write("/proc/sys/net/ipv6/conf/all/forwarding", "1").unwrap();
-    // No duplicate address detection: the address is usable at once.
+    // IPv6: no duplicate address detection, so the address is usable at once.
+    let nodad = if net.node.is_ipv6() { " nodad" } else { "" };
     ip(&format!(
-        "addr add {}/{} dev ext0 nodad",
+        "addr add {}/{} dev ext0{nodad}",
         net.node, net.lan_prefix
     ));
     for (neighbour, mac) in [(net.peer_node, PEER_MAC), (net.client, CLIENT_MAC)] {

@@ -139,8 +139,12 @@ fn build(layout: &Layout) -> anyhow::Result<Sandbox> {
     ip(&["link", "set", ext, "up"])?;
     for addr in &layout.local_addresses {
         let host = IpNet::from(*addr).to_string();
-        // No duplicate address detection: the address is usable at once.
-        ip(&["addr", "add", &host, "dev", ext, "nodad"])?;
+        let mut args = vec!["addr", "add", &host, "dev", ext];
+        if addr.is_ipv6() {
+            // No duplicate address detection: the address is usable at once.
+            args.push("nodad");
+        }
+        ip(&args)?;
     }
     for (family, gateway) in [("-4", IpAddr::V4(GATEWAY)), ("-6", IpAddr::V6(GATEWAY6))] {
         let gateway = gateway.to_string();
