@@ -19,8 +19,6 @@ pub fn get() -> Option<&'static DatapathConfig> {
     CONFIG.get(0)
 }
 
-/// Whether upstream's local-traffic detector (detectLocalMode) would call
-/// this packet pod traffic from this node.
 /// Whether `daddr_be` is inside one of the cluster's service CIDRs.
 #[inline(always)]
 pub fn in_service_cidr<F: Ip>(daddr_be: F::Addr) -> bool {
@@ -28,6 +26,8 @@ pub fn in_service_cidr<F: Ip>(daddr_be: F::Addr) -> bool {
     F::service_cidrs().get(&key).is_some()
 }
 
+/// Whether upstream's local-traffic detector (detectLocalMode) would call
+/// this packet pod traffic from this node.
 #[inline(always)]
 pub fn from_local_pod<F: Ip>(config: &DatapathConfig, saddr_be: F::Addr, ifindex: u32) -> bool {
     if config.flags & F::DETECT_LOCAL_BY_CIDR != 0 {
