@@ -10,6 +10,7 @@ pub mod affinity;
 pub mod backend;
 pub mod config;
 pub mod conntrack;
+pub mod crc32c;
 pub mod family;
 pub mod maps;
 pub mod monitor;
