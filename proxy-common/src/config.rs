@@ -22,6 +22,9 @@ pub mod flags {
     pub const SOCKET_LB_HOST: u32 = 1 << 3;
     /// The socket hooks balance sockets of every other namespace (pods) too.
     pub const SOCKET_LB_PODS: u32 = 1 << 4;
+    /// `SERVICE_CIDRS*` hold the cluster's service CIDRs: only then do
+    /// packets no service claims pay for their lookup.
+    pub const SERVICE_CIDRS: u32 = 1 << 6;
 }
 
 #[repr(C)]

@@ -21,7 +21,10 @@ pub fn get() -> Option<&'static DatapathConfig> {
 
 /// Whether `daddr_be` is inside one of the cluster's service CIDRs.
 #[inline(always)]
-pub fn in_service_cidr<F: Ip>(daddr_be: F::Addr) -> bool {
+pub fn in_service_cidr<F: Ip>(config: &DatapathConfig, daddr_be: F::Addr) -> bool {
+    if config.flags & flags::SERVICE_CIDRS == 0 {
+        return false;
+    }
     let key = Key::new(F::BITS, PrefixOf::<F> { addr_be: daddr_be });
     F::service_cidrs().get(&key).is_some()
 }

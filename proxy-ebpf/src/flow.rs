@@ -135,7 +135,7 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, now: u64, hook: u8) -> Verdi
             .is_some_and(|m| m.has(svc::CLUSTER_IP_MARKER))
         {
             Verdict::Reject(Counter::RejectUnknownPort)
-        } else if config::in_service_cidr::<F>(pkt.daddr_be) {
+        } else if config::in_service_cidr::<F>(config, pkt.daddr_be) {
             Verdict::Drop(Counter::DropUnallocated)
         } else {
             Verdict::Pass

@@ -69,7 +69,7 @@ pub fn forward<F: Ip>(ctx: &SockAddrContext) -> i32 {
             return refuse(&asked);
         }
         // Upstream drops the packets; failing the call says it sooner.
-        if crate::config::in_service_cidr::<F>(addr_be) {
+        if crate::config::in_service_cidr::<F>(config, addr_be) {
             count(Counter::DropUnallocated);
             return refuse(&asked);
         }

@@ -858,17 +858,9 @@ fn traffic_to_an_unallocated_address_of_a_service_cidr_is_dropped(net: &Net) {
                 [Unchanged],
             ),
             Step::Setup(if net.node.is_ipv4() {
-                |dp| {
-                    dp.maps
-                        .put_service_cidr(IPV4.service_cidr.parse().unwrap())
-                        .unwrap()
-                }
+                |dp| guard_service_cidr(dp, IPV4.service_cidr)
             } else {
-                |dp| {
-                    dp.maps
-                        .put_service_cidr(IPV6.service_cidr.parse().unwrap())
-                        .unwrap()
-                }
+                |dp| guard_service_cidr(dp, IPV6.service_cidr)
             }),
             send(
                 FromPod,
@@ -954,4 +946,13 @@ fn affinity_keeps_to_the_endpoints_the_traffic_policy_allows(net: &Net) {
             .collect(),
     }
     .run();
+}
+
+/// What the node programmer writes for a service CIDR: the prefix, then the
+/// flag that turns its lookup on.
+fn guard_service_cidr(dp: &mut Datapath, cidr: &str) {
+    dp.maps.put_service_cidr(cidr.parse().unwrap()).unwrap();
+    let mut config = dp.maps.config.get(&0, 0).unwrap();
+    config.flags |= flags::SERVICE_CIDRS;
+    dp.maps.put_config(&config).unwrap();
 }

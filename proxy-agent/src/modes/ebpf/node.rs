@@ -281,12 +281,16 @@ pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
 }
 
 impl NodeFacts {
-    /// These facts with the cluster's service CIDRs.
-    pub fn with_service_cidrs(self, cidrs: &BTreeSet<IpNet>) -> Self {
-        NodeFacts {
-            service_cidrs: cidrs.iter().map(IpNet::trunc).collect(),
-            ..self
+    /// These facts with the cluster's service CIDRs (and the flag that
+    /// turns their lookup on when there are any).
+    pub fn with_service_cidrs(mut self, cidrs: &BTreeSet<IpNet>) -> Self {
+        self.service_cidrs = cidrs.iter().map(IpNet::trunc).collect();
+        if self.service_cidrs.is_empty() {
+            self.config.flags &= !flags::SERVICE_CIDRS;
+        } else {
+            self.config.flags |= flags::SERVICE_CIDRS;
         }
+        self
     }
 }
 

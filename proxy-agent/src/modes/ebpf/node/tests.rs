@@ -460,6 +460,8 @@ fn service_cidrs_are_added_before_stale_ones_go_and_only_changes_are_written() {
         cidrs(&["10.96.0.0/16", "2001:db8:ffff::/108"]),
         "host bits cleared"
     );
+    let guarded = |maps: &FakeNodeMaps| maps.config.unwrap().flags & flags::SERVICE_CIDRS != 0;
+    assert!(guarded(&maps), "the lookup is turned on");
     maps.log.clear();
     let next = base.with_service_cidrs(&cidrs(&["10.96.0.0/15"]));
     p.apply(&next, &mut maps).unwrap();
@@ -477,6 +479,13 @@ fn service_cidrs_are_added_before_stale_ones_go_and_only_changes_are_written() {
         ]
     );
     assert_eq!(p.apply(&next, &mut maps).unwrap(), 0, "nothing changed");
+    let none =
+        derive(&settings(DetectLocal::None), Some(&n), &host()).with_service_cidrs(&cidrs(&[]));
+    p.apply(&none, &mut maps).unwrap();
+    assert!(
+        !guarded(&maps) && maps.service_cidrs.is_empty(),
+        "off without CIDRs"
+    );
 }
 
 #[test]
