@@ -69,18 +69,10 @@ fn plans() -> [Plan; 2] {
 }
 
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("semantics bench: error: {e:#}");
-        std::process::exit(1);
-    }
+    common::main("semantics", run);
 }
 
 fn run() -> anyhow::Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    ensure!(
-        unsafe { libc::geteuid() } == 0,
-        "run it as root: it loads BPF programs"
-    );
     let started = Instant::now();
     let pod = enter_throwaway_netns()?;
     let mut ebpf = load().context("loading the eBPF object")?;

@@ -11,6 +11,21 @@ pub const POD_IFACE: &str = "pod0";
 pub const UPLINK: &str = "eth0";
 pub const GATEWAY_MAC: &str = "02:00:00:00:00:01";
 
+/// Runs `run` as the bench `name`: as root (it loads BPF programs), and an
+/// error is one line and exit status 1.
+pub fn main(name: &str, run: fn() -> anyhow::Result<()>) {
+    // SAFETY: geteuid has no preconditions.
+    let result = if unsafe { libc::geteuid() } != 0 {
+        Err(anyhow::anyhow!("run it as root: it loads BPF programs"))
+    } else {
+        run()
+    };
+    if let Err(e) = result {
+        eprintln!("{name} bench: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
 pub fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }

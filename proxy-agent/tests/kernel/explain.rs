@@ -15,50 +15,6 @@ use serde_json::Value;
 
 use crate::explain_common::*;
 
-/// A manifests directory and a KubeProxyConfiguration for node A.
-struct Offline {
-    dir: tempfile::TempDir,
-}
-
-impl Offline {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        write_manifests(dir.path());
-        fs::write(dir.path().join("config.cfg"), CONFIG).unwrap();
-        Offline { dir }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .arg("explain")
-            .arg("--manifests")
-            .arg(self.dir.path())
-            .arg("--config")
-            .arg(self.dir.path().join("config.cfg"))
-            .args(["--hostname-override", "node-a"])
-            .args(args)
-            .output()
-            .expect("running proxy-agent explain")
-    }
-
-    fn text(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "explain {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.extend(["--output", "json"]);
-        let text = self.text(&all);
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
-    }
-}
-
 #[test]
 fn cluster_ip_from_a_local_pod_is_forwarded_with_its_own_source() {
     let o = Offline::new();

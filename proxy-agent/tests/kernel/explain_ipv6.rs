@@ -7,12 +7,12 @@
 use std::{
     fs,
     net::{Ipv6Addr, SocketAddr},
-    process::{Command, Output},
+    path::Path,
 };
 
 use serde_json::Value;
 
-use crate::explain_common::{BIN, assert_one_line_error};
+use crate::explain_common::{CONFIG, Offline, assert_one_line_error};
 
 const NODE_A4: &str = "198.18.0.1";
 const NODE_A: &str = "2001:db8::1";
@@ -84,114 +84,68 @@ fn slice(service: &str, family: &str, endpoints: &[(&str, &str)]) -> String {
 /// (dual-stack NodePort with an IPv6 LB IP and external IP, one endpoint
 /// per family on node B), `empty` (dual-stack, no endpoints) and `trio`
 /// (IPv6 only, three endpoints).
-struct Offline {
-    dir: tempfile::TempDir,
+fn dual_stack() -> Offline {
+    Offline::with(write_dual_stack_manifests, CONFIG)
 }
 
-impl Offline {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let write = |file: &str, text: String| fs::write(dir.path().join(file), text).unwrap();
-        write(
-            "nodes.yaml",
-            format!("{}---\n{}", node("node-a", 1), node("node-b", 2)),
-        );
-        write(
-            "remote.yaml",
-            [
-                service(
-                    "remote",
-                    &[REMOTE_VIP4, REMOTE_VIP],
-                    Some(REMOTE_NODEPORT),
-                    &format!(
-                        "  externalIPs: ['{REMOTE_EXTERNAL_IP}']\nstatus:\n  loadBalancer:\n    ingress: [{{ip: '{REMOTE_LB}'}}]\n"
-                    ),
+fn write_dual_stack_manifests(dir: &Path) {
+    let write = |file: &str, text: String| fs::write(dir.join(file), text).unwrap();
+    write(
+        "nodes.yaml",
+        format!("{}---\n{}", node("node-a", 1), node("node-b", 2)),
+    );
+    write(
+        "remote.yaml",
+        [
+            service(
+                "remote",
+                &[REMOTE_VIP4, REMOTE_VIP],
+                Some(REMOTE_NODEPORT),
+                &format!(
+                    "  externalIPs: ['{REMOTE_EXTERNAL_IP}']\nstatus:\n  loadBalancer:\n    ingress: [{{ip: '{REMOTE_LB}'}}]\n"
                 ),
-                slice("remote", "IPv4", &[("198.18.2.10", "node-b")]),
-                slice("remote", "IPv6", &[("2001:db8:2::10", "node-b")]),
-            ]
-            .join("---\n"),
-        );
-        write(
-            "empty.yaml",
-            [
-                service(
-                    "empty",
-                    &["198.19.0.12", EMPTY_VIP],
-                    Some(EMPTY_NODEPORT),
-                    "",
-                ),
-                slice("empty", "IPv4", &[]),
-                slice("empty", "IPv6", &[]),
-            ]
-            .join("---\n"),
-        );
-        let trio = [
-            ("2001:db8:1::21", "node-a"),
-            ("2001:db8:2::21", "node-b"),
-            ("2001:db8:2::22", "node-b"),
-        ];
-        write(
-            "trio.yaml",
-            [
-                service("trio", &[TRIO_VIP], None, ""),
-                slice("trio", "IPv6", &trio),
-            ]
-            .join("---\n"),
-        );
-        fs::write(
-            dir.path().join("config.cfg"),
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\ndetectLocalMode: NodeCIDR\n",
-        )
-        .unwrap();
-        Offline { dir }
-    }
+            ),
+            slice("remote", "IPv4", &[("198.18.2.10", "node-b")]),
+            slice("remote", "IPv6", &[("2001:db8:2::10", "node-b")]),
+        ]
+        .join("---\n"),
+    );
+    write(
+        "empty.yaml",
+        [
+            service(
+                "empty",
+                &["198.19.0.12", EMPTY_VIP],
+                Some(EMPTY_NODEPORT),
+                "",
+            ),
+            slice("empty", "IPv4", &[]),
+            slice("empty", "IPv6", &[]),
+        ]
+        .join("---\n"),
+    );
+    let trio = [
+        ("2001:db8:1::21", "node-a"),
+        ("2001:db8:2::21", "node-b"),
+        ("2001:db8:2::22", "node-b"),
+    ];
+    write(
+        "trio.yaml",
+        [
+            service("trio", &[TRIO_VIP], None, ""),
+            slice("trio", "IPv6", &trio),
+        ]
+        .join("---\n"),
+    );
+}
 
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .arg("explain")
-            .arg("--manifests")
-            .arg(self.dir.path())
-            .arg("--config")
-            .arg(self.dir.path().join("config.cfg"))
-            .args(["--hostname-override", "node-a"])
-            .args(args)
-            .output()
-            .expect("running proxy-agent explain")
-    }
-
-    fn text(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "explain {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// `proto src:40000 -> dst:dport` from `from`, as JSON.
-    fn json(&self, proto: &str, src: &str, dst: &str, dport: &str, from: &str) -> Value {
-        self.json_with(proto, src, dst, dport, from, &[])
-    }
-
-    fn json_with(
-        &self,
-        proto: &str,
-        src: &str,
-        dst: &str,
-        dport: &str,
-        from: &str,
-        more: &[&str],
-    ) -> Value {
-        let mut args = vec![
-            "--proto", proto, "--src", src, "--dst", dst, "--dport", dport, "--from", from,
-            "--output", "json",
-        ];
-        args.extend(more);
-        let text = self.text(&args);
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
-    }
+/// `proto src:40000 -> dst:dport` from `from` through `o`, as JSON, with `more` flags.
+fn probe(o: &Offline, [proto, src, dst, dport, from]: [&str; 5], more: &[&str]) -> Value {
+    let mut args = vec![
+        "--proto", proto, "--src", src, "--dst", dst, "--dport", dport, "--from", from,
+    ];
+    args.extend(more);
+    o.json(&args)
 }
 
 #[track_caller]
@@ -204,9 +158,9 @@ fn assert_forwarded(v: &Value, to: &str, masqueraded: bool) {
 
 #[test]
 fn ipv6_cluster_ip_from_a_pod_reaches_the_ipv6_endpoint_and_ipv4_the_ipv4_one() {
-    let o = Offline::new();
+    let o = dual_stack();
     for proto in ["tcp", "udp"] {
-        let v = o.json(proto, POD_A, REMOTE_VIP, "80", "pod");
+        let v = probe(&o, [proto, POD_A, REMOTE_VIP, "80", "pod"], &[]);
         assert_forwarded(&v, WEB_B, false);
         assert_eq!(v["source"], "[2001:db8:1::11]:40000");
         assert_eq!(v["packet"]["destination"], "[2001:db8:ffff::10]:80");
@@ -225,7 +179,7 @@ fn ipv6_cluster_ip_from_a_pod_reaches_the_ipv6_endpoint_and_ipv4_the_ipv4_one() 
         assert_eq!(v["counters"]["new_flow"], 1);
     }
     // The same service's IPv4 cluster IP: the IPv4 endpoint.
-    let v = o.json("tcp", POD_A4, REMOTE_VIP4, "80", "pod");
+    let v = probe(&o, ["tcp", POD_A4, REMOTE_VIP4, "80", "pod"], &[]);
     assert_forwarded(&v, WEB_B4, false);
 
     let text = o.text(&[
@@ -239,14 +193,14 @@ fn ipv6_cluster_ip_from_a_pod_reaches_the_ipv6_endpoint_and_ipv4_the_ipv4_one() 
 
 #[test]
 fn ipv6_node_port_lb_ip_and_external_ip_from_outside_are_masqueraded_to_the_nodes_ipv6() {
-    let o = Offline::new();
+    let o = dual_stack();
     for (dst, port, kind) in [
         (NODE_A, REMOTE_NODEPORT, "NodePort"),
         (REMOTE_LB, "80", "LoadBalancer"),
         (REMOTE_EXTERNAL_IP, "80", "ExternalIP"),
     ] {
         for proto in ["tcp", "udp"] {
-            let v = o.json(proto, CLIENT, dst, port, "outside");
+            let v = probe(&o, [proto, CLIENT, dst, port, "outside"], &[]);
             assert_forwarded(&v, WEB_B, true);
             assert_eq!(v["frontend"]["kind"], kind, "{v:#}");
             let source: SocketAddr = v["source"].as_str().unwrap().parse().unwrap();
@@ -262,19 +216,23 @@ fn ipv6_node_port_lb_ip_and_external_ip_from_outside_are_masqueraded_to_the_node
         }
     }
     // The node's IPv4 address serves the same node port in IPv4.
-    let v = o.json("tcp", "198.18.0.100", NODE_A4, REMOTE_NODEPORT, "outside");
+    let v = probe(
+        &o,
+        ["tcp", "198.18.0.100", NODE_A4, REMOTE_NODEPORT, "outside"],
+        &[],
+    );
     assert_forwarded(&v, WEB_B4, true);
 }
 
 #[test]
 fn ipv6_without_endpoints_is_rejected_with_a_reset_or_an_icmpv6_port_unreachable() {
-    let o = Offline::new();
+    let o = dual_stack();
     for (src, dst, port, from, kind) in [
         (POD_A, EMPTY_VIP, "80", "pod", "ClusterIP"),
         (CLIENT, NODE_A, EMPTY_NODEPORT, "outside", "NodePort"),
     ] {
         for (proto, reply) in [("tcp", "tcp_reset"), ("udp", "icmp_port_unreachable")] {
-            let v = o.json(proto, src, dst, port, from);
+            let v = probe(&o, [proto, src, dst, port, from], &[]);
             assert_eq!(v["verdict"], "rejected", "{proto} {dst}:{port}: {v:#}");
             assert_eq!(v["reject"], reply, "{v:#}");
             assert_eq!(v["reason"], "reject_no_endpoints");
@@ -282,17 +240,21 @@ fn ipv6_without_endpoints_is_rejected_with_a_reset_or_an_icmpv6_port_unreachable
         }
     }
     // An unused port of an IPv6 cluster IP, as in IPv4.
-    let v = o.json("tcp", POD_A, REMOTE_VIP, "81", "pod");
+    let v = probe(&o, ["tcp", POD_A, REMOTE_VIP, "81", "pod"], &[]);
     assert_eq!(v["reason"], "reject_unknown_port", "{v:#}");
     // No service at all: passed.
-    let v = o.json("tcp", POD_A, "2001:db8:ffff::99", "80", "pod");
+    let v = probe(&o, ["tcp", POD_A, "2001:db8:ffff::99", "80", "pod"], &[]);
     assert_eq!(v["verdict"], "passed", "{v:#}");
 }
 
 #[test]
 fn ipv6_flows_are_spread_over_the_ipv6_endpoints() {
-    let o = Offline::new();
-    let v = o.json_with("tcp", POD_A, TRIO_VIP, "80", "pod", &["--flows", "300"]);
+    let o = dual_stack();
+    let v = probe(
+        &o,
+        ["tcp", POD_A, TRIO_VIP, "80", "pod"],
+        &["--flows", "300"],
+    );
     assert_eq!(v["verdicts"]["forwarded"], 300, "{v:#}");
     let endpoints: Vec<&str> = v["endpoints"]
         .as_array()
@@ -313,14 +275,14 @@ fn ipv6_flows_are_spread_over_the_ipv6_endpoints() {
 
 #[test]
 fn the_nodes_own_ipv6_connections_are_explained_through_sock_connect6() {
-    let o = Offline::new();
+    let o = dual_stack();
     for (dst, port, kind) in [
         (REMOTE_VIP, "80", "ClusterIP"),
         (NODE_A, REMOTE_NODEPORT, "NodePort"),
         (REMOTE_LB, "80", "LoadBalancer"),
     ] {
         for proto in ["tcp", "udp"] {
-            let v = o.json(proto, NODE_A, dst, port, "host");
+            let v = probe(&o, [proto, NODE_A, dst, port, "host"], &[]);
             assert_forwarded(&v, WEB_B, false);
             assert_eq!(v["frontend"]["kind"], kind);
             assert_eq!(v["exit"], "socket", "{v:#}");
@@ -328,14 +290,14 @@ fn the_nodes_own_ipv6_connections_are_explained_through_sock_connect6() {
             assert_eq!(v["steps"][0]["action"], "SOCK_ALLOW");
         }
     }
-    let v = o.json("tcp", NODE_A, EMPTY_VIP, "80", "host");
+    let v = probe(&o, ["tcp", NODE_A, EMPTY_VIP, "80", "host"], &[]);
     assert_eq!(v["reject"], "connection_refused", "{v:#}");
     assert_eq!(v["steps"][0]["action"], "SOCK_REFUSE");
 }
 
 #[test]
 fn a_packet_of_two_families_is_refused_naming_the_destination() {
-    let o = Offline::new();
+    let o = dual_stack();
     let out = o.run(&[
         "--proto", "tcp", "--src", POD_A4, "--dst", REMOTE_VIP, "--dport", "80", "--from", "pod",
     ]);

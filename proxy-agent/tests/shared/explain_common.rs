@@ -12,7 +12,7 @@ use std::{
     fs,
     net::{Ipv4Addr, SocketAddrV4},
     path::Path,
-    process::Output,
+    process::{Command, Output},
 };
 
 use serde_json::Value;
@@ -262,4 +262,55 @@ pub fn assert_one_line_error(out: &Output, starts: &str) {
         stderr.starts_with(&format!("error: {starts}")),
         "expected `error: {starts}...`, got {stderr}"
     );
+}
+
+/// A manifests directory and a KubeProxyConfiguration, and `proxy-agent
+/// explain` offline against them as node A.
+pub struct Offline {
+    pub dir: tempfile::TempDir,
+}
+
+impl Offline {
+    /// The cluster of [`write_manifests`] with [`CONFIG`].
+    pub fn new() -> Self {
+        Self::with(write_manifests, CONFIG)
+    }
+
+    /// Manifests written by `write` into the directory, and `config`.
+    pub fn with(write: impl FnOnce(&Path), config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path());
+        fs::write(dir.path().join("config.cfg"), config).unwrap();
+        Offline { dir }
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("explain")
+            .arg("--manifests")
+            .arg(self.dir.path())
+            .arg("--config")
+            .arg(self.dir.path().join("config.cfg"))
+            .args(["--hostname-override", "node-a"])
+            .args(args)
+            .output()
+            .expect("running proxy-agent explain")
+    }
+
+    pub fn text(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "explain {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["--output", "json"]);
+        let text = self.text(&all);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
 }
