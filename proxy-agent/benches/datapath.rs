@@ -274,6 +274,7 @@ impl Layout {
             services: (self.frontends * (2 + BACKENDS_PER_SERVICE) + slack) as u32,
             backends: (self.service_ports() * BACKENDS_PER_SERVICE + slack) as u32,
             conntrack: CONNTRACK_ENTRIES,
+            ..MapSizes::default()
         }
     }
 }

@@ -26,6 +26,10 @@ pub const SERVICE_CIDRS6: &str = "SERVICE_CIDRS6";
 /// Session affinity per family (`proxy_common::affinity`). Added without an ABI bump.
 pub const AFFINITY: &str = "AFFINITY";
 pub const AFFINITY6: &str = "AFFINITY6";
+/// Maglev lookup tables per family (`proxy_common::maglev`); their size is
+/// set at load from the configuration. Added without an ABI bump.
+pub const MAGLEV: &str = "MAGLEV";
+pub const MAGLEV6: &str = "MAGLEV6";
 /// Added without an ABI bump (a missing pin is created at load): only
 /// `proxy-agent monitor` reads them.
 pub const MONITOR: &str = "MONITOR";
@@ -48,6 +52,9 @@ pub const MAX_LOCAL_POD_CIDRS: u32 = 64;
 pub const MAX_SERVICE_CIDRS: u32 = 64;
 /// Clients pinned to a backend, across services; least recently used first out.
 pub const MAX_AFFINITY: u32 = 65_536;
+/// `MAGLEV` elements in the object; the agent sizes the map at load
+/// (tables x elements per table).
+pub const MAX_MAGLEV_CHUNKS: u32 = 4_096;
 pub const MAX_SOURCE_RANGES: u32 = 16_384;
 /// Sockets the socket hooks pointed at a backend; least recently used first out.
 pub const MAX_SOCKETS: u32 = 262_144;

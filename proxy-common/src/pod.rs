@@ -26,3 +26,4 @@ unsafe impl aya::Pod for crate::DatapathConfig6 {}
 unsafe impl aya::Pod for crate::AffinityKey {}
 unsafe impl aya::Pod for crate::AffinityKey6 {}
 unsafe impl aya::Pod for crate::AffinityValue {}
+unsafe impl aya::Pod for crate::maglev::MaglevChunk {}

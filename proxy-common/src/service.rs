@@ -109,6 +109,9 @@ pub mod flags {
     /// `sessionAffinity: ClientIP`: slot 0's `backend_id` is the timeout in
     /// seconds (see [`crate::affinity`]).
     pub const AFFINITY: u16 = 1 << 6;
+    /// Balanced by Maglev consistent hashing: the table is named by the
+    /// entry at [`crate::maglev::MAGLEV_SLOT`] (see [`crate::maglev`]).
+    pub const MAGLEV: u16 = 1 << 7;
     pub const KIND_SHIFT: u16 = 12;
 }
 
@@ -141,6 +144,22 @@ impl ServiceValue {
             count: 0,
             flags: 0,
         }
+    }
+
+    /// The entry at [`crate::maglev::MAGLEV_SLOT`]: the frontend's Maglev
+    /// table starts at element `first_chunk` and has `m` buckets.
+    pub const fn maglev_ref(first_chunk: u32, m: u32) -> Self {
+        Self {
+            backend_id: first_chunk,
+            service_id: m,
+            count: 0,
+            flags: 0,
+        }
+    }
+
+    /// Of a [`ServiceValue::maglev_ref`]: (first chunk, buckets).
+    pub const fn maglev_table(&self) -> (u32, u32) {
+        (self.backend_id, self.service_id)
     }
 
     /// The affinity timeout of a frontend with [`flags::AFFINITY`], in nanoseconds.

@@ -6,7 +6,7 @@ use aya_ebpf::maps::lpm_trie::Key;
 use proxy_common::{
     BackendId, BackendOf, Counter, CtDirection, CtKeyOf, CtValueOf, DatapathConfig, Family, Scope,
     ServiceKeyOf, ServiceValue, SourceRangeOf, backend::flags as backend_flags,
-    conntrack::flags as ct, service::flags as svc,
+    conntrack::flags as ct, maglev::flow_hash, service::flags as svc,
 };
 
 use crate::{
@@ -299,6 +299,17 @@ pub fn pick<F: Ip>(
     Ok(Pick::Backend(id, backend))
 }
 
+/// Keeps the hash of a new flow's client tuple for a Maglev lookup
+/// (`proxy_common::maglev`) in scratch memory.
+// A BPF-to-BPF call, and the hash passed in scratch memory: in the IPv6
+// new-flow frame, neither the address's words nor one more live value fit.
+#[inline(never)]
+fn note_tuple_hash<F: Ip>(pkt: &Packet<F>) {
+    if let Some(scratch) = F::scratch() {
+        scratch.maglev_hash = flow_hash::<F>(&pkt.saddr_be, pkt.sport_be, pkt.dport_be, pkt.proto);
+    }
+}
+
 // Not inlined (a BPF-to-BPF call, so at most five arguments): the
 // new-flow path's state gets a stack frame of its own, which the IPv6
 // instance needs to stay within 512 bytes.
@@ -318,6 +329,9 @@ fn new_flow<F: Ip>(
     let policy_local = frontend.has(svc::POLICY_LOCAL);
 
     let key = ServiceKeyOf::<F>::frontend(pkt.daddr_be, pkt.dport_be, pkt.proto);
+    if frontend.has(svc::MAGLEV) {
+        note_tuple_hash(pkt);
+    }
     let (backend_id, backend) = match pick(key, frontend, local_client, pkt.saddr_be, now)? {
         Pick::Backend(id, backend) => (id, backend),
         Pick::Empty => {

@@ -5,12 +5,15 @@
 
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_sock_addr},
-    maps::{HashMap, LpmTrie, LruHashMap},
+    maps::{Array, HashMap, LpmTrie, LruHashMap},
 };
 use proxy_common::{
     AffinityKeyOf, AffinityValue, BackendId, BackendOf, Counter, CtKeyOf, CtValueOf,
     DatapathConfig, Family, MonitorEventOf, PrefixOf, ServiceKeyOf, ServiceValue, SockKeyOf,
-    SockValueOf, SourceRangeOf, V4, V6, config::flags as config_flags, proto,
+    SockValueOf, SourceRangeOf, V4, V6,
+    config::flags as config_flags,
+    maglev::{AddrWords, MaglevChunk},
+    proto,
 };
 
 use crate::{
@@ -39,12 +42,15 @@ pub struct Scratch<F: Family> {
     /// A session-affinity entry being looked up or written.
     pub affinity_key: AffinityKeyOf<F>,
     pub affinity: AffinityValue,
+    /// The hash of the new flow's client tuple a Maglev table is looked up
+    /// by (`lb::select`).
+    pub maglev_hash: u32,
 }
 
 /// The largest reply a reject builds (an ICMPv6 error with its quote).
 pub const REPLY_MAX: usize = 112;
 
-pub trait Ip: Family {
+pub trait Ip: Family + AddrWords {
     /// Bytes of the fixed IP header.
     const HDR_LEN: usize;
     const SADDR_OFF: usize;
@@ -71,6 +77,7 @@ pub trait Ip: Family {
     fn source_ranges() -> &'static LpmTrie<SourceRangeOf<Self>, u8>;
     fn sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockValueOf<Self>>;
     fn affinity() -> &'static LruHashMap<AffinityKeyOf<Self>, AffinityValue>;
+    fn maglev() -> &'static Array<MaglevChunk>;
     /// This CPU's scratch space (see [`Scratch`]).
     fn scratch() -> Option<&'static mut Scratch<Self>>;
 
@@ -149,6 +156,10 @@ impl Ip for V4 {
         &maps::AFFINITY
     }
     #[inline(always)]
+    fn maglev() -> &'static Array<MaglevChunk> {
+        &maps::MAGLEV
+    }
+    #[inline(always)]
     fn scratch() -> Option<&'static mut Scratch<Self>> {
         // SAFETY: per-CPU memory, and a program run is never preempted by another on its CPU.
         maps::SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
@@ -221,6 +232,10 @@ impl Ip for V6 {
     #[inline(always)]
     fn affinity() -> &'static LruHashMap<AffinityKeyOf<Self>, AffinityValue> {
         &maps::AFFINITY6
+    }
+    #[inline(always)]
+    fn maglev() -> &'static Array<MaglevChunk> {
+        &maps::MAGLEV6
     }
     #[inline(always)]
     fn scratch() -> Option<&'static mut Scratch<Self>> {

@@ -8,9 +8,10 @@ use proxy_common::{
     CtValue6, DatapathConfig, DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, MonitorSlot,
     ServiceKey, ServiceKey6, ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange,
     SourceRange6, V4, V6,
+    maglev::MaglevChunk,
     maps::{
         MAX_AFFINITY, MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS,
-        MAX_SERVICE_CIDRS, MAX_SERVICE_ENTRIES, MAX_SOCKETS, MAX_SOURCE_RANGES,
+        MAX_MAGLEV_CHUNKS, MAX_SERVICE_CIDRS, MAX_SERVICE_ENTRIES, MAX_SOCKETS, MAX_SOURCE_RANGES,
     },
     monitor::{MONITOR_RING_BYTES, MONITOR_SLOTS},
     stats::COUNTER_MAX,
@@ -54,6 +55,9 @@ pub static SOCKETS: LruHashMap<SockKey, SockValue> = LruHashMap::with_max_entrie
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
     LruHashMap::with_max_entries(MAX_AFFINITY, 0);
 
+#[map]
+pub static MAGLEV: Array<MaglevChunk> = Array::with_max_entries(MAX_MAGLEV_CHUNKS, 0);
+
 // The IPv6 maps: the IPv4 ones' names with a `6` (docs/dual-stack.md).
 #[map]
 pub static SERVICES6: HashMap<ServiceKey6, ServiceValue> =
@@ -84,6 +88,9 @@ pub static SOURCE_RANGES6: LpmTrie<SourceRange6, u8> =
 #[map]
 pub static AFFINITY6: LruHashMap<AffinityKey6, AffinityValue> =
     LruHashMap::with_max_entries(MAX_AFFINITY, 0);
+
+#[map]
+pub static MAGLEV6: Array<MaglevChunk> = Array::with_max_entries(MAX_MAGLEV_CHUNKS, 0);
 
 #[map]
 pub static SOCKETS6: LruHashMap<SockKey6, SockValue6> =

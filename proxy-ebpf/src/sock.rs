@@ -96,15 +96,22 @@ pub fn forward<F: Ip>(ctx: &SockAddrContext) -> i32 {
     } else {
         None
     };
+    if frontend.has(svc::MAGLEV)
+        && let Some(scratch) = F::scratch()
+    {
+        scratch.maglev_hash = lb::below(u32::MAX);
+    }
     let chosen = match kept {
         Some(kept) => Some(kept),
         // A pod's address is not known before its packet exists: affinity,
         // which is by client address, is left to the per-packet path.
-        None if frontend.has(svc::AFFINITY) && !host => {
+        // Nor is its port, which Maglev hashes.
+        None if frontend.has(svc::AFFINITY | svc::MAGLEV) && !host => {
             count(Counter::SockDeclined);
             return ALLOW;
         }
-        // The node's own connections leave from its primary address.
+        // The node's own connections leave from its primary address, from
+        // a port not chosen yet: a Maglev service gets a random bucket.
         None => match flow::pick(
             key,
             &frontend,

@@ -49,6 +49,7 @@ impl PinnedMaps {
         let (services, services_max) = open(dir, names::SERVICES)?;
         let (backends, backends_max) = open(dir, names::BACKENDS)?;
         let (conntrack, conntrack_max) = open(dir, names::CONNTRACK)?;
+        let (maglev, maglev_max) = open(dir, names::MAGLEV)?;
         let maps = KernelMaps {
             services,
             backends,
@@ -60,6 +61,7 @@ impl PinnedMaps {
             source_ranges: open(dir, names::SOURCE_RANGES)?.0,
             sockets: open(dir, names::SOCKETS)?.0,
             affinity: open(dir, names::AFFINITY)?.0,
+            maglev,
             v6: Maps6 {
                 services: open(dir, names::SERVICES6)?.0,
                 backends: open(dir, names::BACKENDS6)?.0,
@@ -70,6 +72,7 @@ impl PinnedMaps {
                 source_ranges: open(dir, names::SOURCE_RANGES6)?.0,
                 sockets: open(dir, names::SOCKETS6)?.0,
                 affinity: open(dir, names::AFFINITY6)?.0,
+                maglev: open(dir, names::MAGLEV6)?.0,
             },
         };
         Ok(PinnedMaps {
@@ -78,6 +81,7 @@ impl PinnedMaps {
                 services: services_max,
                 backends: backends_max,
                 conntrack: conntrack_max,
+                maglev: maglev_max,
             },
         })
     }

@@ -12,6 +12,7 @@ use ipnet::IpNet;
 use super::{
     Endpoint, IpFamily, NamespacedName, NodeModel, Protocol, ServicePortInfo, ServicePortName,
     SessionAffinity, categorize_endpoints,
+    service::Balancing,
     trackers::{EndpointsChangeTracker, ServiceChangeTracker},
 };
 
@@ -84,6 +85,7 @@ pub struct DesiredService {
     /// Per family, no range of that family means no restriction.
     pub load_balancer_source_ranges: Vec<IpNet>,
     pub session_affinity: SessionAffinity,
+    pub balancing: Balancing,
     pub external_policy_local: bool,
     pub internal_policy_local: bool,
     pub health_check_node_port: Option<u16>,
@@ -151,6 +153,7 @@ pub fn desired_service(
         load_balancer_ips: info.load_balancer_ips.clone(),
         load_balancer_source_ranges: info.load_balancer_source_ranges.clone(),
         session_affinity: info.session_affinity,
+        balancing: info.balancing,
         external_policy_local: info.external_policy_local,
         internal_policy_local: info.internal_policy_local,
         health_check_node_port: info.health_check_node_port,

@@ -28,7 +28,9 @@ pub use desired::{
     DesiredService, DesiredState, FamilySet, NodeTopology, ZONE_LABEL, desired_service,
 };
 pub use node::{NodeModel, NodeSettings, node_pod_cidrs};
-pub use service::{ServicePortInfo, ServicePorts, SessionAffinity, service_ports};
+pub use service::{
+    BALANCING_ANNOTATION, Balancing, ServicePortInfo, ServicePorts, SessionAffinity, service_ports,
+};
 pub use service_cidrs::ServiceCidrs;
 pub use topology::{Categorized, categorize_endpoints};
 pub use trackers::{EndpointsChangeTracker, ServiceChangeTracker};

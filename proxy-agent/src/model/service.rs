@@ -24,6 +24,20 @@ pub enum SessionAffinity {
     },
 }
 
+/// The annotation choosing a service's backend selection in ebpf mode
+/// (per service, as Calico's `lb.projectcalico.org/external-traffic-strategy`).
+pub const BALANCING_ANNOTATION: &str = "kube-ebpf-proxy.io/lb-algorithm";
+
+/// How a service asks to be balanced ([`BALANCING_ANNOTATION`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Balancing {
+    /// The configured `loadBalancing.algorithm`.
+    #[default]
+    Configured,
+    Random,
+    Maglev,
+}
+
 /// What upstream's `BaseServicePortInfo` holds, for both IP families at once.
 ///
 /// Addresses of a family the service has no cluster IP in are dropped, as a
@@ -41,6 +55,7 @@ pub struct ServicePortInfo {
     pub load_balancer_ips: Vec<IpAddr>,
     pub load_balancer_source_ranges: Vec<IpNet>,
     pub session_affinity: SessionAffinity,
+    pub balancing: Balancing,
     /// `externalTrafficPolicy: Local` on a NodePort/LoadBalancer service.
     pub external_policy_local: bool,
     pub internal_policy_local: bool,
@@ -82,6 +97,33 @@ pub fn service_name(svc: &Service) -> Option<NamespacedName> {
         svc.metadata.namespace.as_deref().unwrap_or("default"),
         name,
     ))
+}
+
+/// The service's [`BALANCING_ANNOTATION`]; another value than `random` or
+/// `maglev` is ignored with a warning, as upstream ignores annotations it
+/// cannot parse.
+fn balancing(svc: &Service, name: &NamespacedName) -> Balancing {
+    let Some(value) = svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(BALANCING_ANNOTATION))
+    else {
+        return Balancing::Configured;
+    };
+    match value.trim() {
+        "random" => Balancing::Random,
+        "maglev" => Balancing::Maglev,
+        other => {
+            tracing::warn!(
+                service = %name,
+                annotation = BALANCING_ANNOTATION,
+                value = other,
+                "ignoring the annotation: not one of random, maglev"
+            );
+            Balancing::Configured
+        }
+    }
 }
 
 /// Upstream's `ShouldSkipService` plus the per-port translation. Headless,
@@ -130,6 +172,7 @@ pub fn service_ports(svc: &Service) -> ServicePorts {
         },
         _ => SessionAffinity::None,
     };
+    let balancing = balancing(svc, &nn);
     let external_ips: Vec<IpAddr> = spec
         .external_ips
         .iter()
@@ -188,6 +231,7 @@ pub fn service_ports(svc: &Service) -> ServicePorts {
                 load_balancer_ips: load_balancer_ips.clone(),
                 load_balancer_source_ranges: load_balancer_source_ranges.clone(),
                 session_affinity,
+                balancing,
                 external_policy_local,
                 internal_policy_local,
                 health_check_node_port,

@@ -13,7 +13,7 @@
 //! podInterfacePrefixes: [veth, cali, lxc, cni, gke, eni, azv]
 //! externalInterfaces: []      # XDP (NodePort/LB/externalIPs); empty = the node-IP interfaces
 //! xdpMode: auto               # auto | native | generic | disabled
-//! maps: {services: 262144, backends: 131072, conntrack: 0}   # conntrack 0 = from `conntrack.*`
+//! maps: {services: 262144, backends: 131072, conntrack: 0, maglevTables: 0}   # 0 = derived
 //! loadBalancing: {algorithm: random, maglevTableSize: 16381}
 //! socketLB: {enabled: true, hostNamespaceOnly: true, cgroupPath: ""}  # "" = the cgroup v2 root
 //! pinning: {root: /sys/fs/bpf/kube-ebpf-proxy, detachOnExit: false, stateDir: /run/kube-ebpf-proxy}
@@ -41,6 +41,11 @@ pub const DEFAULT_POD_PREFIXES: [&str; 7] = ["veth", "cali", "lxc", "cni", "gke"
 pub const DEFAULT_SERVICES_MAP: u32 = 262_144;
 pub const DEFAULT_BACKENDS_MAP: u32 = 131_072;
 pub const DEFAULT_MAGLEV_TABLE: u32 = 16_381;
+/// Maglev tables per family when `maps.maglevTables` is 0: enough for every
+/// service under `algorithm: maglev`, and for a few annotated ones otherwise
+/// (a table of 16381 buckets takes 32 KiB).
+pub const DEFAULT_MAGLEV_TABLES: u32 = 1_024;
+pub const DEFAULT_MAGLEV_TABLES_ANNOTATED: u32 = 32;
 pub const MAX_MAP_ENTRIES: u32 = 1 << 24;
 /// Conntrack table size cap, the same as upstream's nf_conntrack_max cap.
 pub const MAX_CONNTRACK: u64 = 1 << 20;
@@ -129,6 +134,11 @@ pub struct MapSizes {
     /// 0 = derived from `conntrack.maxPerCore` x CPUs and `conntrack.min` (see [`conntrack_params`]).
     #[serde(default, deserialize_with = "nullable")]
     pub conntrack: u32,
+    /// Maglev lookup tables per family: one per endpoint set of a service
+    /// port balanced by Maglev. 0 = [`DEFAULT_MAGLEV_TABLES`] with
+    /// `loadBalancing.algorithm: maglev`, else [`DEFAULT_MAGLEV_TABLES_ANNOTATED`].
+    #[serde(default, deserialize_with = "nullable")]
+    pub maglev_tables: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -189,6 +199,21 @@ impl EbpfDatapathConfiguration {
     }
     pub fn pod_prefixes(&self) -> &[String] {
         self.pod_interface_prefixes.as_deref().unwrap_or_default()
+    }
+    /// `maps.maglevTables`, its default resolved by the algorithm.
+    pub fn maglev_tables(&self) -> u32 {
+        match (self.maps.maglev_tables, self.load_balancing.algorithm) {
+            (0, LbAlgorithm::Maglev) => DEFAULT_MAGLEV_TABLES,
+            (0, LbAlgorithm::Random) => DEFAULT_MAGLEV_TABLES_ANNOTATED,
+            (n, _) => n,
+        }
+    }
+    /// `MAGLEV` array elements per family: tables x elements per table.
+    pub fn maglev_chunks(&self) -> u32 {
+        self.maglev_tables()
+            .saturating_mul(proxy_common::maglev::chunks_per_table(
+                self.load_balancing.maglev_table_size,
+            ))
     }
     pub fn socket_lb_enabled(&self) -> bool {
         self.socket_lb.enabled.unwrap_or(true)
@@ -292,6 +317,21 @@ pub fn validate(c: &EbpfDatapathConfiguration) -> Result<(), FieldErrors> {
             "maps.conntrack",
             c.maps.conntrack.to_string(),
             format!("must be 0 (derive from conntrack settings) or within the range [1024, {MAX_MAP_ENTRIES}]"),
+        ));
+    }
+    let tables = u64::from(c.maglev_tables());
+    let elements = tables
+        * u64::from(proxy_common::maglev::chunks_per_table(
+            c.load_balancing.maglev_table_size.max(1),
+        ));
+    if elements > u64::from(MAX_MAP_ENTRIES) {
+        errs.push(FieldError::invalid(
+            "maps.maglevTables",
+            c.maps.maglev_tables.to_string(),
+            format!(
+                "{tables} tables of loadBalancing.maglevTableSize {} buckets need {elements}                  map elements, more than {MAX_MAP_ENTRIES}",
+                c.load_balancing.maglev_table_size
+            ),
         ));
     }
     if !std::path::Path::new(&c.pinning.root).is_absolute() {

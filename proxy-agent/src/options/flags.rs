@@ -417,6 +417,9 @@ pub struct Flags {
     /// [ours] Capacity of the conntrack map; 0 derives it from --conntrack-max-per-core x CPUs and --conntrack-min.
     #[arg(long = "ebpf-map-size-conntrack", value_name = "uint32", default_value = "0", value_parser = go_u32)]
     pub ebpf_map_size_conntrack: u32,
+    /// [ours] Maglev lookup tables per family (one per service port balanced by Maglev); 0: 1024 with --ebpf-lb-algorithm=maglev, else 32.
+    #[arg(long = "ebpf-map-size-maglev-tables", value_name = "uint32", default_value = "0", value_parser = go_u32)]
+    pub ebpf_map_size_maglev_tables: u32,
     /// [ours] Backend selection: random or maglev (consistent hashing).
     #[arg(long = "ebpf-lb-algorithm", value_name = "string", default_value = "random", value_parser = lb_algorithm)]
     pub ebpf_lb_algorithm: LbAlgorithm,

@@ -289,6 +289,9 @@ fn ebpf_from_flags(p: &ParsedFlags, c: &mut EbpfDatapathConfiguration) {
     if p.is_set("ebpf-map-size-conntrack") {
         c.maps.conntrack = f.ebpf_map_size_conntrack;
     }
+    if p.is_set("ebpf-map-size-maglev-tables") {
+        c.maps.maglev_tables = f.ebpf_map_size_maglev_tables;
+    }
     if p.is_set("ebpf-lb-algorithm") {
         c.load_balancing.algorithm = f.ebpf_lb_algorithm;
     }

@@ -210,6 +210,7 @@ fn node(net: &Net, config: DatapathConfig) -> Datapath {
         services: 4096,
         backends: 4096,
         conntrack: 4096,
+        ..ebpf::MapSizes::default()
     };
     let ebpf = ebpf::load_with(sizes).expect("load the eBPF object (are we root?)");
     let mut dp = Datapath::new(ebpf, POD_IFINDEX, ext);

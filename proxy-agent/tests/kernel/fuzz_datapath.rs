@@ -1917,6 +1917,7 @@ impl Fixture {
             services: 4096,
             backends: 4096,
             conntrack,
+            ..MapSizes::default()
         };
         let mut ebpf = ebpf::load_with(sizes).expect("load the eBPF object (are we root?)");
         let (mut maps, _stats) = KernelMaps::take(&mut ebpf).unwrap();

@@ -16,6 +16,7 @@ mod datapath_conntrack;
 mod datapath_frontends;
 mod datapath_ipv6;
 mod datapath_kernel;
+mod datapath_maglev;
 mod explain;
 mod explain_ipv6;
 mod fuzz_datapath;

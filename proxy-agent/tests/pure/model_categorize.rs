@@ -27,6 +27,7 @@ fn info(s: Svc) -> ServicePortInfo {
         load_balancer_ips: vec![],
         load_balancer_source_ranges: vec![],
         session_affinity: SessionAffinity::None,
+        balancing: Default::default(),
         external_policy_local: s.etp_local,
         internal_policy_local: s.itp_local,
         health_check_node_port: None,

@@ -70,6 +70,7 @@ pub fn prepare(args: &Offline) -> anyhow::Result<(Datapath, frontend::Names)> {
         services: opts.ebpf.maps.services,
         backends: opts.ebpf.maps.backends,
         conntrack: conntrack_params(&opts.config, &opts.ebpf, cpus).max_entries,
+        maglev: opts.ebpf.maglev_chunks(),
     };
     let mut ebpf = ebpf::load_with(sizes)?;
     let (mut maps, stats) = KernelMaps::take(&mut ebpf)?;
@@ -78,6 +79,8 @@ pub fn prepare(args: &Offline) -> anyhow::Result<(Datapath, frontend::Names)> {
         .apply(&facts, &mut maps)
         .context("writing the node facts")?;
     let mut programmer = Programmer::new();
+    programmer.set_capacity(maps.capacity());
+    programmer.set_maglev(settings.maglev);
     programmer
         .set_node_addresses(
             &facts.addresses,

@@ -288,6 +288,7 @@ mod tests {
             pod_interface_prefixes: vec!["veth".into(), "cali".into()],
             localhost_node_ports: false,
             socket_lb: Default::default(),
+            maglev: Default::default(),
         }
     }
 

@@ -26,6 +26,7 @@ pub trait AgentFamily: Family + fmt::Debug {
     const SOURCE_RANGES: &'static str;
     const LOCAL_POD_CIDRS: &'static str;
     const SERVICE_CIDRS: &'static str;
+    const MAGLEV: &'static str;
 
     fn ip(addr: &IpAddr) -> Option<Self::Ip>;
     fn net(net: &IpNet) -> Option<Self::Net>;
@@ -77,6 +78,7 @@ impl AgentFamily for V4 {
     type Net = Ipv4Net;
     const FAMILY: IpFamily = IpFamily::V4;
     const SERVICES: &'static str = names::SERVICES;
+    const MAGLEV: &'static str = names::MAGLEV;
     const BACKENDS: &'static str = names::BACKENDS;
     const CONNTRACK: &'static str = names::CONNTRACK;
     const SOURCE_RANGES: &'static str = names::SOURCE_RANGES;
@@ -127,6 +129,7 @@ impl AgentFamily for V6 {
     type Net = Ipv6Net;
     const FAMILY: IpFamily = IpFamily::V6;
     const SERVICES: &'static str = names::SERVICES6;
+    const MAGLEV: &'static str = names::MAGLEV6;
     const BACKENDS: &'static str = names::BACKENDS6;
     const CONNTRACK: &'static str = names::CONNTRACK6;
     const SOURCE_RANGES: &'static str = names::SOURCE_RANGES6;

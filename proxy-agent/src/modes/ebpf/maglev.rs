@@ -10,9 +10,12 @@
 //! The names are hashed with SipHash-1-3 under fixed keys (`siphasher`,
 //! whose output is specified, unlike std's `DefaultHasher`).
 
-use std::hash::Hasher as _;
+use std::{hash::Hasher as _, net::SocketAddr};
 
+use proxy_common::{V4, V6, maglev::flow_hash};
 use siphasher::sip::SipHasher13;
+
+use super::family::AgentFamily;
 
 /// Keys of the two hashes of the paper (offset and skip); fixed, so tables
 /// agree across nodes and versions.
@@ -71,6 +74,20 @@ pub fn table<N: AsRef<[u8]>>(backends: &[N], m: u32) -> Vec<u32> {
         }
     }
     entry
+}
+
+/// The bucket of a table of `m` entries that a new flow from `client` to a
+/// frontend's `port`/`proto` takes: what the programs compute.
+pub fn bucket(client: SocketAddr, port: u16, proto: u8, m: u32) -> u32 {
+    let hash = match client.ip() {
+        std::net::IpAddr::V4(ip) => {
+            flow_hash::<V4>(&V4::to_be(ip), client.port().to_be(), port.to_be(), proto)
+        }
+        std::net::IpAddr::V6(ip) => {
+            flow_hash::<V6>(&V6::to_be(ip), client.port().to_be(), port.to_be(), proto)
+        }
+    };
+    hash % m.max(1)
 }
 
 /// The entries of `next` that differ from `previous` (same size): what an

@@ -13,7 +13,7 @@ use proxy_common::{
     CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf, DatapathConfig, DatapathConfig6, IfaceInfo,
     Ipv4Prefix, Ipv6Prefix, PrefixOf, ServiceKey, ServiceKey6, ServiceKeyOf, ServiceValue, SockKey,
     SockKey6, SockKeyOf, SockValue, SockValue6, SockValueOf, SourceRange, SourceRange6,
-    SourceRangeOf, V4, V6, maps as names,
+    SourceRangeOf, V4, V6, maglev::MaglevChunk, maps as names,
 };
 
 use super::family::AgentFamily;
@@ -32,7 +32,7 @@ pub enum MapError {
         #[source]
         source: aya::maps::MapError,
     },
-    #[error("too many backends ({count}): a frontend addresses at most 65535 slots")]
+    #[error("too many backends ({count}): a frontend addresses at most 65534 slots")]
     TooManyBackends { count: usize },
     #[error("no service id left for another service port")]
     TooManyServices,
@@ -59,6 +59,8 @@ pub trait ServiceMaps<F: AgentFamily> {
     /// [`proxy_common::service::flags::SOURCE_RANGES`].
     fn put_source_range(&mut self, service_id: u32, range: F::Net) -> Result<(), MapError>;
     fn delete_source_range(&mut self, service_id: u32, range: F::Net) -> Result<(), MapError>;
+    /// Writes element `element` of the Maglev tables (`proxy_common::maglev`).
+    fn put_maglev(&mut self, element: u32, chunk: &MaglevChunk) -> Result<(), MapError>;
     /// Deletes every conntrack entry matching `matches`, returning how many.
     fn flush_flows(
         &mut self,
@@ -100,6 +102,7 @@ pub struct Maps6 {
     pub source_ranges: LpmTrie<MapData, SourceRange6, u8>,
     pub sockets: HashMap<MapData, SockKey6, SockValue6>,
     pub affinity: HashMap<MapData, AffinityKey6, AffinityValue>,
+    pub maglev: Array<MapData, MaglevChunk>,
 }
 
 /// The kernel maps of a loaded datapath.
@@ -115,6 +118,7 @@ pub struct KernelMaps {
     /// The socket hooks' choices (written only by the programs).
     pub sockets: HashMap<MapData, SockKey, SockValue>,
     pub affinity: HashMap<MapData, AffinityKey, AffinityValue>,
+    pub maglev: Array<MapData, MaglevChunk>,
     pub v6: Maps6,
 }
 
@@ -132,6 +136,7 @@ impl KernelMaps {
             source_ranges: take_map(ebpf, names::SOURCE_RANGES)?,
             sockets: take_map(ebpf, names::SOCKETS)?,
             affinity: take_map(ebpf, names::AFFINITY)?,
+            maglev: take_map(ebpf, names::MAGLEV)?,
             v6: Maps6 {
                 services: take_map(ebpf, names::SERVICES6)?,
                 backends: take_map(ebpf, names::BACKENDS6)?,
@@ -142,6 +147,7 @@ impl KernelMaps {
                 source_ranges: take_map(ebpf, names::SOURCE_RANGES6)?,
                 sockets: take_map(ebpf, names::SOCKETS6)?,
                 affinity: take_map(ebpf, names::AFFINITY6)?,
+                maglev: take_map(ebpf, names::MAGLEV6)?,
             },
         };
         Ok((maps, take_map(ebpf, names::STATS)?))
@@ -156,6 +162,7 @@ impl KernelMaps {
         Capacity {
             services: max(self.services.map()),
             backends: max(self.backends.map()),
+            maglev_chunks: max(self.maglev.map()).min(max(self.v6.maglev.map())),
         }
     }
 
@@ -285,6 +292,7 @@ pub trait FamilyMapsOf: AgentFamily {
     fn local_pod_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, PrefixOf<Self>, u8>;
     fn service_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, PrefixOf<Self>, u8>;
     fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKeyOf<Self>, SockValueOf<Self>>;
+    fn maglev(maps: &mut KernelMaps) -> &mut Array<MapData, MaglevChunk>;
 }
 
 impl FamilyMapsOf for V4 {
@@ -309,6 +317,9 @@ impl FamilyMapsOf for V4 {
     fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKey, SockValue> {
         &mut maps.sockets
     }
+    fn maglev(maps: &mut KernelMaps) -> &mut Array<MapData, MaglevChunk> {
+        &mut maps.maglev
+    }
 }
 
 impl FamilyMapsOf for V6 {
@@ -332,6 +343,9 @@ impl FamilyMapsOf for V6 {
     }
     fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKey6, SockValue6> {
         &mut maps.v6.sockets
+    }
+    fn maglev(maps: &mut KernelMaps) -> &mut Array<MapData, MaglevChunk> {
+        &mut maps.v6.maglev
     }
 }
 
@@ -372,6 +386,12 @@ where
     fn delete_source_range(&mut self, service_id: u32, range: F::Net) -> Result<(), MapError> {
         ignore_missing(F::source_ranges(self).remove(&F::source_range_key(service_id, range)))
             .map_err(write_error(F::SOURCE_RANGES))
+    }
+
+    fn put_maglev(&mut self, element: u32, chunk: &MaglevChunk) -> Result<(), MapError> {
+        F::maglev(self)
+            .set(element, chunk, 0)
+            .map_err(write_error(F::MAGLEV))
     }
 
     fn flush_flows(

@@ -34,8 +34,8 @@ pub use object::{
     OBJECT, PROG_FROM_HOST, PROG_FROM_NETDEV, PROG_FROM_POD, PROG_XDP, SOCKET_PROGRAMS,
 };
 pub use programmer::{
-    AdoptStats, Capacity, FamilyProgrammer, Programmer, ServiceSnapshot, ServiceSnapshotOf,
-    SyncStats,
+    AdoptStats, Capacity, FamilyProgrammer, MaglevSettings, Programmer, ServiceSnapshot,
+    ServiceSnapshotOf, SyncStats,
 };
 pub use proxier::EbpfProxier;
 pub use run::{EbpfMode, Opened, Takeover, open as open_pinned};
@@ -46,6 +46,8 @@ pub struct MapSizes {
     pub services: u32,
     pub backends: u32,
     pub conntrack: u32,
+    /// Elements of each family's `MAGLEV` array.
+    pub maglev: u32,
 }
 
 impl Default for MapSizes {
@@ -55,6 +57,7 @@ impl Default for MapSizes {
             services: MAX_SERVICE_ENTRIES,
             backends: MAX_BACKENDS,
             conntrack: MAX_CONNTRACK,
+            maglev: MAX_MAGLEV_CHUNKS,
         }
     }
 }
@@ -94,7 +97,9 @@ fn load_object(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyhow::R
         // capacity its IPv4 flows have.
         .map_max_entries(names::SERVICES6, sizes.services)
         .map_max_entries(names::BACKENDS6, sizes.backends)
-        .map_max_entries(names::CONNTRACK6, sizes.conntrack);
+        .map_max_entries(names::CONNTRACK6, sizes.conntrack)
+        .map_max_entries(names::MAGLEV, sizes.maglev.max(1))
+        .map_max_entries(names::MAGLEV6, sizes.maglev.max(1));
     let shapes = object_maps()?;
     if let Some(dir) = maps_dir {
         for name in shapes.keys() {

@@ -24,11 +24,12 @@ pub use snat_ports::{snat_port_overlap, warn_if_snat_ports_overlap};
 
 use super::family::AgentFamily;
 use super::maps::{MapError, NodeMaps, NodeSnapshot};
+use super::programmer::MaglevSettings;
 use crate::{
     model::NodeModel,
     options::{
         GoDuration, NodePortAddresses, ProxyOptions,
-        ebpf::{BpfConntrackParams, conntrack_params},
+        ebpf::{BpfConntrackParams, LbAlgorithm, conntrack_params},
     },
     sources::host::{HostInterface, HostNetwork},
 };
@@ -65,6 +66,7 @@ pub struct EbpfNodeSettings {
     /// NodePorts on 127.0.0.1 for the node's own sockets.
     pub localhost_node_ports: bool,
     pub socket_lb: SocketLbSettings,
+    pub maglev: MaglevSettings,
 }
 
 /// Which sockets the socket hooks balance.
@@ -114,6 +116,10 @@ impl EbpfNodeSettings {
             external_interfaces: opts.ebpf.external_interfaces.clone(),
             pod_interface_prefixes: opts.ebpf.pod_prefixes().to_vec(),
             localhost_node_ports: localhost_node_ports(opts),
+            maglev: MaglevSettings {
+                table_size: opts.ebpf.load_balancing.maglev_table_size,
+                by_default: opts.ebpf.load_balancing.algorithm == LbAlgorithm::Maglev,
+            },
             socket_lb: SocketLbSettings {
                 enabled: opts.ebpf.socket_lb_enabled(),
                 host_namespace_only: opts.ebpf.socket_lb_host_namespace_only(),

@@ -13,6 +13,7 @@
 mod adopt;
 mod frontends;
 mod ids;
+mod maglev_tables;
 mod markers;
 
 use std::{
@@ -22,7 +23,7 @@ use std::{
 
 use proxy_common::{
     BackendId, BackendOf, CtDirection, FrontendKind, Scope, ServiceKeyOf, ServiceValue, V4, V6,
-    proto,
+    maglev::MAGLEV_SLOT, proto, service::flags,
 };
 
 use self::{
@@ -30,6 +31,7 @@ use self::{
         EndpointSet, WantedFrontend, has_endpoint_on, wanted_frontends, wanted_source_ranges,
     },
     ids::Ids,
+    maglev_tables::MaglevTables,
     markers::ClusterIpMarkers,
 };
 use super::family::AgentFamily;
@@ -39,6 +41,7 @@ use super::stale_sockets::GoneUdp;
 use crate::model::{DesiredService, DesiredState, ServicePortName};
 
 pub use adopt::{AdoptStats, ServiceSnapshot, ServiceSnapshotOf};
+pub use maglev_tables::MaglevSettings;
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SyncStats {
@@ -47,6 +50,8 @@ pub struct SyncStats {
     pub writes: usize,
     pub deletes: usize,
     pub flushed_flows: usize,
+    /// `MAGLEV` array elements written (each holds 4 buckets).
+    pub maglev_elements: usize,
 }
 
 #[derive(Debug)]
@@ -56,6 +61,8 @@ struct Frontend {
     slots: Vec<BackendId>,
     /// Slot 0 as written, `None` before it is.
     written: Option<ServiceValue>,
+    /// The Maglev table reference as written (slot [`MAGLEV_SLOT`]).
+    maglev: Option<ServiceValue>,
 }
 
 /// A backend that left a UDP frontend during this sync.
@@ -70,6 +77,8 @@ struct SyncRun<F: AgentFamily> {
     stats: SyncStats,
     gone: Vec<GoneBackend<F>>,
     cluster_ip_frontends: Vec<ServiceKeyOf<F>>,
+    /// The endpoint sets balanced by a Maglev table, per service port synced.
+    maglev_sets: HashMap<ServicePortName, Vec<EndpointSet>>,
 }
 
 impl<F: AgentFamily> Default for SyncRun<F> {
@@ -78,6 +87,7 @@ impl<F: AgentFamily> Default for SyncRun<F> {
             stats: SyncStats::default(),
             gone: Vec::new(),
             cluster_ip_frontends: Vec::new(),
+            maglev_sets: HashMap::new(),
         }
     }
 }
@@ -106,6 +116,10 @@ pub struct FamilyProgrammer<F: AgentFamily> {
     markers: ClusterIpMarkers<F>,
     /// What `SERVICES` and `BACKENDS` hold; a sync that would not fit is refused.
     capacity: Option<Capacity>,
+    /// Each endpoint set's backends by slot: every frontend of the set
+    /// numbers its slots alike, so they can share a Maglev table.
+    set_slots: HashMap<(ServicePortName, EndpointSet), Vec<BackendId>>,
+    maglev: MaglevTables,
 }
 
 /// The sizes of the maps a sync must fit in.
@@ -113,6 +127,8 @@ pub struct FamilyProgrammer<F: AgentFamily> {
 pub struct Capacity {
     pub services: u32,
     pub backends: u32,
+    /// Elements of the `MAGLEV` array (tables x elements per table).
+    pub maglev_chunks: u32,
 }
 
 impl<F: AgentFamily> Default for FamilyProgrammer<F> {
@@ -150,12 +166,23 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             source_ranges: HashMap::new(),
             markers: ClusterIpMarkers::default(),
             capacity: None,
+            set_slots: HashMap::new(),
+            maglev: MaglevTables::new(MaglevSettings::default(), u32::MAX),
         }
     }
 
-    /// Refuse syncs that would not fit in maps of these sizes.
+    /// Refuse syncs that would not fit in maps of these sizes. Before the
+    /// first sync or adoption.
     pub fn set_capacity(&mut self, capacity: Capacity) {
         self.capacity = Some(capacity);
+        self.maglev = MaglevTables::new(self.maglev.settings(), capacity.maglev_chunks);
+    }
+
+    /// How Maglev tables are sized and which services use them. Before the
+    /// first sync or adoption.
+    pub fn set_maglev(&mut self, settings: MaglevSettings) {
+        let chunks = self.capacity.map_or(u32::MAX, |c| c.maglev_chunks);
+        self.maglev = MaglevTables::new(settings, chunks);
     }
 
     /// The id of every service port programmed (or being programmed).
@@ -257,6 +284,22 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             if self.by_service.get(spn).is_none_or(BTreeSet::is_empty) {
                 self.release_service(spn, maps, &mut run)?;
             }
+            // No frontend names the tables of sets no longer balanced by one.
+            let keep = run.maglev_sets.get(spn).map_or(&[][..], Vec::as_slice);
+            self.maglev.release_unused(spn, keep);
+            if !state.services.contains_key(spn) {
+                self.set_slots.retain(|(name, _), _| name != spn);
+            }
+        }
+
+        // Ports that found no Maglev table get one freed by this sync.
+        for spn in self.maglev.take_starved() {
+            if let Some(svc) = state.services.get(&spn) {
+                self.program_service(&spn, svc, maps, &mut run)?;
+            }
+        }
+        for frontend in std::mem::take(&mut run.cluster_ip_frontends) {
+            self.markers.add(frontend, maps, &mut run.stats)?;
         }
 
         self.flush_gone_udp_flows(maps, &mut run)?;
@@ -279,18 +322,18 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         let mut entries: usize = self
             .frontends
             .values()
-            .map(|f| 1 + f.slots.len())
+            .map(|f| 1 + f.slots.len() + usize::from(f.maglev.is_some()))
             .sum::<usize>()
             + self.markers.len();
         let mut new_backends = HashSet::new();
         for svc in ports.iter().filter_map(|p| state.services.get(p)) {
             for f in wanted_frontends(svc, &self.node) {
                 let backends = f.endpoints.backends(svc, &self.node.host);
-                let have = self
-                    .frontends
-                    .get(&f.key)
-                    .map_or(0, |fe| 1 + fe.slots.len());
-                entries += (1 + backends.len()).saturating_sub(have);
+                let have = self.frontends.get(&f.key).map_or(0, |fe| {
+                    1 + fe.slots.len() + usize::from(fe.maglev.is_some())
+                });
+                let maglev = usize::from(self.maglev.settings().wanted(svc.balancing));
+                entries += (1 + backends.len() + maglev).saturating_sub(have);
                 if f.kind() == FrontendKind::ClusterIp && !self.markers.has(f.key.addr_be) {
                     entries += 1;
                 }
@@ -341,17 +384,52 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         self.add_source_ranges(service_id, &ranges, maps, run)?;
 
         let wanted = wanted_frontends(svc, &self.node);
-        let mut ids_by_set: HashMap<EndpointSet, Vec<BackendId>> = HashMap::new();
+        let maglev = self.maglev.settings().wanted(svc.balancing);
+        let mut sets: HashMap<EndpointSet, (Vec<BackendId>, Option<ServiceValue>)> = HashMap::new();
         for f in &wanted {
-            if let Entry::Vacant(slot) = ids_by_set.entry(f.endpoints) {
+            if let Entry::Vacant(entry) = sets.entry(f.endpoints) {
                 let mut ids = Vec::new();
                 for backend in f.endpoints.backends(svc, &self.node.host) {
                     ids.push(self.ensure_backend(&backend, maps, run)?);
                 }
-                slot.insert(ids);
+                let set = (spn.clone(), f.endpoints);
+                // Adopted frontends bring the slots a previous agent gave them.
+                let current = self.set_slots.get(&set).cloned().unwrap_or_else(|| {
+                    wanted
+                        .iter()
+                        .filter(|w| w.endpoints == f.endpoints)
+                        .find_map(|w| self.frontends.get(&w.key))
+                        .map(|fe| fe.slots.clone())
+                        .unwrap_or_default()
+                });
+                let slots = stable_slots(&current, &ids);
+                let table = if maglev {
+                    let names: Vec<String> = slots
+                        .iter()
+                        .map(|id| {
+                            let b = &self.backend_by_id[id];
+                            socket_addr::<F>(b.addr_be, b.port_be).to_string()
+                        })
+                        .collect();
+                    let mut writes = Default::default();
+                    let table = self.maglev.update(set.clone(), &names, maps, &mut writes);
+                    run.stats.maglev_elements += writes.elements;
+                    let table = table?;
+                    if table.is_some() {
+                        run.maglev_sets
+                            .entry(spn.clone())
+                            .or_default()
+                            .push(f.endpoints);
+                    }
+                    table
+                } else {
+                    None
+                };
+                self.set_slots.insert(set, slots.clone());
+                entry.insert((slots, table));
             }
-            let ids = &ids_by_set[&f.endpoints];
-            self.program_frontend(f, spn, service_id, ids, maps, run)?;
+            let (slots, table) = &sets[&f.endpoints];
+            self.program_frontend(f, spn, service_id, slots, *table, maps, run)?;
             if f.kind() == FrontendKind::ClusterIp {
                 run.cluster_ip_frontends.push(f.key);
             } else {
@@ -361,6 +439,8 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         }
 
         self.remove_source_ranges(service_id, &ranges, maps, run)?;
+        self.set_slots
+            .retain(|(name, set), _| name != spn || sets.contains_key(set));
         Ok(wanted.iter().map(|f| f.key).collect())
     }
 
@@ -462,12 +542,16 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         Ok(id)
     }
 
+    /// Writes one frontend: its slots (`slots`, its set's, in order), its
+    /// Maglev `table` reference when it has one, then slot 0.
+    #[allow(clippy::too_many_arguments)]
     fn program_frontend(
         &mut self,
         f: &WantedFrontend<F>,
         owner: &ServicePortName,
         service_id: u32,
-        wanted: &[BackendId],
+        slots: &[BackendId],
+        table: Option<ServiceValue>,
         maps: &mut impl ServiceMaps<F>,
         run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
@@ -477,6 +561,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             service_id,
             slots: Vec::new(),
             written: None,
+            maglev: None,
         });
         if &frontend.owner != owner {
             // Two service ports claim one address:port (e.g. the same external IP):
@@ -493,9 +578,10 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             .insert(key);
 
         let previous = frontend.slots.clone();
-        let slots = stable_slots(&frontend.slots, wanted);
         let count = u16::try_from(slots.len())
-            .map_err(|_| MapError::TooManyBackends { count: slots.len() })?;
+            .ok()
+            .filter(|n| *n < MAGLEV_SLOT)
+            .ok_or(MapError::TooManyBackends { count: slots.len() })?;
         let refs = &mut self.backend_refs;
 
         for (i, id) in slots.iter().enumerate() {
@@ -515,12 +601,25 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 }
             }
         }
-        let value = f.value(count, service_id);
+        let mut value = f.value(count, service_id);
+        if let Some(table) = table {
+            if frontend.maglev != Some(table) {
+                maps.put_service(&key.with_slot(MAGLEV_SLOT), &table)?;
+                run.stats.writes += 1;
+                frontend.maglev = Some(table);
+            }
+            value.flags |= flags::MAGLEV;
+        }
         if frontend.written != Some(value) {
             maps.put_service(&key, &value)?;
             run.stats.writes += 1;
             frontend.written = Some(value);
             frontend.service_id = service_id;
+        }
+        if table.is_none() && frontend.maglev.is_some() {
+            maps.delete_service(&key.with_slot(MAGLEV_SLOT))?;
+            run.stats.deletes += 1;
+            frontend.maglev = None;
         }
         while frontend.slots.len() > slots.len() {
             maps.delete_service(&key.with_slot(frontend.slots.len() as u16))?;
@@ -549,6 +648,11 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             maps.delete_service(&key)?;
             run.stats.deletes += 1;
             frontend.written = None;
+        }
+        if frontend.maglev.is_some() {
+            maps.delete_service(&key.with_slot(MAGLEV_SLOT))?;
+            run.stats.deletes += 1;
+            frontend.maglev = None;
         }
         while let Some(id) = frontend.slots.last().copied() {
             maps.delete_service(&key.with_slot(frontend.slots.len() as u16))?;
@@ -696,8 +800,10 @@ fn unref(
     }
 }
 
-/// Keeps backends that stay in the slots they had, so slot rewrites (and,
-/// with consistent hashing, flow moves) are as few as possible.
+/// Keeps backends that stay in the slots they had, newcomers taking the
+/// slots of those that left and the last backends moving into the slots
+/// still free, so that as few slots as possible change (a Maglev table
+/// names slots: each moved backend's buckets are rewritten).
 fn stable_slots(current: &[BackendId], wanted: &[BackendId]) -> Vec<BackendId> {
     let wanted_set: BTreeSet<BackendId> = wanted.iter().copied().collect();
     // Each backend keeps one slot (adopted maps may name one twice).
@@ -711,9 +817,17 @@ fn stable_slots(current: &[BackendId], wanted: &[BackendId]) -> Vec<BackendId> {
     for slot in slots.iter_mut().filter(|s| s.is_none()) {
         *slot = newcomers.next();
     }
-    let mut out: Vec<BackendId> = slots.into_iter().flatten().collect();
-    out.extend(newcomers);
-    out
+    slots.extend(newcomers.map(Some));
+    loop {
+        while slots.last() == Some(&None) {
+            slots.pop();
+        }
+        let Some(hole) = slots.iter().position(Option::is_none) else {
+            break;
+        };
+        slots[hole] = slots.pop().flatten();
+    }
+    slots.into_iter().flatten().collect()
 }
 
 /// Both families' programmers: each writes its own maps from the same
@@ -742,6 +856,12 @@ impl Programmer {
     pub fn set_capacity(&mut self, capacity: Capacity) {
         self.v4.set_capacity(capacity);
         self.v6.set_capacity(capacity);
+    }
+
+    /// See [`FamilyProgrammer::set_maglev`].
+    pub fn set_maglev(&mut self, settings: MaglevSettings) {
+        self.v4.set_maglev(settings);
+        self.v6.set_maglev(settings);
     }
 
     /// The id of every service port programmed, in either family (a
@@ -817,6 +937,7 @@ impl SyncStats {
             writes: self.writes + other.writes,
             deletes: self.deletes + other.deletes,
             flushed_flows: self.flushed_flows + other.flushed_flows,
+            maglev_elements: self.maglev_elements + other.maglev_elements,
         }
     }
 }

@@ -86,6 +86,7 @@ impl EbpfProxier {
         let mut node_programmer = NodeProgrammer::new();
         let mut programmer = Programmer::new();
         programmer.set_capacity(maps.capacity());
+        programmer.set_maglev(settings.maglev);
         let facts = node_facts(&settings, node);
         node_programmer.apply(&facts, &mut maps)?;
         programmer.set_node_addresses(
@@ -113,6 +114,7 @@ impl EbpfProxier {
     pub fn adopting(maps: KernelMaps, settings: EbpfNodeSettings) -> Self {
         let mut programmer = Programmer::new();
         programmer.set_capacity(maps.capacity());
+        programmer.set_maglev(settings.maglev);
         Self {
             maps,
             programmer,

@@ -57,6 +57,7 @@ impl Mode for EbpfMode {
             services: opts.ebpf.maps.services,
             backends: opts.ebpf.maps.backends,
             conntrack: conntrack_params(&opts.config, &opts.ebpf, cpus).max_entries,
+            maglev: opts.ebpf.maglev_chunks(),
         };
         let Opened {
             mut ebpf,
@@ -211,6 +212,7 @@ pub fn load(
         (names::SERVICES, &mut sizes.services),
         (names::BACKENDS, &mut sizes.backends),
         (names::CONNTRACK, &mut sizes.conntrack),
+        (names::MAGLEV, &mut sizes.maglev),
     ] {
         if let Some(pinned) = capacities.get(name)
             && pinned != size

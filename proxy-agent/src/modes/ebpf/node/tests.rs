@@ -51,6 +51,7 @@ fn settings(detect_local: DetectLocal) -> Settings {
             pod_interface_prefixes: vec!["veth".into()],
             localhost_node_ports: false,
             socket_lb: Default::default(),
+            maglev: Default::default(),
         },
         node: ModelSettings::default(),
     }

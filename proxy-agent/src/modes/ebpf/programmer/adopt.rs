@@ -6,10 +6,14 @@
 use std::collections::{BTreeMap, HashMap};
 
 use proxy_common::{
-    BackendId, BackendOf, FrontendKind, ServiceKeyOf, ServiceValue, V4, service::flags,
+    BackendId, BackendOf, FrontendKind, ServiceKeyOf, ServiceValue, V4, maglev::MAGLEV_SLOT,
+    service::flags,
 };
 
-use super::{FamilyProgrammer, Frontend, frontends::wanted_frontends};
+use super::{
+    FamilyProgrammer, Frontend,
+    frontends::{EndpointSet, wanted_frontends},
+};
 use crate::{
     model::{DesiredState, NamespacedName, Protocol, ServicePortName},
     modes::ebpf::{family::AgentFamily, node::NodeAddressesOf},
@@ -48,13 +52,13 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         node: &NodeAddressesOf<F>,
     ) -> AdoptStats {
         self.node = node.clone();
-        let owners: HashMap<ServiceKeyOf<F>, &ServicePortName> = state
+        let owners: HashMap<ServiceKeyOf<F>, (&ServicePortName, EndpointSet)> = state
             .services
             .values()
             .flat_map(|svc| {
                 wanted_frontends(svc, node)
                     .into_iter()
-                    .map(move |f| (f.key, &svc.name))
+                    .map(move |f| (f.key, (&svc.name, f.endpoints)))
             })
             .collect();
         let entries: BTreeMap<ServiceKeyOf<F>, ServiceValue> =
@@ -81,15 +85,21 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             }
             // Slots 1.. while present; any beyond `count` were written by a
             // sync that stopped before exposing them.
-            let slots: Vec<BackendId> = (1..=u16::MAX)
+            let slots: Vec<BackendId> = (1..MAGLEV_SLOT)
                 .map_while(|i| entries.get(&key.with_slot(i)).map(|v| v.backend_id))
                 .collect();
             let service_id = value.map_or_else(
                 || entries.get(&key.with_slot(1)).map_or(0, |v| v.service_id),
                 |v| v.service_id,
             );
+            let maglev = entries.get(&key.with_slot(MAGLEV_SLOT)).copied();
             let owner = match owners.get(&key) {
-                Some(spn) => (*spn).clone(),
+                Some((spn, set)) => {
+                    if let Some(table) = maglev {
+                        self.maglev.adopt(((*spn).clone(), *set), table);
+                    }
+                    (*spn).clone()
+                }
                 None => {
                     stats.stale_frontends += 1;
                     placeholder(service_id, key.proto)
@@ -114,6 +124,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                     service_id,
                     slots,
                     written: value.copied(),
+                    maglev,
                 },
             );
         }

@@ -31,6 +31,10 @@ impl Ids {
     pub(super) fn give_back(&mut self, id: u32) {
         self.free.push(id);
     }
+
+    pub(super) fn has_free(&self) -> bool {
+        !self.free.is_empty() || self.next <= self.max
+    }
 }
 
 impl Ids {

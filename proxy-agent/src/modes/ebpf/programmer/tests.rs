@@ -24,6 +24,7 @@ struct FakeMaps {
     backends: BTreeMap<BackendId, Backend>,
     source_ranges: BTreeSet<(u32, Ipv4Net)>,
     conntrack: BTreeMap<CtTuple, CtValue>,
+    maglev: BTreeMap<u32, proxy_common::maglev::MaglevChunk>,
     /// Every service key written or deleted, in order.
     touched: Vec<ServiceKey>,
     ops: usize,
@@ -49,6 +50,12 @@ impl FakeMaps {
                 assert!(
                     self.backends.contains_key(&slot_value.backend_id),
                     "slot names a missing backend"
+                );
+            }
+            if value.has(flags::MAGLEV) {
+                assert!(
+                    self.services.contains_key(&key.with_slot(MAGLEV_SLOT)),
+                    "{key:?} balanced by a Maglev table it does not name"
                 );
             }
             if value.has(flags::SOURCE_RANGES) {
@@ -160,6 +167,15 @@ impl ServiceMaps<V4> for FakeMaps {
         self.step()?;
         self.source_ranges.remove(&(service_id, range));
         self.check_invariant();
+        Ok(())
+    }
+    fn put_maglev(
+        &mut self,
+        element: u32,
+        chunk: &proxy_common::maglev::MaglevChunk,
+    ) -> Result<(), MapError> {
+        self.step()?;
+        self.maglev.insert(element, *chunk);
         Ok(())
     }
     fn flush_flows(
@@ -1381,6 +1397,7 @@ fn a_sync_that_would_not_fit_is_refused_before_anything_is_written() {
     p.set_capacity(Capacity {
         services: 6,
         backends: 2,
+        maglev_chunks: 0,
     });
     let two = vec![ep([198, 18, 1, 2], 80), ep([198, 18, 1, 3], 80)];
     let good = state(vec![service("web", VIP, 80, Protocol::Tcp, two.clone())]);
@@ -1439,3 +1456,5 @@ fn a_sync_that_would_not_fit_is_refused_before_anything_is_written() {
     // Within the sizes again, the sync goes through.
     p.sync(&good, &mut maps).unwrap();
 }
+
+mod maglev;
