@@ -136,7 +136,8 @@ pub struct MapSizes {
     pub conntrack: u32,
     /// Maglev lookup tables per family: one per endpoint set of a service
     /// port balanced by Maglev. 0 = [`DEFAULT_MAGLEV_TABLES`] with
-    /// `loadBalancing.algorithm: maglev`, else [`DEFAULT_MAGLEV_TABLES_ANNOTATED`].
+    /// `loadBalancing.algorithm: maglev`, else [`DEFAULT_MAGLEV_TABLES_ANNOTATED`]
+    /// (fewer when that many tables of `maglevTableSize` would not fit in a map).
     #[serde(default, deserialize_with = "nullable")]
     pub maglev_tables: u32,
 }
@@ -202,9 +203,12 @@ impl EbpfDatapathConfiguration {
     }
     /// `maps.maglevTables`, its default resolved by the algorithm.
     pub fn maglev_tables(&self) -> u32 {
+        // A default never exceeds what one map holds with large tables.
+        let fit = MAX_MAP_ENTRIES
+            / proxy_common::maglev::chunks_per_table(self.load_balancing.maglev_table_size).max(1);
         match (self.maps.maglev_tables, self.load_balancing.algorithm) {
-            (0, LbAlgorithm::Maglev) => DEFAULT_MAGLEV_TABLES,
-            (0, LbAlgorithm::Random) => DEFAULT_MAGLEV_TABLES_ANNOTATED,
+            (0, LbAlgorithm::Maglev) => DEFAULT_MAGLEV_TABLES.min(fit),
+            (0, LbAlgorithm::Random) => DEFAULT_MAGLEV_TABLES_ANNOTATED.min(fit),
             (n, _) => n,
         }
     }
@@ -329,7 +333,7 @@ pub fn validate(c: &EbpfDatapathConfiguration) -> Result<(), FieldErrors> {
             "maps.maglevTables",
             c.maps.maglev_tables.to_string(),
             format!(
-                "{tables} tables of loadBalancing.maglevTableSize {} buckets need {elements}                  map elements, more than {MAX_MAP_ENTRIES}",
+                "{tables} tables of loadBalancing.maglevTableSize {} buckets need {elements} map elements, more than {MAX_MAP_ENTRIES}",
                 c.load_balancing.maglev_table_size
             ),
         ));

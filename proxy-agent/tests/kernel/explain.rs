@@ -629,3 +629,72 @@ fn session_affinity_is_shown_with_the_endpoint_and_how_long_the_pin_lasts() {
     let v = o.json(&refs(&packet("tcp", POD_A, REMOTE_VIP, 80, "pod")));
     assert_eq!(v["affinity"], Value::Null);
 }
+
+#[test]
+fn maglev_shows_the_bucket_slot_and_endpoint_and_agrees_with_the_forwarding() {
+    let o = Offline::new();
+    // The trio service, balanced by Maglev through the annotation.
+    let trio = o.dir.path().join("trio-svc.yaml");
+    let yaml = fs::read_to_string(&trio).unwrap().replace(
+        "metadata: {name: trio, namespace: e2e}",
+        "metadata: {name: trio, namespace: e2e, annotations: {kube-ebpf-proxy.io/lb-algorithm: maglev}}",
+    );
+    assert!(yaml.contains("lb-algorithm"), "{yaml}");
+    fs::write(&trio, yaml).unwrap();
+
+    let ebpf = o.dir.path().join("ebpf.yaml");
+    fs::write(
+        &ebpf,
+        "apiVersion: ebpf.kube-ebpf-proxy.io/v1alpha1\nkind: EbpfDatapathConfiguration\nloadBalancing: {maglevTableSize: 251}\n",
+    )
+    .unwrap();
+    let small = ["--ebpf-config".to_string(), ebpf.display().to_string()];
+    for sport in [40000u16, 40001, 40002, 50000] {
+        let flags = [
+            packet("tcp", POD_A, TRIO_VIP, 80, "pod"),
+            vec!["--sport".into(), sport.to_string()],
+            small.iter().map(|s| s.to_string()).collect(),
+        ]
+        .concat();
+        let v = o.json(&refs(&flags));
+        assert_eq!(v["verdict"], "forwarded", "{v:#}");
+        assert_eq!(v["maglev"]["table_size"], 251, "{v:#}");
+        // The bucket is the one every node computes for this tuple.
+        let bucket = proxy_agent::modes::ebpf::maglev::bucket(
+            std::net::SocketAddr::new(POD_A.into(), sport),
+            80,
+            6,
+            251,
+        );
+        assert_eq!(v["maglev"]["bucket"], bucket, "{v:#}");
+        // The table's endpoint is the one the programs forwarded to.
+        assert_eq!(v["maglev"]["endpoint"], v["endpoint"], "{v:#}");
+    }
+
+    // The same tuple, asked again, reaches the same endpoint (a fresh load each time).
+    let flags = [
+        packet("tcp", POD_A, TRIO_VIP, 80, "pod"),
+        small.iter().map(|s| s.to_string()).collect(),
+    ]
+    .concat();
+    let first = o.json(&refs(&flags))["endpoint"].clone();
+    for _ in 0..3 {
+        assert_eq!(o.json(&refs(&flags))["endpoint"], first);
+    }
+    let text = o.text(&refs(&flags));
+    assert!(text.contains("  maglev     bucket "), "{text}");
+    assert!(text.contains(" of 251: slot "), "{text}");
+
+    // The node's own connections take a random bucket.
+    let host = [
+        packet("tcp", NODE_A, TRIO_VIP, 80, "host"),
+        small.iter().map(|s| s.to_string()).collect(),
+    ]
+    .concat();
+    let v = o.json(&refs(&host));
+    assert_eq!(v["maglev"]["bucket"], Value::Null, "{v:#}");
+
+    // Without the annotation (nor the configured algorithm), no such field.
+    let v = o.json(&refs(&packet("tcp", POD_A, REMOTE_VIP, 80, "pod")));
+    assert_eq!(v["maglev"], Value::Null);
+}

@@ -4,7 +4,7 @@
 //! CONFIG was 32 bytes shorter) are migrated so an established flow keeps its
 //! backend; an unknown version or a layout that does not match is refused,
 //! naming what it found, and the pins are left as they were; the IPv6 maps
-//! and the affinity pins are taken over too. Needs root.
+//! the affinity pins and the Maglev tables are taken over too. Needs root.
 
 use std::{net::Ipv4Addr, path::PathBuf};
 
@@ -316,4 +316,82 @@ fn ipv6_flows_and_affinity_pins_survive_a_restart() {
     let again = send(&second, Frame::tcp(client, 40001, vip, 80), tcp_flags::SYN);
     assert_eq!(again.dst, backend, "the affinity pin survived");
     assert_eq!(counter(&second, Counter::AffinityHit), 1);
+}
+
+#[test]
+fn maglev_tables_survive_a_restart_unchanged() {
+    use proxy_agent::model::Balancing;
+    use proxy_agent::modes::ebpf::{MaglevSettings, node::NodeAddresses};
+    use proxy_common::maglev::chunks_per_table;
+
+    const M: u32 = 251;
+    let settings = MaglevSettings {
+        table_size: M,
+        by_default: false,
+    };
+    let sizes = MapSizes {
+        maglev: 4 * chunks_per_table(M),
+        ..sizes()
+    };
+    let backends: Vec<Ipv4Addr> = (10..15).map(|h| Ipv4Addr::new(198, 18, 2, h)).collect();
+    let mut state = web_service(VIP, &backends, 8080);
+    for svc in state.services.values_mut() {
+        svc.balancing = Balancing::Maglev;
+    }
+    let choices = |opened: &Opened, first_port: u16| -> Vec<std::net::IpAddr> {
+        (first_port..first_port + 200)
+            .map(|sport| send(opened, Frame::tcp(CLIENT, sport, VIP, 80), tcp_flags::SYN).dst)
+            .collect()
+    };
+
+    let fs = BpfFs::new();
+    let layout = PinLayout::new(root(&fs));
+    let mut first = open_pinned(&layout, sizes).unwrap();
+    let mut programmer = Programmer::new();
+    programmer.set_capacity(first.maps.capacity());
+    programmer.set_maglev(settings);
+    programmer.sync(&state, &mut first.maps).unwrap();
+    let before = choices(&first, 20_000);
+    let services = first.maps.service_snapshot::<proxy_common::V4>().unwrap();
+    drop(first);
+    assert!(layout.maps_dir().join("MAGLEV").exists(), "MAGLEV pinned");
+
+    let mut second = open_pinned(&layout, sizes).unwrap();
+    assert_eq!(second.takeover, Takeover::Adopt);
+    let mut programmer = Programmer::new();
+    programmer.set_capacity(second.maps.capacity());
+    programmer.set_maglev(settings);
+    let snapshot4 = second.maps.service_snapshot::<proxy_common::V4>().unwrap();
+    let snapshot6 = second.maps.service_snapshot::<proxy_common::V6>().unwrap();
+    programmer.adopt(
+        (&snapshot4, &snapshot6),
+        &state,
+        (&NodeAddresses::default(), &Default::default()),
+    );
+    let stats = programmer.sync(&state, &mut second.maps).unwrap();
+    assert_eq!(stats.writes, 0, "no service entry rewritten");
+    assert_eq!(
+        second
+            .maps
+            .service_snapshot::<proxy_common::V4>()
+            .unwrap()
+            .services,
+        services.services,
+        "the table references are the ones pinned"
+    );
+    // The first agent's tuples, once their flows are gone, are balanced
+    // by the adopted tables as before.
+    let fresh_ct: Vec<_> = {
+        use aya::maps::HashMap;
+        let ct: &HashMap<MapData, CtKey, CtValue> = &second.maps.conntrack;
+        ct.keys().filter_map(Result::ok).collect()
+    };
+    for key in fresh_ct {
+        second.maps.conntrack.remove(&key).unwrap();
+    }
+    assert_eq!(
+        choices(&second, 20_000),
+        before,
+        "the same tuples, the same backends"
+    );
 }

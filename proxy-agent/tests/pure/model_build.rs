@@ -453,3 +453,37 @@ fn slices_without_service_label_or_for_unknown_ports_are_ignored() {
             .is_empty()
     );
 }
+
+#[test]
+fn the_lb_algorithm_annotation_chooses_maglev_or_random_and_other_values_are_ignored() {
+    use proxy_agent::model::{BALANCING_ANNOTATION, Balancing};
+    let spec = json!({
+        "type": "ClusterIP", "clusterIP": "10.96.0.20", "clusterIPs": ["10.96.0.20"],
+        "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
+    });
+    let sl = slice(
+        "web-1",
+        "web",
+        "IPv4",
+        json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
+        json!([ep("10.0.1.1", NODE)]),
+    );
+    for (value, want) in [
+        (Some("maglev"), Balancing::Maglev),
+        (Some(" random "), Balancing::Random),
+        (Some("round-robin"), Balancing::Configured),
+        (None, Balancing::Configured),
+    ] {
+        let mut s = svc_with("web", spec.clone(), json!({}));
+        if let Some(v) = value {
+            s.metadata.annotations =
+                Some([(BALANCING_ANNOTATION.to_string(), v.to_string())].into());
+        }
+        let state = build_desired_state(&[s], std::slice::from_ref(&sl), NODE);
+        assert_eq!(
+            get(&state, "web", "http", Protocol::Tcp).balancing,
+            want,
+            "{value:?}"
+        );
+    }
+}

@@ -142,6 +142,7 @@ const EBPF_DEFAULTS: &[(&str, &str)] = &[
     ("maps.services", "262144"),
     ("maps.backends", "131072"),
     ("maps.conntrack", "0"),
+    ("maps.maglevTables", "0"),
     ("loadBalancing.algorithm", "random"),
     ("loadBalancing.maglevTableSize", "16381"),
     ("socketLB.enabled", "true"),

@@ -84,6 +84,7 @@ const OUR_FLAGS: &[&str] = &[
     "ebpf-map-size-services",
     "ebpf-map-size-backends",
     "ebpf-map-size-conntrack",
+    "ebpf-map-size-maglev-tables",
     "ebpf-lb-algorithm",
     "ebpf-maglev-table-size",
     "ebpf-socket-lb",

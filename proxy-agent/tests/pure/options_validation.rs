@@ -396,6 +396,11 @@ fn ebpf_extension_rules() {
             "loadBalancing.maglevTableSize: Invalid value: 131101: must be a prime number within the range [251, 131071]",
         ),
         (
+            "maps:\n  maglevTables: 600\nloadBalancing:\n  maglevTableSize: 131071\n",
+            "maps.maglevTables: Invalid value: 600: 600 tables of loadBalancing.maglevTableSize 131071 buckets need 19660800 map elements, more than 16777216",
+        ),
+        ("maps:\n  maglevTables: 4096\n", ""),
+        (
             "podInterfacePrefixes: [\"\"]\n",
             "podInterfacePrefixes[0]: Invalid value: \"\": must be a non-empty interface name prefix of at most 15 characters without '/', ':' or spaces",
         ),

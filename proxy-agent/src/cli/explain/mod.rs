@@ -15,6 +15,7 @@ pub mod affinity;
 pub mod args;
 pub mod frontend;
 mod host;
+pub mod maglev;
 mod offline;
 mod online;
 pub mod probe;
@@ -64,12 +65,14 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
                 .as_ref()
                 .and_then(|f| affinity::read(&datapath.maps, f, probe, &trace));
             let report = report::Single::new(mode, probe, front.as_ref(), &trace, &verdict)
-                .with_affinity(pin);
+                .with_affinity(pin)
+                .with_maglev(maglev::read(&datapath.maps, probe));
             args.output.render(&report, report::Single::text)
         }
         Some(n) => {
             let mut tally = report::Flows::new(mode, probe, front.as_ref());
             let mut pin = None;
+            let mut bucket = None;
             for sport in probe::source_ports(probe.sport, n) {
                 let flow = probe.with_sport(sport);
                 let trace = trace::run(&mut datapath, &flow)?;
@@ -77,8 +80,9 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
                 pin = front
                     .as_ref()
                     .and_then(|f| affinity::read(&datapath.maps, f, &flow, &trace));
+                bucket = maglev::read(&datapath.maps, &flow);
             }
-            let tally = tally.finish().with_affinity(pin);
+            let tally = tally.finish().with_affinity(pin).with_maglev(bucket);
             args.output.render(&tally, report::Flows::text)
         }
     }

@@ -4,14 +4,19 @@
 //! Packets run in the current network namespace, the agent's, so FIB
 //! lookups and interface indexes are the node's own.
 
-use std::{ffi::CStr, path::Path, process::Command};
+use std::{ffi::CStr, net::IpAddr, path::Path, process::Command};
 
 use anyhow::Context as _;
 use aya::{
     Pod,
     maps::{HashMap, LpmTrie, MapData},
 };
-use proxy_common::{IfaceInfo, config::iface, maps as names};
+use proxy_common::{
+    IfaceInfo, Scope, ServiceKeyOf, ServiceValue, V4, V6,
+    config::iface,
+    maglev::{MAGLEV_SLOT, chunks_per_table},
+    maps as names,
+};
 
 use super::{
     probe::{Origin, Probe},
@@ -19,7 +24,7 @@ use super::{
 };
 use crate::{
     cli::pins::PinnedMaps,
-    modes::ebpf::{self, KernelMaps},
+    modes::ebpf::{self, KernelMaps, family::AgentFamily as _},
 };
 
 pub fn prepare(pin_dir: &Path, probe: &Probe) -> anyhow::Result<Datapath> {
@@ -27,6 +32,7 @@ pub fn prepare(pin_dir: &Path, probe: &Probe) -> anyhow::Result<Datapath> {
     let mut ebpf = ebpf::load_with(pinned.sizes)?;
     let (mut maps, stats) = KernelMaps::take(&mut ebpf)?;
     copy(&pinned.maps, &mut maps)?;
+    copy_maglev_tables(&pinned.maps, &mut maps, probe)?;
     let (ifindex, xdp) = arrival_interface(probe, &pinned.maps.ifaces)?;
     Ok(Datapath {
         ebpf,
@@ -94,6 +100,53 @@ fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
     to.config
         .set(0, config, 0)
         .with_context(|| format!("writing {}", names::CONFIG6))?;
+    Ok(())
+}
+
+/// The Maglev tables the probe's frontend names (both of its scopes): the
+/// arrays hold every service's, far more than one probe reads.
+fn copy_maglev_tables(from: &KernelMaps, to: &mut KernelMaps, probe: &Probe) -> anyhow::Result<()> {
+    let (port_be, proto) = (probe.dport.to_be(), probe.proto.number());
+    let refs: Vec<ServiceValue> = match probe.dst {
+        IpAddr::V4(ip) => {
+            let key = ServiceKeyOf::<V4>::frontend(V4::to_be(ip), port_be, proto);
+            [Scope::Primary, Scope::ClusterWide]
+                .into_iter()
+                .filter_map(|s| {
+                    from.services
+                        .get(&key.with_scope(s).with_slot(MAGLEV_SLOT), 0)
+                        .ok()
+                })
+                .collect()
+        }
+        IpAddr::V6(ip) => {
+            let key = ServiceKeyOf::<V6>::frontend(V6::to_be(ip), port_be, proto);
+            [Scope::Primary, Scope::ClusterWide]
+                .into_iter()
+                .filter_map(|s| {
+                    from.v6
+                        .services
+                        .get(&key.with_scope(s).with_slot(MAGLEV_SLOT), 0)
+                        .ok()
+                })
+                .collect()
+        }
+    };
+    let (source, target, name) = match probe.dst {
+        IpAddr::V4(_) => (&from.maglev, &mut to.maglev, names::MAGLEV),
+        IpAddr::V6(_) => (&from.v6.maglev, &mut to.v6.maglev, names::MAGLEV6),
+    };
+    for table in refs {
+        let (first, m) = table.maglev_table();
+        for element in first..first + chunks_per_table(m) {
+            let chunk = source
+                .get(&element, 0)
+                .with_context(|| format!("reading {name}[{element}]"))?;
+            target
+                .set(element, chunk, 0)
+                .with_context(|| format!("copying {name}[{element}]"))?;
+        }
+    }
     Ok(())
 }
 

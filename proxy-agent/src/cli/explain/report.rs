@@ -72,6 +72,8 @@ pub struct Single {
     pub frontend: Option<FrontendJson>,
     /// Session affinity of the frontend, as the probe left it; null: none.
     pub affinity: Option<super::affinity::Pin>,
+    /// The frontend's Maglev table at the probe's bucket; null: balanced at random.
+    pub maglev: Option<super::maglev::Bucket>,
     /// forwarded, dropped, rejected or passed.
     pub verdict: &'static str,
     /// Forwarded new or established flows: the endpoint chosen.
@@ -109,6 +111,7 @@ impl Single {
             packet: Packet::new(probe),
             frontend: frontend.map(FrontendJson::new),
             affinity: None,
+            maglev: None,
             verdict: verdict.name(),
             endpoint: None,
             destination: None,
@@ -166,6 +169,10 @@ impl Single {
         Self { affinity, ..self }
     }
 
+    pub fn with_maglev(self, maglev: Option<super::maglev::Bucket>) -> Self {
+        Self { maglev, ..self }
+    }
+
     pub fn text(&self) -> String {
         let mut out = String::new();
         let headline = match self.verdict {
@@ -210,6 +217,9 @@ impl Single {
         );
         if let Some(pin) = &self.affinity {
             let _ = writeln!(out, "  affinity   {}", super::affinity::text(pin));
+        }
+        if let Some(bucket) = &self.maglev {
+            let _ = writeln!(out, "  maglev     {}", super::maglev::text(bucket));
         }
         if let (Some(flow), Some(exit)) = (self.flow, self.exit_text) {
             let _ = writeln!(out, "  flow       {flow}, {exit}");
@@ -296,6 +306,8 @@ pub struct Flows {
     pub frontend: Option<FrontendJson>,
     /// Session affinity of the frontend after the last flow; null: none.
     pub affinity: Option<super::affinity::Pin>,
+    /// The frontend's Maglev table at the last flow's bucket; null: balanced at random.
+    pub maglev: Option<super::maglev::Bucket>,
     pub flows: u32,
     /// forwarded, dropped, rejected, passed: how many flows each (all four present).
     pub verdicts: BTreeMap<&'static str, u32>,
@@ -313,6 +325,7 @@ impl Flows {
             packet: Packet::new(probe),
             frontend: frontend.map(FrontendJson::new),
             affinity: None,
+            maglev: None,
             flows: 0,
             verdicts: ["forwarded", "dropped", "rejected", "passed"]
                 .into_iter()
@@ -354,6 +367,10 @@ impl Flows {
         Self { affinity, ..self }
     }
 
+    pub fn with_maglev(self, maglev: Option<super::maglev::Bucket>) -> Self {
+        Self { maglev, ..self }
+    }
+
     pub fn finish(mut self) -> Self {
         // Unparsable names (none are expected) sort last.
         self.endpoints.sort_by_key(|e| {
@@ -392,6 +409,9 @@ impl Flows {
         );
         if let Some(pin) = &self.affinity {
             let _ = writeln!(out, "  affinity   {}", super::affinity::text(pin));
+        }
+        if let Some(bucket) = &self.maglev {
+            let _ = writeln!(out, "  maglev     {}", super::maglev::text(bucket));
         }
         let verdicts: Vec<String> = self
             .verdicts

@@ -8,7 +8,8 @@ use std::{
 
 use aya::maps::{HashMap, MapData};
 use proxy_common::{
-    BackendId, BackendOf, Scope, ServiceKeyOf, ServiceValue, V4, V6, maps as names, service::flags,
+    BackendId, BackendOf, Scope, ServiceKeyOf, ServiceValue, V4, V6, maglev::MAGLEV_SLOT,
+    maps as names, service::flags,
 };
 use serde::Serialize;
 
@@ -164,6 +165,8 @@ pub struct FrontendView {
     pub source_ranges: bool,
     pub reject_when_empty: bool,
     pub host_only: bool,
+    /// Balanced by a Maglev table of this many buckets; `None`: at random.
+    pub maglev_table_size: Option<u32>,
     pub backends: Vec<BackendView>,
 }
 
@@ -225,6 +228,20 @@ pub fn services(
             source_ranges: v.has(flags::SOURCE_RANGES),
             reject_when_empty: v.has(flags::REJECT_WHEN_EMPTY),
             host_only: v.has(flags::HOST_ONLY),
+            maglev_table_size: v
+                .has(flags::MAGLEV)
+                .then(|| {
+                    let at = FrontendKey {
+                        slot: MAGLEV_SLOT,
+                        ..*k
+                    };
+                    tables
+                        .entries
+                        .iter()
+                        .find(|(key, _)| *key == at)
+                        .map(|(_, r)| r.maglev_table().1)
+                })
+                .flatten(),
             backends,
         });
     }
@@ -274,6 +291,9 @@ impl ServicesReport {
             let mut kind = f.kind.to_owned();
             if f.scope == "cluster_wide" {
                 kind.push_str(" (for local pods)");
+            }
+            if let Some(m) = f.maglev_table_size {
+                kind.push_str(&format!(" maglev/{m}"));
             }
             let backends = if f.backends.is_empty() {
                 if f.reject_when_empty {

@@ -51,7 +51,6 @@ impl Mode for EbpfMode {
     }
 
     fn start(&self, opts: &ProxyOptions, host: HostFeed<'_>) -> anyhow::Result<Running> {
-        warn_unimplemented(opts);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
         let sizes = MapSizes {
             services: opts.ebpf.maps.services,
@@ -263,18 +262,5 @@ async fn keep_attached(
                 _ = tokio::time::sleep(ATTACH_RETRY) => {}
             }
         }
-    }
-}
-
-/// Settings that validate but that this datapath does not act on yet: say so
-/// instead of silently ignoring them.
-fn warn_unimplemented(opts: &ProxyOptions) {
-    use crate::options::ebpf::LbAlgorithm;
-    let ext = &opts.ebpf;
-    if ext.load_balancing.algorithm != LbAlgorithm::Random {
-        warn!(
-            "loadBalancing.algorithm {:?} is not implemented yet; balancing is random",
-            ext.load_balancing.algorithm
-        );
     }
 }
