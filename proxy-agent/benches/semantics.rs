@@ -6,7 +6,13 @@
 //! - **affinity, pinned**: `sessionAffinity: ClientIP`, a new connection of a
 //!   client already pinned (the affinity lookup hits and is refreshed);
 //! - **affinity, new client**: the same service, each flow from another
-//!   client address (the lookup misses, a backend is chosen and pinned).
+//!   client address (the lookup misses, a backend is chosen and pinned);
+//! - **maglev**: a service balanced by a Maglev table (the tuple's hash, the
+//!   table reference and one table element read).
+//!
+//! Then the agent side of Maglev: rebuilding the table of a service of 100
+//! backends when one of them is replaced (time, and bytes written to the
+//! kernel), beside writing the whole table, in the same run.
 //!
 //! `cargo bench -p proxy-agent --bench semantics` (root; the real object).
 
@@ -20,21 +26,32 @@ use std::{
 use anyhow::{Context as _, ensure};
 use common::{enter_throwaway_netns, median, tcp};
 use proxy_agent::{
-    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName, SessionAffinity},
-    modes::ebpf::{KernelMaps, Programmer, load, test_run},
+    model::{
+        Balancing, DesiredService, DesiredState, Endpoint, Protocol, ServicePortName,
+        SessionAffinity,
+    },
+    modes::ebpf::{KernelMaps, MaglevSettings, MapSizes, Programmer, load_with, test_run},
 };
+use proxy_common::maglev::{MaglevChunk, chunks_per_table};
 use proxy_common::{Counter, action::TC_ACT_REDIRECT};
 
 const ROUNDS: usize = 15;
 const FLOWS_PER_ROUND: usize = 60;
 const SYN: u8 = 0x02;
-const CASES: [&str; 3] = ["random", "affinity, pinned", "affinity, new client"];
+const CASES: [&str; 4] = [
+    "random",
+    "affinity, pinned",
+    "affinity, new client",
+    "maglev",
+];
+const MAGLEV_M: u32 = 16_381;
 
 struct Plan {
     name: &'static str,
     client: IpAddr,
     random_vip: IpAddr,
     sticky_vip: IpAddr,
+    hashed_vip: IpAddr,
     backends: [IpAddr; 3],
     /// Client `n` of the "new client" case.
     other_client: fn(u32) -> IpAddr,
@@ -48,6 +65,7 @@ fn plans() -> [Plan; 2] {
             client: IpAddr::V4(Ipv4Addr::new(198, 18, 128, 1)),
             random_vip: IpAddr::V4(Ipv4Addr::new(198, 19, 0, 1)),
             sticky_vip: IpAddr::V4(Ipv4Addr::new(198, 19, 0, 2)),
+            hashed_vip: IpAddr::V4(Ipv4Addr::new(198, 19, 0, 3)),
             backends: [1, 2, 3].map(|n| IpAddr::V4(Ipv4Addr::new(198, 18, 0, n))),
             other_client: |n| {
                 IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 64, 0)) + n))
@@ -58,6 +76,7 @@ fn plans() -> [Plan; 2] {
             client: v6("2001:db8:80::1"),
             random_vip: v6("2001:db8:ffff::1"),
             sticky_vip: v6("2001:db8:ffff::2"),
+            hashed_vip: v6("2001:db8:ffff::3"),
             backends: ["2001:db8:1::1", "2001:db8:1::2", "2001:db8:1::3"].map(v6),
             other_client: |n| {
                 IpAddr::V6(Ipv6Addr::from(
@@ -75,20 +94,32 @@ fn main() {
 fn run() -> anyhow::Result<()> {
     let started = Instant::now();
     let pod = enter_throwaway_netns()?;
-    let mut ebpf = load().context("loading the eBPF object")?;
+    let sizes = MapSizes {
+        maglev: 4 * chunks_per_table(MAGLEV_M),
+        ..MapSizes::default()
+    };
+    let mut ebpf = load_with(sizes).context("loading the eBPF object")?;
     let (mut maps, stats) = KernelMaps::take(&mut ebpf)?;
     let plans = plans();
     let mut services = Vec::new();
     for p in &plans {
         let endpoints: Vec<Endpoint> = p.backends.iter().map(|b| Endpoint::new(*b, 8080)).collect();
-        for (name, vip, affinity) in [
-            ("random", p.random_vip, SessionAffinity::None),
+        let sticky = SessionAffinity::ClientIp {
+            timeout_seconds: 10_800,
+        };
+        for (name, vip, affinity, balancing) in [
             (
-                "sticky",
-                p.sticky_vip,
-                SessionAffinity::ClientIp {
-                    timeout_seconds: 10_800,
-                },
+                "random",
+                p.random_vip,
+                SessionAffinity::None,
+                Balancing::Random,
+            ),
+            ("sticky", p.sticky_vip, sticky, Balancing::Random),
+            (
+                "hashed",
+                p.hashed_vip,
+                SessionAffinity::None,
+                Balancing::Maglev,
             ),
         ] {
             let spn = ServicePortName {
@@ -99,6 +130,7 @@ fn run() -> anyhow::Result<()> {
             };
             services.push(DesiredService {
                 session_affinity: affinity,
+                balancing,
                 ..DesiredService::cluster_ip(spn, vec![vip], 80, endpoints.clone())
             });
         }
@@ -107,7 +139,13 @@ fn run() -> anyhow::Result<()> {
         services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
         ..DesiredState::default()
     };
-    Programmer::new().sync(&state, &mut maps)?;
+    let mut programmer = Programmer::new();
+    programmer.set_capacity(maps.capacity());
+    programmer.set_maglev(MaglevSettings {
+        table_size: MAGLEV_M,
+        by_default: false,
+    });
+    programmer.sync(&state, &mut maps)?;
     let counter =
         |c: Counter| -> anyhow::Result<u64> { Ok(stats.get(&(c as u32), 0)?.iter().sum()) };
 
@@ -125,6 +163,7 @@ fn run() -> anyhow::Result<()> {
                 let (client, vip) = match case {
                     0 => (p.client, p.random_vip),
                     1 => (p.client, p.sticky_vip),
+                    3 => (p.client, p.hashed_vip),
                     _ => {
                         next_client += 1;
                         ((p.other_client)(next_client), p.sticky_vip)
@@ -171,6 +210,106 @@ fn run() -> anyhow::Result<()> {
         );
     }
     println!("\n(each figure includes the kernel's per-call cost around a single run)");
+    drop(ebpf);
+    table_rebuild()?;
     println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The agent's side: one backend of 100 replaced in a Maglev service,
+/// against writing the whole table, both into real kernel maps.
+fn table_rebuild() -> anyhow::Result<()> {
+    const BACKENDS: u16 = 100;
+    const ROUNDS: usize = 9;
+    let sizes = MapSizes {
+        maglev: 4 * chunks_per_table(MAGLEV_M),
+        ..MapSizes::default()
+    };
+    let mut ebpf = load_with(sizes).context("loading the eBPF object")?;
+    let (mut maps, _stats) = KernelMaps::take(&mut ebpf)?;
+    let backend = |i: u16| {
+        Endpoint::new(
+            IpAddr::V4(Ipv4Addr::new(
+                198,
+                18,
+                10 + (i / 250) as u8,
+                (i % 250) as u8 + 1,
+            )),
+            8080,
+        )
+    };
+    let service = |endpoints: Vec<Endpoint>| {
+        let spn = ServicePortName {
+            namespace: "bench".into(),
+            name: "hundred".into(),
+            port_name: String::new(),
+            protocol: Protocol::Tcp,
+        };
+        let svc = DesiredService {
+            balancing: Balancing::Maglev,
+            ..DesiredService::cluster_ip(
+                spn,
+                vec![IpAddr::V4(Ipv4Addr::new(198, 19, 1, 1))],
+                80,
+                endpoints,
+            )
+        };
+        DesiredState {
+            services: [(svc.name.clone(), svc)].into_iter().collect(),
+            ..DesiredState::default()
+        }
+    };
+    let element = std::mem::size_of::<MaglevChunk>();
+    let (mut full_ns, mut change_ns, mut full_bytes, mut change_bytes) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        // A fresh programmer over emptied maps: the whole table is written.
+        let mut programmer = Programmer::new();
+        programmer.set_capacity(maps.capacity());
+        programmer.set_maglev(MaglevSettings {
+            table_size: MAGLEV_M,
+            by_default: false,
+        });
+        let hundred: Vec<Endpoint> = (0..BACKENDS).map(backend).collect();
+        let t = Instant::now();
+        let full = programmer.sync(&service(hundred.clone()), &mut maps)?;
+        full_ns.push(t.elapsed().as_nanos() as f64);
+        full_bytes.push((full.maglev_elements * element) as f64);
+
+        // One backend replaced by another.
+        let mut changed = hundred;
+        changed[round * 7 % BACKENDS as usize] = backend(BACKENDS + round as u16);
+        let t = Instant::now();
+        let change = programmer.sync(&service(changed), &mut maps)?;
+        change_ns.push(t.elapsed().as_nanos() as f64);
+        change_bytes.push((change.maglev_elements * element) as f64);
+        programmer.sync(&DesiredState::default(), &mut maps)?;
+    }
+    let (full_t, change_t) = (median(&full_ns), median(&change_ns));
+    let (full_b, change_b) = (median(&full_bytes), median(&change_bytes));
+    println!(
+        "\nMaglev table of {MAGLEV_M} buckets, {BACKENDS} backends, {ROUNDS} rounds (medians):\n"
+    );
+    println!(
+        "{:<34} {:>12} {:>10} {:>12} {:>10}",
+        "sync", "time us", "/full", "bytes", "/full"
+    );
+    println!(
+        "{:<34} {:>12.0} {:>10.3} {:>12.0} {:>10.3}",
+        "whole table (new service)",
+        full_t / 1e3,
+        1.0,
+        full_b,
+        1.0
+    );
+    println!(
+        "{:<34} {:>12.0} {:>10.3} {:>12.0} {:>10.3}",
+        "one of 100 backends replaced",
+        change_t / 1e3,
+        change_t / full_t,
+        change_b,
+        change_b / full_b
+    );
+    println!("(times include computing the table and the slot and backend writes)");
     Ok(())
 }
