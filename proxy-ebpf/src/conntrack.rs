@@ -27,7 +27,9 @@ fn or_default(value: u64, default: u64) -> u64 {
 /// How long `entry` may stay idle, from the conntrack settings.
 #[inline(always)]
 pub fn idle_timeout(config: &DatapathConfig, proto: u8, entry_flags: u16) -> u64 {
-    if proto == proto::TCP {
+    // An SCTP association lives as a TCP connection does (its chunks are
+    // given to conntrack as TCP flags, see `sctp::conntrack_flags`).
+    if proto == proto::TCP || proto == proto::SCTP {
         // The kernel's conntrack states, as far as flags can tell them.
         if entry_flags & flags::RST != 0 {
             or_default(config.tcp_close_ns, DEFAULT_TCP_CLOSE_NS)

@@ -17,6 +17,7 @@ mod monitor;
 mod nat;
 mod packet;
 mod reject;
+mod sctp;
 mod sock;
 mod stats;
 mod xdp_nat;

@@ -1,4 +1,4 @@
-//! Bounds-checked parsing of Ethernet / IPv4 or IPv6 / TCP|UDP headers,
+//! Bounds-checked parsing of Ethernet / IPv4 or IPv6 / TCP|UDP|SCTP headers,
 //! done once per packet.
 
 use proxy_common::{Counter, Family, V4, V6, proto};
@@ -16,7 +16,7 @@ pub mod tcp_flags {
     pub const ACK: u8 = 0x10;
 }
 
-/// The 5-tuple and header facts of a TCP/UDP packet (network byte order).
+/// The 5-tuple and header facts of a TCP/UDP/SCTP packet (network byte order).
 #[derive(Clone, Copy)]
 pub struct Packet<F: Family> {
     pub saddr_be: F::Addr,
@@ -24,7 +24,8 @@ pub struct Packet<F: Family> {
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
-    /// TCP flags; 0 for UDP.
+    /// TCP flags; for SCTP those its first chunk stands for
+    /// ([`crate::sctp::conntrack_flags`]); 0 for UDP.
     pub tcp_flags: u8,
     /// TTL / hop limit.
     pub ttl: u8,
@@ -35,14 +36,20 @@ pub struct Packet<F: Family> {
 }
 
 impl<F: Ip> Packet<F> {
-    /// Offset of the L4 checksum field.
+    /// Offset of the L4 checksum field (SCTP's is a CRC32c of 4 bytes).
     #[inline(always)]
     pub fn l4_csum_off(&self) -> usize {
-        if self.proto == proto::TCP {
-            self.l4_off + 16
-        } else {
-            self.l4_off + 6
+        match self.proto {
+            proto::TCP => self.l4_off + 16,
+            proto::SCTP => self.l4_off + crate::sctp::CSUM_OFF,
+            _ => self.l4_off + 6,
         }
+    }
+
+    /// Bytes of L4 (header and payload), when the IP header says.
+    #[inline(always)]
+    pub fn l4_len(&self) -> Option<u32> {
+        (self.tot_len != 0).then(|| self.tot_len.saturating_sub(self.l3_len() as u32))
     }
 
     /// Bytes of IP header (extension headers included) before L4.
@@ -127,7 +134,7 @@ pub fn parse4<C: Frame>(ctx: &C) -> Result<Option<Packet<V4>>, Counter> {
         .ok_or(Counter::DropMalformed)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
-    if ip.proto != proto::TCP && ip.proto != proto::UDP {
+    if !is_service_proto(ip.proto) {
         return Ok(None);
     }
     // Later fragments carry no L4 header; they are left to the kernel.
@@ -168,7 +175,7 @@ pub fn parse6<C: Frame>(ctx: &C) -> Result<Option<Packet<V6>>, Counter> {
     let mut next = ip.next_header;
     let mut off = ETH_HLEN + V6::HDR_LEN;
     let mut walked = 0;
-    while next != proto::TCP && next != proto::UDP {
+    while !is_service_proto(next) {
         match next {
             ext::HOP_BY_HOP | ext::ROUTING | ext::DEST_OPTS | ext::FRAGMENT
                 if walked < MAX_EXT_HEADERS => {}
@@ -230,6 +237,12 @@ pub fn parse6<C: Frame>(ctx: &C) -> Result<Option<Packet<V6>>, Counter> {
     l4(ctx, (saddr_be, daddr_be), next, hop_limit, tot_len, off).map(Some)
 }
 
+/// TCP, UDP or SCTP: the protocols of service ports.
+#[inline(always)]
+fn is_service_proto(p: u8) -> bool {
+    p == proto::TCP || p == proto::UDP || p == proto::SCTP
+}
+
 /// The L4 part of a packet whose IP header ends at `l4_off`.
 #[inline(always)]
 fn l4<C: Frame, F: Family>(
@@ -240,8 +253,13 @@ fn l4<C: Frame, F: Family>(
     tot_len: u32,
     l4_off: usize,
 ) -> Result<Packet<F>, Counter> {
-    // Ports plus the checksum field must be readable: 18 bytes for TCP, 8 for UDP.
-    let l4_need = if proto == proto::TCP { 18 } else { 8 };
+    // Ports plus the checksum field must be readable: 18 bytes for TCP, 8
+    // for UDP; for SCTP its common header and the first chunk's header.
+    let l4_need = match proto {
+        proto::TCP => 18,
+        proto::SCTP => crate::sctp::COMMON_HLEN + 4,
+        _ => 8,
+    };
     // ... and inside the datagram the header declares. A total length of 0
     // is a BIG TCP aggregate (the length is the skb's), and the bytes
     // beyond the linear data of a GRO packet are not in view: only the
@@ -257,14 +275,24 @@ fn l4<C: Frame, F: Family>(
         .ok_or(Counter::DropMalformed)?;
     // SAFETY: bounds checked by ptr_at.
     let [sport_be, dport_be] = unsafe { *ports };
-    let tcp_flags = if proto == proto::TCP {
-        let flags = ctx
-            .ptr_at::<u8>(l4_off + 13)
-            .ok_or(Counter::DropMalformed)?;
-        // SAFETY: bounds checked by ptr_at.
-        unsafe { *flags }
-    } else {
-        0
+    // TCP's flags, or SCTP's first chunk type.
+    let flags_off = match proto {
+        proto::TCP => Some(l4_off + 13),
+        proto::SCTP => Some(l4_off + crate::sctp::COMMON_HLEN),
+        _ => None,
+    };
+    let tcp_flags = match flags_off {
+        Some(off) => {
+            let byte = ctx.ptr_at::<u8>(off).ok_or(Counter::DropMalformed)?;
+            // SAFETY: bounds checked by ptr_at.
+            let byte = unsafe { *byte };
+            if proto == proto::SCTP {
+                crate::sctp::conntrack_flags(byte)
+            } else {
+                byte
+            }
+        }
+        None => 0,
     };
     Ok(Packet {
         saddr_be,

@@ -4,10 +4,16 @@
 use aya_ebpf::programs::XdpContext;
 use proxy_common::{Counter, proto};
 
-use crate::{csum, flow::Rewrite, frame::Frame, ip::Ip, packet::Packet};
+use crate::{csum, flow::Rewrite, frame::Frame, ip::Ip, packet::Packet, sctp};
 
 #[inline(always)]
 pub fn apply<F: Ip>(ctx: &XdpContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Result<(), Counter> {
+    // SCTP's CRC32c covers no address: it changes with the ports only.
+    let sctp_crc = if pkt.proto == proto::SCTP {
+        Some(sctp_checksum(ctx, pkt, out)?)
+    } else {
+        None
+    };
     let saddr = ctx
         .ptr_at::<F::Addr>(F::SADDR_OFF)
         .ok_or(Counter::DropMalformed)?;
@@ -23,7 +29,7 @@ pub fn apply<F: Ip>(ctx: &XdpContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Resu
     // SAFETY: all four pointers were bounds-checked above.
     let (saddr, daddr, ports, check) =
         unsafe { (&mut *saddr, &mut *daddr, &mut *ports, &mut *check) };
-    let l4_has_csum = !(pkt.proto == proto::UDP && *check == 0);
+    let l4_has_csum = sctp_crc.is_none() && !(pkt.proto == proto::UDP && *check == 0);
     let mut l4 = *check;
     let mut ip = 0u32;
     let mut readdressed = false;
@@ -55,6 +61,13 @@ pub fn apply<F: Ip>(ctx: &XdpContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Resu
         l4 = csum::replace2(l4, ports[1], out.dport_be);
         ports[1] = out.dport_be;
     }
+    if let Some(crc) = sctp_crc {
+        let field = ctx
+            .ptr_at::<[u8; 4]>(pkt.l4_csum_off())
+            .ok_or(Counter::DropMalformed)?;
+        // SAFETY: bounds-checked above.
+        unsafe { *field = crc };
+    }
     if l4_has_csum {
         // In UDP a computed 0 is sent as all ones; 0 would mean "no checksum".
         *check = if pkt.proto == proto::UDP && l4 == 0 {
@@ -64,6 +77,24 @@ pub fn apply<F: Ip>(ctx: &XdpContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Resu
         };
     }
     Ok(())
+}
+
+/// The CRC32c field an SCTP packet gets with `out`'s ports.
+// A BPF-to-BPF call: the CRC update's loops stay out of the caller's frame.
+#[inline(never)]
+fn sctp_checksum<F: Ip>(ctx: &XdpContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Result<[u8; 4], Counter> {
+    let len = pkt.l4_len().ok_or(Counter::DropMalformed)?;
+    let field = ctx
+        .ptr_at::<[u8; 4]>(pkt.l4_csum_off())
+        .ok_or(Counter::DropMalformed)?;
+    // SAFETY: bounds-checked above.
+    let stored = unsafe { *field };
+    Ok(sctp::checksum_after(
+        stored,
+        len,
+        [pkt.sport_be, pkt.dport_be],
+        [out.sport_be, out.dport_be],
+    ))
 }
 
 /// Decrements the TTL / hop limit of a packet this node forwards itself.

@@ -334,6 +334,7 @@ fn json_output_has_a_stable_shape() {
         "packet",
         "frontend",
         "affinity",
+        "maglev",
         "verdict",
         "endpoint",
         "destination",
