@@ -7,55 +7,82 @@
 //! `a ^ b`. A rewrite of the first bytes leaves `a ^ b` zero after them,
 //! and appending `n` zero bytes to a raw CRC multiplies it by x^(8n)
 //! modulo the polynomial. So the new checksum is the old one xor
-//! `raw(delta) * x^(8 * (len - delta.len()))`, a few hundred bounded steps
-//! whatever the packet's length (zlib's `crc32_combine` does the same).
+//! `raw(delta) * x^(8 * (len - delta.len()))`: two table lookups and about
+//! a hundred branch-free steps whatever the packet's length (zlib's
+//! `crc32_combine` does the same with squaring).
 //! No allocation, bounded loops: usable from the eBPF programs.
 
 /// The reflected Castagnoli polynomial.
 const POLY: u32 = 0x82F6_3B78;
 
+/// `value` when the low bit of `bit` is set, else zero. The arithmetic
+/// below selects by multiplying, never by branching nor by masking with all
+/// ones: the eBPF verifier then walks each loop once, whatever the values
+/// (it splits its state at a branch, and at an AND with a value it knows is
+/// -1 or 0). `black_box` keeps the compiler from turning the product back
+/// into either.
+const fn times(bit: u32, value: u32) -> u32 {
+    core::hint::black_box(bit & 1).wrapping_mul(value)
+}
+
 /// `a * b` modulo the polynomial, both in the reflected representation
 /// (bit 31 is x^0).
-pub fn mul_mod(a: u32, mut b: u32) -> u32 {
+pub const fn mul_mod(a: u32, mut b: u32) -> u32 {
     let mut product = 0;
-    let mut m = 1u32 << 31;
-    for _ in 0..32 {
-        if a & m != 0 {
-            product ^= b;
-        }
-        m >>= 1;
-        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+    let mut i = 0;
+    while i < 32 {
+        product ^= times(a >> (31 - i), b);
+        b = (b >> 1) ^ times(b, POLY);
+        i += 1;
     }
     product
 }
 
+/// x^(8 * step * i) modulo the polynomial, i = 0..256.
+const fn byte_powers(step: u32) -> [u32; 256] {
+    // x^(8 * step) by squaring x^8 (a byte) once per bit of `step`.
+    let mut base = 1u32 << 31;
+    let mut square = 1u32 << (31 - 8);
+    let mut bit = 0;
+    while bit < 16 {
+        if step & (1 << bit) != 0 {
+            base = mul_mod(base, square);
+        }
+        square = mul_mod(square, square);
+        bit += 1;
+    }
+    let mut powers = [0u32; 256];
+    let mut power = 1u32 << 31;
+    let mut i = 0;
+    while i < 256 {
+        powers[i] = power;
+        power = mul_mod(power, base);
+        i += 1;
+    }
+    powers
+}
+
+/// x^(8i) and x^(8 * 256i): two lookups and one product give any length
+/// below 2^16 (computed at compile time; 2 KiB).
+static LOW_BYTES: [u32; 256] = byte_powers(1);
+static HIGH_BYTES: [u32; 256] = byte_powers(256);
+
 /// x^(8n) modulo the polynomial: the factor that appends `n` zero bytes,
 /// for `n` below 2^16 (any IP packet).
 pub fn zero_bytes_factor(n: u32) -> u32 {
-    // x^8 (a byte), then squared per bit of `n`.
-    let mut square = 1u32 << (31 - 8);
-    let mut factor = 1u32 << 31; // x^0
-    for bit in 0..16 {
-        if n & (1 << bit) != 0 {
-            factor = mul_mod(factor, square);
-        }
-        square = mul_mod(square, square);
-    }
-    factor
+    mul_mod(
+        LOW_BYTES[(n & 0xff) as usize],
+        HIGH_BYTES[((n >> 8) & 0xff) as usize],
+    )
 }
 
 /// The raw CRC (initial value 0, no final xor) of 4 bytes.
 pub fn raw4(bytes: [u8; 4]) -> u32 {
-    let mut crc = 0u32;
-    for byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ POLY
-            } else {
-                crc >> 1
-            };
-        }
+    let mut crc = u32::from_le_bytes(bytes);
+    let mut i = 0;
+    while i < 32 {
+        crc = (crc >> 1) ^ times(crc, POLY);
+        i += 1;
     }
     crc
 }
