@@ -82,7 +82,11 @@ pub fn apply<F: Ip>(ctx: &XdpContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Resu
 /// The CRC32c field an SCTP packet gets with `out`'s ports.
 // A BPF-to-BPF call: the CRC update's loops stay out of the caller's frame.
 #[inline(never)]
-fn sctp_checksum<F: Ip>(ctx: &XdpContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Result<[u8; 4], Counter> {
+fn sctp_checksum<F: Ip>(
+    ctx: &XdpContext,
+    pkt: &Packet<F>,
+    out: &Rewrite<F>,
+) -> Result<[u8; 4], Counter> {
     let len = pkt.l4_len().ok_or(Counter::DropMalformed)?;
     let field = ctx
         .ptr_at::<[u8; 4]>(pkt.l4_csum_off())

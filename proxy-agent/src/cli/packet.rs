@@ -1,4 +1,4 @@
-//! Building and reading Ethernet + IPv4/IPv6 + TCP/UDP frames, for
+//! Building and reading Ethernet + IPv4/IPv6 + TCP/UDP/SCTP frames, for
 //! `BPF_PROG_TEST_RUN` and anything else that needs to craft or check a
 //! packet byte for byte. The family of a frame is the family of its
 //! addresses; everything here answers for both.
@@ -12,6 +12,8 @@ pub const IPV4_HLEN: usize = 20;
 pub const IPV6_HLEN: usize = 40;
 pub const TCP_HLEN: usize = 20;
 pub const UDP_HLEN: usize = 8;
+/// SCTP's common header (ports, verification tag, CRC32c).
+pub const SCTP_HLEN: usize = 12;
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
 
@@ -26,6 +28,44 @@ pub mod tcp_flags {
     pub const SYN: u8 = 0x02;
     pub const RST: u8 = 0x04;
     pub const ACK: u8 = 0x10;
+}
+
+/// SCTP chunk types (RFC 9260 §3.2).
+pub mod sctp_chunk {
+    pub const DATA: u8 = 0;
+    pub const INIT: u8 = 1;
+    pub const INIT_ACK: u8 = 2;
+    pub const ABORT: u8 = 6;
+    pub const SHUTDOWN: u8 = 7;
+    pub const SHUTDOWN_ACK: u8 = 8;
+    pub const COOKIE_ECHO: u8 = 10;
+    pub const SHUTDOWN_COMPLETE: u8 = 14;
+
+    /// A chunk of `kind` with `value`, padded to 4 bytes.
+    pub fn chunk(kind: u8, flags: u8, value: &[u8]) -> Vec<u8> {
+        let mut c = vec![kind, flags];
+        c.extend(((4 + value.len()) as u16).to_be_bytes());
+        c.extend(value);
+        c.resize(c.len().next_multiple_of(4), 0);
+        c
+    }
+
+    /// An INIT chunk (initiate tag, a_rwnd, streams, initial TSN).
+    pub fn init(tag: u32) -> Vec<u8> {
+        let mut v = tag.to_be_bytes().to_vec();
+        v.extend(65_535u32.to_be_bytes());
+        v.extend([0, 10, 0, 10]);
+        v.extend(1u32.to_be_bytes());
+        chunk(INIT, 0, &v)
+    }
+
+    /// A DATA chunk (TSN, stream 0, sequence 0, payload protocol 0) with `user_data`.
+    pub fn data(tsn: u32, user_data: &[u8]) -> Vec<u8> {
+        let mut v = tsn.to_be_bytes().to_vec();
+        v.extend([0, 0, 0, 0, 0, 0, 0, 0]);
+        v.extend(user_data);
+        chunk(DATA, 0x03, &v)
+    }
 }
 
 /// The fields of a frame the datapath looks at or rewrites.
@@ -56,6 +96,15 @@ impl Frame {
         }
     }
 
+    /// An SCTP packet; [`Frame::build`] takes its chunks as the payload
+    /// (none: an INIT).
+    pub fn sctp(src: impl Into<IpAddr>, sport: u16, dst: impl Into<IpAddr>, dport: u16) -> Self {
+        Self {
+            proto: proto::SCTP,
+            ..Self::tcp(src, sport, dst, dport)
+        }
+    }
+
     /// The reverse direction of this frame.
     pub fn reply(&self) -> Self {
         Self {
@@ -71,13 +120,21 @@ impl Frame {
         self.src.is_ipv6()
     }
 
-    /// An Ethernet + IPv4/IPv6 + TCP (SYN) or UDP frame with `payload` and
-    /// valid checksums. Panics if the two addresses are of different families.
+    /// An Ethernet + IPv4/IPv6 + TCP (SYN), UDP or SCTP frame with `payload`
+    /// (SCTP: its chunks, an INIT when empty) and valid checksums. Panics if
+    /// the two addresses are of different families.
     pub fn build(&self, payload: &[u8]) -> Vec<u8> {
-        let l4_len = if self.proto == proto::TCP {
-            TCP_HLEN
+        let init;
+        let payload = if self.proto == proto::SCTP && payload.is_empty() {
+            init = sctp_chunk::init(0x5c7f_0001);
+            &init[..]
         } else {
-            UDP_HLEN
+            payload
+        };
+        let l4_len = match self.proto {
+            proto::TCP => TCP_HLEN,
+            proto::SCTP => SCTP_HLEN,
+            _ => UDP_HLEN,
         } + payload.len();
         let mut pkt = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01];
         match (self.src, self.dst) {
@@ -112,6 +169,15 @@ impl Frame {
             l4[13] = tcp_flags::SYN;
             l4[14..16].copy_from_slice(&64240u16.to_be_bytes());
             l4[TCP_HLEN..].copy_from_slice(payload);
+        } else if self.proto == proto::SCTP {
+            // An INIT goes with tag 0; anything else with the peer's tag.
+            let tag: u32 = if payload.first() == Some(&sctp_chunk::INIT) {
+                0
+            } else {
+                0x5c7f_0002
+            };
+            l4[4..8].copy_from_slice(&tag.to_be_bytes());
+            l4[SCTP_HLEN..].copy_from_slice(payload);
         } else {
             l4[4..6].copy_from_slice(&(l4_len as u16).to_be_bytes());
             l4[UDP_HLEN..].copy_from_slice(payload);
@@ -210,6 +276,7 @@ impl Layout {
             + match self.proto {
                 proto::TCP => 16,
                 proto::UDP => 6,
+                proto::SCTP => 8,
                 _ => 2, // ICMP, ICMPv6
             }
     }
@@ -238,6 +305,11 @@ pub fn fix_checksums(pkt: &mut [u8]) {
         pkt[ETH_HLEN + 10..ETH_HLEN + 12].copy_from_slice(&ip_sum.to_be_bytes());
     }
     let off = layout.l4_checksum();
+    if layout.proto == proto::SCTP {
+        let crc = sctp_crc32c(pkt, &layout);
+        pkt[off..off + 4].copy_from_slice(&crc.to_le_bytes());
+        return;
+    }
     pkt[off..off + 2].fill(0);
     let mut sum = l4_checksum(pkt, &layout);
     if sum == 0 && layout.proto == proto::UDP {
@@ -254,11 +326,38 @@ pub fn checksums_valid(pkt: &[u8]) -> bool {
     };
     let ip_ok = layout.ipv6 || checksum(&[&pkt[ETH_HLEN..layout.l4]]) == 0;
     let off = layout.l4_checksum();
+    if layout.proto == proto::SCTP {
+        return ip_ok
+            && pkt
+                .get(off..off + 4)
+                .is_some_and(|f| f == sctp_crc32c(pkt, &layout).to_le_bytes());
+    }
     let Some(field) = pkt.get(off..off + 2) else {
         return false;
     };
     let udp_none = layout.proto == proto::UDP && field == [0, 0];
     ip_ok && (udp_none || l4_checksum(pkt, &layout) == 0)
+}
+
+/// SCTP's CRC32c (RFC 9260 appendix A) over the packet, its checksum field
+/// taken as zero; stored little-endian. No pseudo-header: addresses are
+/// not covered.
+fn sctp_crc32c(pkt: &[u8], layout: &Layout) -> u32 {
+    let end = l4_end(pkt, layout);
+    let mut l4 = pkt[layout.l4..end].to_vec();
+    l4[8..12].fill(0);
+    crc32c::crc32c(&l4)
+}
+
+/// Where the IP datagram ends (its header's length, within the frame).
+fn l4_end(pkt: &[u8], layout: &Layout) -> usize {
+    let ip = &pkt[ETH_HLEN..];
+    let end = if layout.ipv6 {
+        ETH_HLEN + IPV6_HLEN + u16::from_be_bytes([ip[4], ip[5]]) as usize
+    } else {
+        ETH_HLEN + u16::from_be_bytes([ip[2], ip[3]]) as usize
+    };
+    end.min(pkt.len())
 }
 
 /// The checksum over the L4 segment and its pseudo-header (RFC 793, RFC

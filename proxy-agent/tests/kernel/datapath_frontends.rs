@@ -40,38 +40,38 @@ use crate::tester::{
 use Hook::{FromNetdev, FromPod, Xdp};
 
 /// A node's addresses, its neighbours' and its services' in one family.
-struct Net {
-    node: IpAddr,
-    peer_node: IpAddr,
-    client: IpAddr,
-    other_client: IpAddr,
-    local_pod: IpAddr,
-    local_backend: IpAddr,
-    remote_backend: IpAddr,
+pub(crate) struct Net {
+    pub node: IpAddr,
+    pub peer_node: IpAddr,
+    pub client: IpAddr,
+    pub other_client: IpAddr,
+    pub local_pod: IpAddr,
+    pub local_backend: IpAddr,
+    pub remote_backend: IpAddr,
     /// The cluster IP of most ClusterIP scenarios.
-    cluster_ip: IpAddr,
+    pub cluster_ip: IpAddr,
     /// This node's pods.
-    pod_cidr: &'static str,
+    pub pod_cidr: &'static str,
     /// The peer node's pods, routed through it.
-    remote_pods: &'static str,
+    pub remote_pods: &'static str,
     /// The prefix length of the lan the node, the peer and the client share.
-    lan_prefix: u8,
+    pub lan_prefix: u8,
     /// The cluster's service CIDR: every service address here is inside it.
-    service_cidr: &'static str,
+    pub service_cidr: &'static str,
     /// The datapath's flag for detect-local by CIDR in this family.
-    detect_local_by_cidr: u32,
+    pub detect_local_by_cidr: u32,
     /// Service address `n` (cluster IPs).
-    service_at: fn(u8) -> IpAddr,
+    pub service_at: fn(u8) -> IpAddr,
     /// Address `n` of the lan's external range (LB and external IPs).
-    external_at: fn(u8) -> IpAddr,
+    pub external_at: fn(u8) -> IpAddr,
 }
 
 impl Net {
-    fn service(&self, n: u8) -> IpAddr {
+    pub fn service(&self, n: u8) -> IpAddr {
         (self.service_at)(n)
     }
 
-    fn external(&self, n: u8) -> IpAddr {
+    pub fn external(&self, n: u8) -> IpAddr {
         (self.external_at)(n)
     }
 }
@@ -84,7 +84,7 @@ const fn v6(net: u16, host: u16) -> IpAddr {
     IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, net, 0, 0, 0, 0, host))
 }
 
-const IPV4: Net = Net {
+pub(crate) const IPV4: Net = Net {
     node: v4(0, 1),
     peer_node: v4(0, 2),
     client: v4(0, 100),
@@ -102,7 +102,7 @@ const IPV4: Net = Net {
     external_at: |n| v4(3, n),
 };
 
-const IPV6: Net = Net {
+pub(crate) const IPV6: Net = Net {
     node: v6(0, 1),
     peer_node: v6(0, 2),
     client: v6(0, 0x100),
@@ -139,10 +139,10 @@ in_both_families!(
     affinity_keeps_to_the_endpoints_the_traffic_policy_allows,
 );
 
-const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
-const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x22];
-const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x64];
-const TARGET: u16 = 8080;
+pub(crate) const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+pub(crate) const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x22];
+pub(crate) const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x64];
+pub(crate) const TARGET: u16 = 8080;
 /// Pod runs arrive on this interface (the namespace's loopback).
 const POD_IFINDEX: u32 = 1;
 
@@ -183,15 +183,15 @@ fn private_node_namespace(net: &Net) -> u32 {
 }
 
 /// A node, its services, and the packets that go through it.
-struct Scenario<'n> {
-    net: &'n Net,
-    config: DatapathConfig,
-    services: Vec<DesiredService>,
-    steps: Vec<Step>,
+pub(crate) struct Scenario<'n> {
+    pub net: &'n Net,
+    pub config: DatapathConfig,
+    pub services: Vec<DesiredService>,
+    pub steps: Vec<Step>,
 }
 
 impl Scenario<'_> {
-    fn run(self) {
+    pub fn run(self) {
         let mut node = node(self.net, self.config);
         node.program(self.services);
         node.play(self.steps);
@@ -271,11 +271,11 @@ fn masquerading(flags: u32) -> DatapathConfig {
 }
 
 /// Masquerade to the node, pods detected by the pod CIDR.
-fn standard(net: &Net) -> DatapathConfig {
+pub(crate) fn standard(net: &Net) -> DatapathConfig {
     masquerading(net.detect_local_by_cidr)
 }
 
-fn spn(name: &str, protocol: Protocol) -> ServicePortName {
+pub(crate) fn spn(name: &str, protocol: Protocol) -> ServicePortName {
     ServicePortName {
         namespace: "e2e".into(),
         name: name.into(),
@@ -284,7 +284,7 @@ fn spn(name: &str, protocol: Protocol) -> ServicePortName {
     }
 }
 
-fn endpoint(ip: IpAddr, local: bool) -> Endpoint {
+pub(crate) fn endpoint(ip: IpAddr, local: bool) -> Endpoint {
     Endpoint {
         is_local: local,
         ..Endpoint::new(ip, TARGET)
@@ -292,7 +292,7 @@ fn endpoint(ip: IpAddr, local: bool) -> Endpoint {
 }
 
 /// An externally reachable service port: NodePort `node_port` plus the given LB and external IPs.
-fn external(
+pub(crate) fn external(
     name: &str,
     protocol: Protocol,
     vip: IpAddr,
@@ -308,7 +308,7 @@ fn external(
 }
 
 /// A ClusterIP service port `vip:port` of `protocol`.
-fn cluster_ip(
+pub(crate) fn cluster_ip(
     name: &str,
     protocol: Protocol,
     vip: IpAddr,

@@ -17,6 +17,7 @@ mod datapath_frontends;
 mod datapath_ipv6;
 mod datapath_kernel;
 mod datapath_maglev;
+mod datapath_sctp;
 mod explain;
 mod explain_ipv6;
 mod fuzz_datapath;

@@ -197,6 +197,9 @@ pub enum Out {
     /// The input with only addresses, ports and checksums rewritten, to
     /// exactly this frame, and the checksums verify.
     Rewritten(Frame),
+    /// [`Out::Rewritten`], forwarded by this node: the Ethernet addresses
+    /// and the TTL (hop limit) may differ too.
+    Forwarded(Frame),
     /// [`Out::Rewritten`] to the input's frame with the destination one of
     /// these addresses, at this port.
     DnatToOneOf(Vec<IpAddr>, u16),
@@ -239,7 +242,8 @@ impl Out {
                 assert!(MASQUERADE_PORTS.contains(&port), "{what}: port {port}");
             }
             Out::Unchanged => assert_eq!(out, input, "{what}"),
-            Out::Rewritten(want) => assert_rewritten(input, out, *want, &what),
+            Out::Rewritten(want) => assert_rewritten(input, out, *want, &what, false),
+            Out::Forwarded(want) => assert_rewritten(input, out, *want, &what, true),
             Out::DnatToOneOf(backends, port) => {
                 let backend = Frame::parse(out)
                     .unwrap_or_else(|| panic!("{what}: no frame out"))
@@ -254,7 +258,7 @@ impl Out {
                     dport: *port,
                     ..req
                 };
-                assert_rewritten(input, out, want, &what);
+                assert_rewritten(input, out, want, &what, false);
             }
             Out::EthDst(mac) => assert_eq!(&out[0..6], mac, "{what}"),
             Out::EthSrc(mac) => assert_eq!(&out[6..12], mac, "{what}"),
@@ -284,8 +288,9 @@ fn layout(pkt: &[u8]) -> Layout {
 }
 
 /// Asserts `out` equals `input` except for the rewritten addresses, ports
-/// and checksums, and that the checksums verify.
-fn assert_rewritten(input: &[u8], out: &[u8], expect: Frame, what: &str) {
+/// and checksums (and, `forwarded`, the Ethernet addresses and the TTL),
+/// and that the checksums verify.
+fn assert_rewritten(input: &[u8], out: &[u8], expect: Frame, what: &str, forwarded: bool) {
     assert_eq!(out.len(), input.len(), "{what}");
     assert_eq!(Frame::parse(out), Some(expect), "{what}");
     assert!(
@@ -304,8 +309,18 @@ fn assert_rewritten(input: &[u8], out: &[u8], expect: Frame, what: &str) {
             ETH_HLEN + 10..ETH_HLEN + 20
         };
         let csum = layout.l4_checksum();
-        for range in [addresses, layout.l4..layout.l4 + 4, csum..csum + 2] {
+        // SCTP's CRC32c takes 4 bytes.
+        let csum_len = if layout.proto == proxy_common::proto::SCTP {
+            4
+        } else {
+            2
+        };
+        for range in [addresses, layout.l4..layout.l4 + 4, csum..csum + csum_len] {
             buf[range].fill(0);
+        }
+        if forwarded {
+            buf[0..12].fill(0);
+            buf[layout.ttl()] = 0;
         }
     }
     assert_eq!(
