@@ -699,3 +699,31 @@ fn maglev_shows_the_bucket_slot_and_endpoint_and_agrees_with_the_forwarding() {
     let v = o.json(&refs(&packet("tcp", POD_A, REMOTE_VIP, 80, "pod")));
     assert_eq!(v["maglev"], Value::Null);
 }
+
+#[test]
+fn sctp_is_explained_for_pods_and_outside_and_refused_for_the_node_itself() {
+    let o = Offline::new();
+    fs::write(
+        o.dir.path().join("signal.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: signal, namespace: e2e}\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.30\n  clusterIPs: [198.19.0.30]\n  ports:\n    - {name: sctp, protocol: SCTP, port: 80, targetPort: 8080, nodePort: 30090}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: signal-1\n  namespace: e2e\n  labels: {kubernetes.io/service-name: signal}\naddressType: IPv4\nports:\n  - {name: sctp, protocol: SCTP, port: 8080}\nendpoints:\n  - addresses: [198.18.2.10]\n    conditions: {ready: true}\n    nodeName: node-b\n",
+    )
+    .unwrap();
+    let vip = Ipv4Addr::new(198, 19, 0, 30);
+    let v = o.json(&refs(&packet("sctp", POD_A, vip, 80, "pod")));
+    assert_forwarded(&v, WEB_B, false);
+    assert_eq!(v["packet"]["protocol"], "sctp", "{v:#}");
+    assert_eq!(v["frontend"]["service"], "e2e/signal:sctp/SCTP", "{v:#}");
+
+    let v = o.json(&refs(&packet("sctp", CLIENT, NODE_A, 30090, "outside")));
+    assert_forwarded(&v, WEB_B, true);
+
+    // Another port of the cluster IP: an ICMP port unreachable, as upstream rejects SCTP.
+    let v = o.json(&refs(&packet("sctp", POD_A, vip, 81, "pod")));
+    assert_eq!(v["verdict"], "rejected", "{v:#}");
+    assert_eq!(v["reject"], "icmp_port_unreachable", "{v:#}");
+
+    assert_one_line_error(
+        &o.run(&refs(&packet("sctp", NODE_A, vip, 80, "host"))),
+        "--proto sctp --from host: the node's own SCTP connections are not balanced",
+    );
+}

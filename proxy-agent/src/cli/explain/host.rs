@@ -214,6 +214,7 @@ impl ProbeCgroup {
         let kind = match probe.proto {
             Proto::Tcp => libc::SOCK_STREAM | libc::SOCK_NONBLOCK,
             Proto::Udp => libc::SOCK_DGRAM,
+            Proto::Sctp => unreachable!("refused by Probe::check"),
         };
         join_cgroup(&self.path)?;
         let domain = if probe.is_ipv6() {
