@@ -15,6 +15,7 @@ pub mod cluster;
 pub mod echo;
 pub mod ethtool;
 pub mod netns;
+pub mod sctp;
 pub mod servers;
 pub mod xdp_pass;
 
