@@ -1,7 +1,7 @@
 //! SCTP in the real programs (BPF_PROG_TEST_RUN), in both families, on the
 //! one-armed node of `datapath_frontends`: an association to a cluster IP
-//! is translated both ways and tracked (INIT, INIT ACK, DATA, ABORT and a
-//! new INIT on the same ports), a NodePort from outside is masqueraded
+//! is translated both ways and tracked (INIT, INIT ACK, DATA, ABORT or the
+//! SHUTDOWN exchange, and a new INIT on the same ports), a NodePort from outside is masqueraded
 //! through XDP and through TC, and traffic without endpoints or to an
 //! unused port of a cluster IP gets an ICMP port unreachable, as upstream
 //! rejects SCTP. Every packet out is compared byte for byte with the one in
@@ -40,6 +40,9 @@ const INIT_ACK: &[u8] = &[
     0, 7, 0, 8, 0xc0, 0x0c, 0x1e, 0x00, // state cookie
 ];
 
+/// A SHUTDOWN ACK chunk.
+const SHUTDOWN_ACK: &[u8] = &[8, 0, 0, 4];
+
 fn sctp_service(net: &Net) -> DesiredService {
     cluster_ip(
         "signal",
@@ -55,6 +58,8 @@ fn an_association_to_a_cluster_ip_is_translated_both_ways_and_tracked(net: &Net)
     let to_backend = Frame::sctp(net.local_pod, 5000, net.remote_backend, TARGET);
     let data = sctp_chunk::data(1, b"hello, association");
     let abort = sctp_chunk::chunk(sctp_chunk::ABORT, 0, &[]);
+    let shutdown = sctp_chunk::chunk(sctp_chunk::SHUTDOWN, 0, &1u32.to_be_bytes());
+    let complete = sctp_chunk::chunk(sctp_chunk::SHUTDOWN_COMPLETE, 0, &[]);
     Scenario {
         net,
         config: standard(net),
@@ -100,6 +105,33 @@ fn an_association_to_a_cluster_ip_is_translated_both_ways_and_tracked(net: &Net)
                 [Forwarded(to_backend)],
             ),
             counters([(Counter::Reopened, 1), (Counter::NewFlow, 2)]),
+            // A graceful end: SHUTDOWN, SHUTDOWN ACK, SHUTDOWN COMPLETE; then
+            // an INIT on the same ports is a new association too.
+            send(
+                FromPod,
+                pkt(init, &shutdown),
+                TC_ACT_REDIRECT,
+                [Forwarded(to_backend)],
+            ),
+            send(
+                FromNetdev,
+                In::Reply(SHUTDOWN_ACK),
+                TC_ACT_OK,
+                [Forwarded(init.reply())],
+            ),
+            send(
+                FromPod,
+                pkt(init, &complete),
+                TC_ACT_REDIRECT,
+                [Forwarded(to_backend)],
+            ),
+            send(
+                FromPod,
+                pkt(init, b""),
+                TC_ACT_REDIRECT,
+                [Forwarded(to_backend)],
+            ),
+            counters([(Counter::Reopened, 2), (Counter::NewFlow, 3)]),
         ],
     }
     .run();
