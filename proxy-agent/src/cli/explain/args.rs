@@ -367,7 +367,7 @@ mod tests {
         );
         assert_eq!(
             err("--manifests m --src 10.0.0.1 --dst 10.0.0.2 --dport 80 --proto icmp --from pod"),
-            "--proto: \"icmp\" must be tcp or udp"
+            "--proto: \"icmp\" must be tcp, udp or sctp"
         );
         assert_eq!(
             err("--manifests m --src 10.0.0.1 --dst 10.0.0.2 --dport 80 --proto tcp --from moon"),
