@@ -250,7 +250,7 @@ fn health_check_node_ports_follow_endpoints_and_nodes_drain_on_deletion() {
     let conntrack_size = log_a
         .split("conntrack: ")
         .nth(1)
-        .and_then(|rest| rest.split(' ').next())
+        .and_then(|rest| rest.split([' ', ',']).next())
         .and_then(|n| n.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no map sizes in the log\n{log_a}"));
     assert_eq!(

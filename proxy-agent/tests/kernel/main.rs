@@ -23,5 +23,6 @@ mod explain_ipv6;
 mod fuzz_datapath;
 mod introspect_fill;
 mod monitor_events;
+mod nftables_rules;
 mod pins_migration;
 mod upstream_flows;

@@ -39,20 +39,7 @@ use crate::{
 pub const SNAT_PORT_MIN: u16 = 61_000;
 pub const SNAT_PORT_MAX: u16 = 65_535;
 
-/// How local pod traffic is recognised (`detectLocalMode`). By CIDR, each
-/// family has a detector of its own, as upstream's per-family proxiers do:
-/// a family without a CIDR has none (upstream's no-op detector).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DetectLocal {
-    /// No detection (ClusterCIDR mode without any cluster CIDR).
-    None,
-    /// `clusterCIDR`, both families.
-    ClusterCidr(Vec<IpNet>),
-    /// The Node's podCIDRs, both families.
-    NodeCidr,
-    BridgeInterface(String),
-    InterfaceNamePrefix(String),
-}
+pub use crate::modes::detect_local::DetectLocal;
 
 /// The options that shape the ebpf mode's node facts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,23 +78,7 @@ impl SocketLbSettings {
 impl EbpfNodeSettings {
     pub fn from_options(opts: &ProxyOptions) -> Self {
         let config = &opts.config;
-        let detect_local = match config.detect_local_mode.as_str() {
-            "NodeCIDR" => DetectLocal::NodeCidr,
-            "BridgeInterface" => {
-                DetectLocal::BridgeInterface(config.detect_local.bridge_interface.clone())
-            }
-            "InterfaceNamePrefix" => {
-                DetectLocal::InterfaceNamePrefix(config.detect_local.interface_name_prefix.clone())
-            }
-            _ => {
-                let cidrs: Vec<IpNet> = opts.cluster_cidrs().iter().map(IpNet::trunc).collect();
-                if cidrs.is_empty() {
-                    DetectLocal::None
-                } else {
-                    DetectLocal::ClusterCidr(cidrs)
-                }
-            }
-        };
+        let detect_local = DetectLocal::from_options(opts);
         EbpfNodeSettings {
             // The CPU count only sizes the table, which is not used here.
             conntrack: conntrack_params(config, &opts.ebpf, 1),

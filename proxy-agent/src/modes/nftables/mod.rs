@@ -1,9 +1,13 @@
-//! The nftables mode (upstream's nftables proxier): probe and cleanup today;
-//! the proxier itself is not implemented yet.
+//! The nftables mode (upstream's nftables proxier): the `kube-proxy` table
+//! of each family written from the model (`ruleset`) in one transaction per
+//! sync (`nft`), and its cleanup.
 
 pub mod cleanup;
+pub mod nft;
+pub mod proxier;
+pub mod ruleset;
 
-use super::{CleanupTools, HostFeed, Mode, Running, not_implemented, tool_works};
+use super::{CleanupTools, HostFeed, Mode, Running, boxed, tool_works};
 use crate::{
     cleanup::Report,
     options::{ProxyMode, ProxyOptions},
@@ -29,7 +33,16 @@ impl Mode for NftablesMode {
         cleanup::cleanup(tools.run, report);
     }
 
-    fn start(&self, _: &ProxyOptions, _: HostFeed<'_>) -> anyhow::Result<Running> {
-        Err(not_implemented(self.kind()))
+    fn start(&self, opts: &ProxyOptions, _: HostFeed<'_>) -> anyhow::Result<Running> {
+        self.probe().map_err(anyhow::Error::msg)?;
+        let proxier = proxier::NftablesProxier::new(proxier::NftSettings::from_options(opts));
+        Ok(Running {
+            proxier: boxed(proxier),
+            families: crate::model::IpFamily::BOTH.to_vec(),
+            metrics: None,
+            background: Box::pin(futures::future::pending()),
+            // As upstream: the rules stay when the agent stops; `--cleanup` removes them.
+            stop: Box::new(|| {}),
+        })
     }
 }

@@ -1,0 +1,325 @@
+//! An nftables transaction, as upstream's knftables models one: objects of
+//! one table (chains, sets, maps, their elements, rules) added, flushed or
+//! deleted, rendered into one `nft -f -` script so the kernel applies it
+//! atomically. The rule bodies are nft's own syntax, as knftables takes
+//! them; everything else (quoting, the table and family on every command)
+//! is rendered here and nowhere else.
+//!
+//! Why not the `nftables` crate (nft's JSON schema): upstream's rules are
+//! written in nft's syntax, and keeping that syntax makes ours comparable
+//! with upstream's, line by line; `nft -f` applies a script as one
+//! transaction all the same.
+
+use std::{
+    fmt::Write as _,
+    io::Write as _,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
+
+/// The nftables family of one IP family's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Ip,
+    Ip6,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Ip => "ip",
+            Family::Ip6 => "ip6",
+        }
+    }
+
+    /// `ip` or `ip6`, as in `ip daddr`.
+    pub fn expr(self) -> &'static str {
+        self.name()
+    }
+
+    /// The model's family.
+    pub fn ip_family(self) -> crate::model::IpFamily {
+        match self {
+            Family::Ip => crate::model::IpFamily::V4,
+            Family::Ip6 => crate::model::IpFamily::V6,
+        }
+    }
+
+    /// The address type of sets and maps.
+    pub fn addr_type(self) -> &'static str {
+        match self {
+            Family::Ip => "ipv4_addr",
+            Family::Ip6 => "ipv6_addr",
+        }
+    }
+}
+
+/// A base chain's hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseChain {
+    /// `filter` or `nat`.
+    pub kind: &'static str,
+    pub hook: &'static str,
+    /// As nft reads it (a number: `-110`).
+    pub priority: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Object {
+    Table {
+        comment: String,
+    },
+    Chain {
+        name: String,
+        base: Option<BaseChain>,
+        comment: Option<String>,
+    },
+    /// A set; `flags` and `timeout_s` only for affinity sets.
+    Set {
+        name: String,
+        kind: String,
+        flags: Vec<&'static str>,
+        timeout_s: Option<u32>,
+        comment: Option<String>,
+    },
+    Map {
+        name: String,
+        kind: String,
+        comment: Option<String>,
+    },
+    Element {
+        set: String,
+        key: Vec<String>,
+        value: Option<String>,
+        comment: Option<String>,
+    },
+    Rule {
+        chain: String,
+        rule: String,
+        comment: Option<String>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Op {
+    Add(Object),
+    Flush(Object),
+    Delete(Object),
+}
+
+/// Operations on one table, applied all or nothing.
+#[derive(Clone, Debug)]
+pub struct Transaction {
+    family: Family,
+    table: String,
+    ops: Vec<Op>,
+}
+
+impl Transaction {
+    pub fn new(family: Family, table: &str) -> Self {
+        Self {
+            family,
+            table: table.into(),
+            ops: Vec::new(),
+        }
+    }
+
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    pub fn add(&mut self, o: Object) {
+        self.ops.push(Op::Add(o));
+    }
+
+    pub fn flush(&mut self, o: Object) {
+        self.ops.push(Op::Flush(o));
+    }
+
+    pub fn delete(&mut self, o: Object) {
+        self.ops.push(Op::Delete(o));
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The `nft -f` script.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let at = format!("{} {}", self.family.name(), self.table);
+        for op in &self.ops {
+            let (verb, o) = match op {
+                Op::Add(o) => ("add", o),
+                Op::Flush(o) => ("flush", o),
+                Op::Delete(o) => ("delete", o),
+            };
+            let _ = match o {
+                Object::Table { comment } => match op {
+                    Op::Add(_) => writeln!(out, "add table {at} {{ comment {}; }}", quote(comment)),
+                    _ => writeln!(out, "{verb} table {at}"),
+                },
+                Object::Chain {
+                    name,
+                    base,
+                    comment,
+                } => match (op, base) {
+                    (Op::Add(_), Some(b)) => writeln!(
+                        out,
+                        "add chain {at} {name} {{ type {} hook {} priority {}; }}",
+                        b.kind, b.hook, b.priority
+                    ),
+                    (Op::Add(_), None) => match comment {
+                        Some(c) => {
+                            writeln!(out, "add chain {at} {name} {{ comment {}; }}", quote(c))
+                        }
+                        None => writeln!(out, "add chain {at} {name}"),
+                    },
+                    _ => writeln!(out, "{verb} chain {at} {name}"),
+                },
+                Object::Set {
+                    name,
+                    kind,
+                    flags,
+                    timeout_s,
+                    comment,
+                } => match op {
+                    Op::Add(_) => {
+                        let mut body = format!("type {kind};");
+                        if !flags.is_empty() {
+                            let _ = write!(body, " flags {};", flags.join(","));
+                        }
+                        if let Some(t) = timeout_s {
+                            let _ = write!(body, " timeout {t}s;");
+                        }
+                        if let Some(c) = comment {
+                            let _ = write!(body, " comment {};", quote(c));
+                        }
+                        writeln!(out, "add set {at} {name} {{ {body} }}")
+                    }
+                    _ => writeln!(out, "{verb} set {at} {name}"),
+                },
+                Object::Map {
+                    name,
+                    kind,
+                    comment,
+                } => match op {
+                    Op::Add(_) => {
+                        let comment = comment
+                            .as_ref()
+                            .map(|c| format!(" comment {};", quote(c)))
+                            .unwrap_or_default();
+                        writeln!(out, "add map {at} {name} {{ type {kind};{comment} }}")
+                    }
+                    _ => writeln!(out, "{verb} map {at} {name}"),
+                },
+                Object::Element {
+                    set,
+                    key,
+                    value,
+                    comment,
+                } => {
+                    let mut e = key.join(" . ");
+                    if let Some(c) = comment {
+                        let _ = write!(e, " comment {}", quote(c));
+                    }
+                    if let Some(v) = value {
+                        let _ = write!(e, " : {v}");
+                    }
+                    writeln!(out, "{verb} element {at} {set} {{ {e} }}")
+                }
+                Object::Rule {
+                    chain,
+                    rule,
+                    comment,
+                } => {
+                    let comment = comment
+                        .as_ref()
+                        .map(|c| format!(" comment {}", quote(c)))
+                        .unwrap_or_default();
+                    writeln!(out, "{verb} rule {at} {chain} {rule}{comment}")
+                }
+            };
+        }
+        out
+    }
+
+    /// Applies the transaction with `nft -f -` in this thread's network namespace.
+    pub fn run(&self) -> anyhow::Result<()> {
+        let script = self.render();
+        let mut child = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running nft")?;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(script.as_bytes())
+            .context("writing the transaction to nft")?;
+        let out = child.wait_with_output().context("waiting for nft")?;
+        if !out.status.success() {
+            bail!(
+                "nft refused the transaction ({} operations): {}",
+                self.ops.len(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A comment or string as nft reads it (double quotes; nft has no escapes,
+/// so a double quote inside becomes a single one).
+fn quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "'"))
+}
+
+/// The chains and sets of `table` in `family`, from `nft -j list table`;
+/// empty when the table does not exist.
+pub fn list(family: Family, table: &str) -> anyhow::Result<Listing> {
+    let out = Command::new("nft")
+        .args(["-j", "list", "table", family.name(), table])
+        .stdin(Stdio::null())
+        .output()
+        .context("running nft")?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        if err.contains("No such file or directory") {
+            return Ok(Listing::default());
+        }
+        bail!("nft list table {} {table}: {}", family.name(), err.trim());
+    }
+    Listing::parse(&out.stdout)
+}
+
+/// The names of the chains and sets (maps apart) of one table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listing {
+    pub chains: Vec<String>,
+    pub sets: Vec<String>,
+}
+
+impl Listing {
+    pub fn parse(json: &[u8]) -> anyhow::Result<Self> {
+        let v: serde_json::Value = serde_json::from_slice(json).context("nft's JSON listing")?;
+        let mut listing = Listing::default();
+        for item in v["nftables"].as_array().into_iter().flatten() {
+            if let Some(name) = item["chain"]["name"].as_str() {
+                listing.chains.push(name.to_owned());
+            }
+            if let Some(name) = item["set"]["name"].as_str() {
+                listing.sets.push(name.to_owned());
+            }
+        }
+        Ok(listing)
+    }
+}

@@ -1,0 +1,166 @@
+//! The nftables proxier: each sync writes both families' `kube-proxy`
+//! tables in one `nft` transaction each, from the model, as upstream's
+//! nftables proxier does (a full rewrite of its maps and the chains of
+//! every service; stale service chains are flushed, then deleted by a sync
+//! at least a second later, when no map element can still name them).
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use super::{
+    nft::{self, Family, Object},
+    ruleset::{self, LocalDetector, NodeRules, TABLE},
+};
+use crate::{
+    model::{DesiredState, NodeModel},
+    modes::ebpf::node::DetectLocal,
+    options::{NodePortAddresses, ProxyOptions},
+    sync::{Proxier, SyncChanges},
+};
+
+/// The settings every sync applies, from the options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NftSettings {
+    pub masquerade_mark: u32,
+    pub masquerade_all: bool,
+    pub detect_local: DetectLocal,
+    /// `nodePortAddresses` is empty: NodePorts on every local address.
+    pub node_ports_everywhere: bool,
+}
+
+impl NftSettings {
+    pub fn from_options(opts: &ProxyOptions) -> Self {
+        let bit = opts.masquerade_bit().clamp(0, 31) as u32;
+        NftSettings {
+            masquerade_mark: 1 << bit,
+            masquerade_all: opts.masquerade_all(),
+            detect_local: DetectLocal::from_options(opts),
+            node_ports_everywhere: matches!(opts.node_port_addresses(), NodePortAddresses::All),
+        }
+    }
+
+    /// One family's node-dependent part of the ruleset.
+    pub fn node_rules(&self, family: Family, node: &NodeModel) -> NodeRules {
+        let of_family = |a: &IpAddr| match family {
+            Family::Ip => a.is_ipv4(),
+            Family::Ip6 => a.is_ipv6(),
+        };
+        let first_cidr = |cidrs: &[ipnet::IpNet]| {
+            cidrs
+                .iter()
+                .find(|c| of_family(&c.addr()))
+                .map_or(LocalDetector::None, |c| LocalDetector::Cidr(c.trunc()))
+        };
+        let local = match &self.detect_local {
+            DetectLocal::None => LocalDetector::None,
+            DetectLocal::ClusterCidr(cidrs) => first_cidr(cidrs),
+            DetectLocal::NodeCidr => first_cidr(&node.pod_cidrs),
+            DetectLocal::BridgeInterface(name) => LocalDetector::Bridge(name.clone()),
+            DetectLocal::InterfaceNamePrefix(p) => LocalDetector::InterfacePrefix(p.clone()),
+        };
+        NodeRules {
+            family,
+            masquerade_mark: self.masquerade_mark,
+            masquerade_all: self.masquerade_all,
+            local,
+            node_port_ips: (!self.node_ports_everywhere).then(|| {
+                node.node_port_addresses
+                    .iter()
+                    .copied()
+                    .filter(of_family)
+                    .collect()
+            }),
+            node_ip: match family {
+                Family::Ip => node.primary_ipv4.map(IpAddr::V4),
+                Family::Ip6 => node.primary_ipv6.map(IpAddr::V6),
+            },
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0:#}")]
+pub struct NftSyncError(anyhow::Error);
+
+/// Both families' proxiers.
+pub struct NftablesProxier {
+    settings: NftSettings,
+    /// Service chains no longer used, by family, and since when.
+    stale: BTreeMap<&'static str, BTreeMap<String, Instant>>,
+}
+
+/// Stale chains wait this long before they are deleted (upstream's second:
+/// before Linux 6.2 the kernel notices a chain is unreferenced a moment
+/// after the map element naming it went).
+const STALE_DELAY: Duration = Duration::from_secs(1);
+
+impl NftablesProxier {
+    pub fn new(settings: NftSettings) -> Self {
+        Self {
+            settings,
+            stale: BTreeMap::new(),
+        }
+    }
+
+    fn sync_family(&mut self, family: Family, desired: &DesiredState) -> anyhow::Result<()> {
+        let stale = self.stale.entry(family.name()).or_default();
+        let now = Instant::now();
+        let expired: Vec<String> = stale
+            .iter()
+            .filter(|(_, since)| now.duration_since(**since) >= STALE_DELAY)
+            .map(|(c, _)| c.clone())
+            .collect();
+        if !expired.is_empty() {
+            let mut tx = nft::Transaction::new(family, TABLE);
+            for c in &expired {
+                tx.delete(Object::Chain {
+                    name: c.clone(),
+                    base: None,
+                    comment: None,
+                });
+            }
+            match tx.run() {
+                Ok(()) => tracing::debug!(
+                    family = family.name(),
+                    chains = expired.len(),
+                    "deleted stale nftables chains"
+                ),
+                // Left for the next sync, as upstream does.
+                Err(e) => {
+                    tracing::warn!(family = family.name(), error = %format!("{e:#}"), "could not delete stale nftables chains; will retry")
+                }
+            }
+            for c in &expired {
+                stale.remove(c);
+            }
+        }
+        let listing = nft::list(family, TABLE)?;
+        let node = self.settings.node_rules(family, &desired.node);
+        let (tx, written) = ruleset::build(&node, desired, &listing);
+        tx.run()?;
+        for c in listing.chains.iter().filter(|c| c.contains('/')) {
+            if written.chains.contains(c) {
+                stale.remove(c);
+            } else {
+                stale.entry(c.clone()).or_insert(now);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Proxier for NftablesProxier {
+    type Error = NftSyncError;
+
+    fn sync(&mut self, desired: &DesiredState, _: &SyncChanges) -> Result<(), Self::Error> {
+        for family in [Family::Ip, Family::Ip6] {
+            self.sync_family(family, desired).map_err(|e| {
+                NftSyncError(e.context(format!("syncing the {} {TABLE} table", family.name())))
+            })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,163 @@
+//! The nftables mode's tables in the real kernel: the ruleset the model
+//! gives (every frontend kind, traffic policies, affinity, source ranges,
+//! services without endpoints, service CIDRs) is accepted by nft in one
+//! transaction per family, a second sync replaces it, a service that goes
+//! leaves its chains flushed and then deleted, and the table names and
+//! chain names are upstream's. In a private network namespace. Needs root.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    process::Command,
+    time::Duration,
+};
+
+use proxy_agent::{
+    model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName, SessionAffinity},
+    modes::{
+        detect_local::DetectLocal,
+        nftables::proxier::{NftSettings, NftablesProxier},
+    },
+    sync::{Proxier, SyncChanges},
+};
+
+fn spn(name: &str, protocol: Protocol) -> ServicePortName {
+    ServicePortName {
+        namespace: "ns1".into(),
+        name: name.into(),
+        port_name: "p80".into(),
+        protocol,
+    }
+}
+
+fn v4(c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(198, 18, c, d))
+}
+
+fn state() -> DesiredState {
+    let eps = vec![
+        Endpoint::new(v4(2, 10), 8080),
+        Endpoint::new("2001:db8:2::10".parse().unwrap(), 8080),
+    ];
+    let web = DesiredService {
+        node_port: Some(30080),
+        external_ips: vec![v4(3, 30)],
+        load_balancer_ips: vec![v4(3, 20)],
+        load_balancer_source_ranges: vec!["198.18.0.0/24".parse().unwrap()],
+        session_affinity: SessionAffinity::ClientIp {
+            timeout_seconds: 10_800,
+        },
+        ..DesiredService::cluster_ip(
+            spn("web", Protocol::Tcp),
+            vec![
+                "198.19.0.10".parse().unwrap(),
+                "2001:db8:ffff::10".parse().unwrap(),
+            ],
+            80,
+            eps,
+        )
+    };
+    let local = DesiredService {
+        node_port: Some(30081),
+        external_policy_local: true,
+        local_endpoints: vec![Endpoint {
+            is_local: true,
+            ..Endpoint::new(v4(1, 10), 8080)
+        }],
+        ..DesiredService::cluster_ip(
+            spn("local", Protocol::Udp),
+            vec!["198.19.0.11".parse().unwrap()],
+            53,
+            vec![
+                Endpoint::new(v4(1, 10), 8080),
+                Endpoint::new(v4(2, 11), 8080),
+            ],
+        )
+    };
+    let empty = DesiredService::cluster_ip(
+        spn("empty", Protocol::Sctp),
+        vec!["198.19.0.12".parse().unwrap()],
+        80,
+        Vec::new(),
+    );
+    DesiredState {
+        services: [web, local, empty]
+            .into_iter()
+            .map(|s| (s.name.clone(), s))
+            .collect(),
+        service_cidrs: [
+            "198.19.0.0/16".parse().unwrap(),
+            "2001:db8:ffff::/108".parse().unwrap(),
+        ]
+        .into(),
+        ..DesiredState::default()
+    }
+}
+
+fn nft(args: &[&str]) -> String {
+    let out = Command::new("nft").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "nft {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_model_becomes_upstreams_tables_and_stale_chains_go() {
+    std::thread::spawn(|| {
+        // SAFETY: unshare affects only this thread; nft runs as its child.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        let mut proxier = NftablesProxier::new(NftSettings {
+            masquerade_mark: 1 << 14,
+            masquerade_all: false,
+            detect_local: DetectLocal::ClusterCidr(vec!["198.18.0.0/16".parse().unwrap()]),
+            node_ports_everywhere: true,
+        });
+        let full = SyncChanges {
+            full: true,
+            ..Default::default()
+        };
+        let s = state();
+        proxier.sync(&s, &full).expect("the first sync");
+        let table = nft(&["list", "table", "ip", "kube-proxy"]);
+        for want in [
+            "chain nat-prerouting",
+            "type nat hook prerouting priority dstnat; policy accept;",
+            "chain filter-output-post-dnat",
+            "masquerade fully-random",
+            "meta mark set meta mark | 0x00004000",
+            "198.19.0.10 . tcp . 80 : goto service-",
+            "tcp . 30080 : goto external-",
+            "198.19.0.12 . sctp . 80 comment \"ns1/empty:p80/SCTP\" : goto reject-chain",
+            "ip daddr 198.19.0.0/16 drop",
+            "ip saddr != 198.18.0.0/24 drop",
+            "numgen random mod 2 vmap",
+            "dnat to 198.18.2.10:8080",
+            "short-circuit pod traffic",
+            "set affinity-",
+        ] {
+            assert!(table.contains(want), "{want:?} missing from\n{table}");
+        }
+        let table6 = nft(&["list", "table", "ip6", "kube-proxy"]);
+        assert!(table6.contains("dnat to [2001:db8:2::10]:8080"), "{table6}");
+
+        // The same state again: accepted, unchanged.
+        proxier.sync(&s, &full).expect("a second sync");
+        assert_eq!(nft(&["list", "table", "ip", "kube-proxy"]), table);
+
+        // A service goes: its chains are emptied now, deleted by a sync a second later.
+        let mut fewer = s.clone();
+        fewer.services.retain(|k, _| k.name != "web");
+        proxier.sync(&fewer, &full).expect("the sync without web");
+        let after = nft(&["list", "table", "ip", "kube-proxy"]);
+        assert!(!after.contains("198.19.0.10 . tcp"), "{after}");
+        std::thread::sleep(Duration::from_millis(1_100));
+        proxier.sync(&fewer, &full).expect("the next sync");
+        let chains = nft(&["list", "chains", "ip"]);
+        assert!(!chains.contains("ns1/web/tcp/p80"), "{chains}");
+        assert!(chains.contains("ns1/local/udp/p80"), "{chains}");
+    })
+    .join()
+    .unwrap();
+}
