@@ -27,6 +27,7 @@ mod e2e_cluster;
 mod e2e_clusterip;
 mod e2e_dual_stack;
 mod e2e_host_network;
+mod e2e_nftables;
 mod e2e_restart;
 mod e2e_sctp;
 mod explain;
