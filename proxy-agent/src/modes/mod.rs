@@ -4,6 +4,7 @@
 //! sync engine, plus whatever the mode keeps doing beside syncs). The agent's
 //! runtime only talks to this interface.
 
+pub mod conntrack;
 pub mod detect_local;
 pub mod ebpf;
 pub mod iptables;

@@ -124,6 +124,42 @@ fn nftables_mode_serves_cluster_ips_and_node_ports_and_rejects_without_endpoints
     assert!(sources.contains(&tb.pod("client").ip), "{sources:?}");
     assert!(!sources.contains(&EXTERNAL_CLIENT_IP), "{sources:?}");
 
+    // A backend leaves: its UDP flows are deleted from conntrack.
+    let gone = tb.pod(BACKENDS[1]).ip;
+    let with_gone = |flows: &[proxy_agent::modes::conntrack::Flow]| {
+        flows
+            .iter()
+            .filter(|f| f.proto == 17 && f.reply_src.ip() == std::net::IpAddr::V4(gone))
+            .count()
+    };
+    let udp_flows = || {
+        netns::run_in(&tb.node_ns, || {
+            proxy_agent::modes::conntrack::dump(proxy_agent::model::IpFamily::V4).unwrap()
+        })
+        .unwrap()
+    };
+    assert!(
+        with_gone(&udp_flows()) > 0,
+        "UDP flows to {gone} before it leaves"
+    );
+    let slice = fs::read_to_string(manifests.join("slice.yaml")).unwrap();
+    let kept: String = slice
+        .split("  - addresses:")
+        .filter(|part| !part.contains(&format!("[{gone}]")))
+        .collect::<Vec<_>>()
+        .join("  - addresses:");
+    fs::write(manifests.join("slice.yaml.tmp"), kept).unwrap();
+    fs::rename(
+        manifests.join("slice.yaml.tmp"),
+        manifests.join("slice.yaml"),
+    )
+    .unwrap();
+    wait_for(
+        Duration::from_secs(20),
+        "the UDP flows of the gone backend deleted",
+        || (with_gone(&udp_flows()) == 0).then_some(()),
+    );
+
     // Refused at once: no endpoints, and another port of a cluster IP. A
     // real node routes the service range somewhere (its default route);
     // without a route the node would answer "unreachable" before nftables

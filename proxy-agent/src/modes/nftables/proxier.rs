@@ -160,6 +160,18 @@ impl Proxier for NftablesProxier {
             self.sync_family(family, desired).map_err(|e| {
                 NftSyncError(e.context(format!("syncing the {} {TABLE} table", family.name())))
             })?;
+            // As upstream, after the rules: a failure is logged, not fatal.
+            match crate::modes::conntrack::clean_stale_udp(family.ip_family(), desired) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    family = family.name(),
+                    flows = n,
+                    "deleted stale UDP conntrack entries"
+                ),
+                Err(e) => {
+                    tracing::warn!(family = family.name(), error = %e, "could not clean stale UDP conntrack entries")
+                }
+            }
         }
         Ok(())
     }

@@ -1,0 +1,328 @@
+//! The kernel's conntrack table, for the modes that NAT with it (nftables,
+//! iptables): UDP flows never end on their own, so after each sync the
+//! flows to a service that no longer lead to one of its endpoints are
+//! deleted, as upstream's `conntrack.CleanStaleEntries` does — a flow to a
+//! service address whose endpoint left, and a flow that was not translated
+//! because the service had no endpoint when it began but has one now.
+//! Through netlink (`netlink-packet-netfilter`), as upstream.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io,
+    net::{IpAddr, SocketAddr},
+};
+
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+    conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Protocol, Tuple},
+};
+use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_NETFILTER};
+
+use crate::model::{DesiredState, IpFamily, Protocol as SvcProtocol};
+
+/// One conntrack entry as the cleanup sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Flow {
+    pub proto: u8,
+    /// The original direction: client to the address it asked for.
+    pub orig_src: SocketAddr,
+    pub orig_dst: SocketAddr,
+    /// Where the reply comes from: the endpoint after DNAT (the original
+    /// destination when nothing translated it).
+    pub reply_src: SocketAddr,
+}
+
+/// The UDP flows of `desired`'s services that no longer reach an endpoint.
+pub fn stale_udp(desired: &DesiredState, flows: &[Flow]) -> Vec<Flow> {
+    // Service address:port (cluster, external, LB) and node ports, each with
+    // the endpoints it may reach.
+    let mut by_addr: BTreeMap<SocketAddr, BTreeSet<SocketAddr>> = BTreeMap::new();
+    let mut by_node_port: BTreeMap<u16, BTreeSet<SocketAddr>> = BTreeMap::new();
+    for svc in desired
+        .services
+        .values()
+        .filter(|s| s.protocol == SvcProtocol::Udp)
+    {
+        let endpoints: BTreeSet<SocketAddr> = svc
+            .cluster_endpoints
+            .iter()
+            .chain(&svc.local_endpoints)
+            .map(|e| SocketAddr::new(e.ip, e.port))
+            .collect();
+        for ip in svc
+            .cluster_ips
+            .iter()
+            .chain(&svc.external_ips)
+            .chain(&svc.load_balancer_ips)
+        {
+            by_addr
+                .entry(SocketAddr::new(*ip, svc.port))
+                .or_default()
+                .extend(endpoints.iter().copied());
+        }
+        if let Some(np) = svc.node_port {
+            by_node_port
+                .entry(np)
+                .or_default()
+                .extend(endpoints.iter().copied());
+        }
+    }
+    flows
+        .iter()
+        .filter(|f| f.proto == proxy_common::proto::UDP)
+        .filter(|f| {
+            let endpoints = by_addr
+                .get(&f.orig_dst)
+                .or_else(|| by_node_port.get(&f.orig_dst.port()));
+            match endpoints {
+                None => false,
+                // Not translated: begun while the service had no endpoint.
+                Some(eps) if f.reply_src == f.orig_dst => !eps.is_empty(),
+                Some(eps) => !eps.contains(&f.reply_src),
+            }
+        })
+        .cloned()
+        .collect()
+}
+
+/// Deletes the stale UDP flows of `desired`'s services in `family`;
+/// returns how many.
+pub fn clean_stale_udp(family: IpFamily, desired: &DesiredState) -> io::Result<usize> {
+    let flows = dump(family)?;
+    let stale = stale_udp(desired, &flows);
+    for f in &stale {
+        // Gone meanwhile is as good as deleted.
+        match delete(family, f) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(stale.len())
+}
+
+fn nf_family(family: IpFamily) -> NetfilterProtoFamily {
+    match family {
+        IpFamily::V4 => NetfilterProtoFamily::IPv4,
+        IpFamily::V6 => NetfilterProtoFamily::IPv6,
+    }
+}
+
+fn socket() -> io::Result<Socket> {
+    let mut socket = Socket::new(NETLINK_NETFILTER)?;
+    socket.bind_auto()?;
+    socket.connect(&NlAddr::new(0, 0))?;
+    Ok(socket)
+}
+
+fn send(
+    socket: &Socket,
+    flags: u16,
+    family: IpFamily,
+    message: ConntrackMessage,
+) -> io::Result<()> {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    let mut packet = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(NetfilterMessage::new(
+            NetfilterHeader::new(nf_family(family), 0, 0),
+            message,
+        )),
+    );
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf[..]);
+    socket.send(&buf, 0)?;
+    Ok(())
+}
+
+/// Reads answers until the kernel says done (a dump) or acknowledges.
+fn receive(socket: &Socket, mut each: impl FnMut(ConntrackMessage)) -> io::Result<()> {
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let size = socket.recv(&mut &mut buf[..], 0)?;
+        let mut offset = 0;
+        while offset < size {
+            let message = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[offset..size])
+                .map_err(|e| io::Error::other(format!("a conntrack answer: {e}")))?;
+            let len = message.header.length as usize;
+            match message.payload {
+                NetlinkPayload::Done(_) => return Ok(()),
+                NetlinkPayload::Error(e) => {
+                    return match e.code {
+                        None => Ok(()),
+                        Some(code) => Err(io::Error::from_raw_os_error(-code.get())),
+                    };
+                }
+                NetlinkPayload::InnerMessage(m) => {
+                    if let NetfilterMessageInner::Conntrack(c) = m.inner {
+                        each(c);
+                    }
+                }
+                _ => {}
+            }
+            if len == 0 {
+                break;
+            }
+            offset += len;
+        }
+    }
+}
+
+/// Every conntrack entry of `family`.
+pub fn dump(family: IpFamily) -> io::Result<Vec<Flow>> {
+    let socket = socket()?;
+    send(
+        &socket,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        family,
+        ConntrackMessage::Get(vec![]),
+    )?;
+    let mut flows = Vec::new();
+    receive(&socket, |m| {
+        if let ConntrackMessage::New(attrs) | ConntrackMessage::Get(attrs) = m
+            && let Some(f) = flow_of(&attrs)
+        {
+            flows.push(f);
+        }
+    })?;
+    Ok(flows)
+}
+
+/// Deletes the entry whose original tuple is `flow`'s.
+pub fn delete(family: IpFamily, flow: &Flow) -> io::Result<()> {
+    let socket = socket()?;
+    let tuple = vec![
+        Tuple::Ip(vec![
+            IPTuple::SourceAddress(flow.orig_src.ip()),
+            IPTuple::DestinationAddress(flow.orig_dst.ip()),
+        ]),
+        Tuple::Proto(vec![
+            ProtoTuple::Protocol(Protocol::from(flow.proto)),
+            ProtoTuple::SourcePort(flow.orig_src.port()),
+            ProtoTuple::DestinationPort(flow.orig_dst.port()),
+        ]),
+    ];
+    send(
+        &socket,
+        NLM_F_REQUEST | NLM_F_ACK,
+        family,
+        ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(tuple)]),
+    )?;
+    receive(&socket, |_| {})
+}
+
+fn flow_of(attrs: &[ConntrackAttribute]) -> Option<Flow> {
+    let mut orig = None;
+    let mut reply = None;
+    for a in attrs {
+        match a {
+            ConntrackAttribute::CtaTupleOrig(t) => orig = tuple_of(t),
+            ConntrackAttribute::CtaTupleReply(t) => reply = tuple_of(t),
+            _ => {}
+        }
+    }
+    let (proto, orig_src, orig_dst) = orig?;
+    let (_, reply_src, _) = reply?;
+    Some(Flow {
+        proto,
+        orig_src,
+        orig_dst,
+        reply_src,
+    })
+}
+
+fn tuple_of(tuple: &[Tuple]) -> Option<(u8, SocketAddr, SocketAddr)> {
+    let (mut src, mut dst): (Option<IpAddr>, Option<IpAddr>) = (None, None);
+    let (mut proto, mut sport, mut dport) = (None, 0, 0);
+    for t in tuple {
+        match t {
+            Tuple::Ip(ips) => {
+                for ip in ips {
+                    match ip {
+                        IPTuple::SourceAddress(a) => src = Some(*a),
+                        IPTuple::DestinationAddress(a) => dst = Some(*a),
+                        _ => {}
+                    }
+                }
+            }
+            Tuple::Proto(ps) => {
+                for p in ps {
+                    match p {
+                        ProtoTuple::Protocol(p) => proto = Some(u8::from(*p)),
+                        ProtoTuple::SourcePort(p) => sport = *p,
+                        ProtoTuple::DestinationPort(p) => dport = *p,
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some((
+        proto?,
+        SocketAddr::new(src?, sport),
+        SocketAddr::new(dst?, dport),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DesiredService, Endpoint, Protocol, ServicePortName};
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn flow(dst: &str, reply_src: &str) -> Flow {
+        Flow {
+            proto: proxy_common::proto::UDP,
+            orig_src: sa("198.18.1.2:40000"),
+            orig_dst: sa(dst),
+            reply_src: sa(reply_src),
+        }
+    }
+
+    #[test]
+    fn flows_to_gone_endpoints_and_untranslated_flows_are_stale() {
+        let svc = DesiredService {
+            node_port: Some(30053),
+            ..DesiredService::cluster_ip(
+                ServicePortName {
+                    namespace: "ns".into(),
+                    name: "dns".into(),
+                    port_name: "dns".into(),
+                    protocol: Protocol::Udp,
+                },
+                vec!["198.19.0.10".parse().unwrap()],
+                53,
+                vec![Endpoint::new("198.18.2.10".parse().unwrap(), 5353)],
+            )
+        };
+        let state = DesiredState {
+            services: [(svc.name.clone(), svc)].into(),
+            ..DesiredState::default()
+        };
+        let live = flow("198.19.0.10:53", "198.18.2.10:5353");
+        let gone = flow("198.19.0.10:53", "198.18.2.11:5353");
+        let untranslated = flow("198.19.0.10:53", "198.19.0.10:53");
+        let node_port_gone = flow("198.18.0.1:30053", "198.18.2.11:5353");
+        let other = flow("198.18.9.9:53", "198.18.9.9:53");
+        let stale = stale_udp(
+            &state,
+            &[
+                live,
+                gone.clone(),
+                untranslated.clone(),
+                node_port_gone.clone(),
+                other,
+            ],
+        );
+        assert_eq!(stale, vec![gone, untranslated, node_port_gone]);
+    }
+}
