@@ -1,5 +1,5 @@
 //! The agent's subcommands for operators, one clap-derive family:
-//! `proxy-agent explain ...`, `inspect ...` and `monitor ...`, each a variant of [`Command`].
+//! `proxy-agent explain ...`, `emit ...`, `inspect ...` and `monitor ...`, each a variant of [`Command`].
 //!
 //! The agent itself takes kube-proxy's flat flags, exactly upstream's
 //! ([`crate::options`]); a subcommand is only recognised by name in first
@@ -10,6 +10,7 @@
 //! the flag), [`values`] (value parsers), [`pins`] (the running agent's
 //! pinned maps, `--pin-dir`) and [`packet`] (building and reading frames).
 
+pub mod emit;
 pub mod error;
 pub mod explain;
 pub mod inspect;
@@ -35,6 +36,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    Emit(emit::EmitArgs),
     Explain(explain::args::ExplainArgs),
     Inspect(inspect::args::InspectArgs),
     Monitor(monitor::args::MonitorArgs),
@@ -143,6 +145,7 @@ fn asks_for_help(sub: &clap::Command, words: &[OsString]) -> Option<&'static str
 
 fn run(command: Command) -> ExitCode {
     match command {
+        Command::Emit(args) => emit::main(args),
         Command::Explain(args) => explain::main(args),
         Command::Inspect(args) => inspect::main(args),
         Command::Monitor(args) => monitor::main(args),

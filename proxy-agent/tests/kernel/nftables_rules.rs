@@ -3,7 +3,8 @@
 //! services without endpoints, service CIDRs) is accepted by nft in one
 //! transaction per family, a second sync replaces it, a service that goes
 //! leaves its chains flushed and then deleted, and the table names and
-//! chain names are upstream's. In a private network namespace. Needs root.
+//! chain names are upstream's; `proxy-agent emit --mode nftables` prints a
+//! script nft accepts. In a private network namespace. Needs root.
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -160,4 +161,84 @@ fn the_model_becomes_upstreams_tables_and_stale_chains_go() {
     })
     .join()
     .unwrap();
+}
+
+/// `proxy-agent emit --mode nftables` prints a script nft accepts, and it is
+/// the table the agent's proxier writes for the same state.
+#[test]
+fn emit_prints_what_nft_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("web.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.60\n  clusterIPs: [198.19.0.60]\n  sessionAffinity: ClientIP\n  ports:\n    - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30660}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: demo\n  labels: {kubernetes.io/service-name: web}\naddressType: IPv4\nports:\n  - {name: http, protocol: TCP, port: 8080}\nendpoints:\n  - addresses: [198.18.2.10]\n    conditions: {ready: true}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_proxy-agent"))
+        .args([
+            "emit",
+            "--mode",
+            "nftables",
+            "--hostname-override",
+            "node-a",
+            "--local-address",
+            "198.18.0.1",
+            "--manifests",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let script = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        script
+            .contains("add element ip kube-proxy service-nodeports { tcp . 30660 : goto external-"),
+        "{script}"
+    );
+    std::thread::spawn(move || {
+        // SAFETY: unshare affects only this thread; nft runs as its child.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        let mut child = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        let done = child.wait_with_output().unwrap();
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+        let table = nft(&["list", "table", "ip", "kube-proxy"]);
+        assert!(table.contains("dnat to 198.18.2.10:8080"), "{table}");
+        assert!(table.contains("update @affinity-"), "{table}");
+    })
+    .join()
+    .unwrap();
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_proxy-agent"))
+        .args([
+            "emit",
+            "--mode",
+            "ipvs",
+            "--local-address",
+            "198.18.0.1",
+            "--manifests",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--mode: ipvs is not implemented yet"));
 }

@@ -16,7 +16,7 @@ pub mod args;
 pub mod frontend;
 mod host;
 pub mod maglev;
-mod offline;
+pub(crate) mod offline;
 mod online;
 pub mod probe;
 pub mod report;

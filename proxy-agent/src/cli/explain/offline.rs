@@ -111,7 +111,7 @@ pub fn prepare(args: &Offline) -> anyhow::Result<(Datapath, frontend::Names)> {
 }
 
 /// The agent's options processing, on the flags explain passes through.
-fn options(args: &Offline) -> anyhow::Result<ProxyOptions> {
+pub(crate) fn options(args: &Offline) -> anyhow::Result<ProxyOptions> {
     let mut argv: Vec<OsString> = vec!["proxy-agent".into()];
     if let Some(config) = &args.config {
         argv.extend(["--config".into(), config.into()]);
@@ -148,7 +148,7 @@ fn flag_of(e: &OptionsError) -> &'static str {
 }
 
 /// `--local-address`, else the Node object's addresses of both families.
-fn local_addresses(
+pub(crate) fn local_addresses(
     args: &Offline,
     node: Option<&Node>,
     node_name: &str,

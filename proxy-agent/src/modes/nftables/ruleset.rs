@@ -723,3 +723,27 @@ fn service(
         ));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Protocol;
+
+    #[test]
+    fn chain_names_are_upstreams() {
+        // The examples of upstream's servicePortChainNameBase and
+        // servicePortEndpointChainNameBase.
+        let spn = ServicePortName {
+            namespace: "ns1".into(),
+            name: "svc1".into(),
+            port_name: "p80".into(),
+            protocol: Protocol::Tcp,
+        };
+        assert_eq!(port_base(&spn), "ULMVA6XW-ns1/svc1/tcp/p80");
+        let ep = Endpoint::new("10.180.0.1".parse().unwrap(), 80);
+        assert_eq!(
+            endpoint_base(&spn, &ep),
+            "5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! `proxy-agent emit --mode nftables`: the exact ruleset the agent would
+//! program on a node, from manifests and a configuration as `explain`
+//! takes them, printed rather than applied, so operators can review and
+//! diff what a mode does without touching a node. Needs no privilege.
+
+use std::{collections::BTreeSet, net::IpAddr, path::PathBuf, process::ExitCode, sync::Arc};
+
+use anyhow::anyhow;
+use clap::{Args, ValueEnum};
+
+use super::explain::{args::Offline, offline};
+use crate::{
+    model::{NodeModel, NodeSettings, NodeTopology, ServiceCidrs, build_desired_state_for},
+    modes::nftables::{
+        nft::{Family, Listing},
+        proxier::NftSettings,
+        ruleset,
+    },
+    sources::{
+        host::{HostInterface, HostNetwork},
+        manifests,
+    },
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EmitMode {
+    Nftables,
+    Iptables,
+    Ipvs,
+}
+
+/// Prints the rules a proxy mode would program for a node.
+#[derive(Debug, Args)]
+pub struct EmitArgs {
+    /// The proxy mode whose rules to print
+    #[arg(long, value_enum)]
+    pub mode: EmitMode,
+    /// Services, EndpointSlices, ServiceCIDRs and the Node (as for the agent)
+    #[arg(long, value_name = "DIR")]
+    pub manifests: PathBuf,
+    /// KubeProxyConfiguration (clusterCIDR, detectLocalMode, nodePortAddresses, masqueradeAll, ...)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// This node's name [default: the config's, else the hostname]
+    #[arg(long = "hostname-override", value_name = "NODE")]
+    pub hostname: Option<String>,
+    /// The node's addresses [default: the Node object's InternalIP and ExternalIP]
+    #[arg(long = "local-address", value_name = "IP")]
+    pub local_addresses: Vec<IpAddr>,
+}
+
+pub fn main(args: EmitArgs) -> ExitCode {
+    match emit(&args) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => super::fail(format!("{e:#}")),
+    }
+}
+
+/// The rules, as text.
+pub fn emit(args: &EmitArgs) -> anyhow::Result<String> {
+    if args.mode != EmitMode::Nftables {
+        let name = args
+            .mode
+            .to_possible_value()
+            .map(|v| v.get_name().to_owned());
+        return Err(anyhow!(
+            "--mode: {} is not implemented yet; nftables is",
+            name.unwrap_or_default()
+        ));
+    }
+    let offline_args = Offline {
+        manifests: args.manifests.clone(),
+        config: args.config.clone(),
+        ebpf_config: None,
+        hostname: args.hostname.clone(),
+        local_addresses: args.local_addresses.clone(),
+    };
+    let opts = offline::options(&offline_args)?;
+    let objects = manifests::load_dir(&args.manifests).map_err(|e| anyhow!("--manifests: {e}"))?;
+    let node = objects
+        .nodes
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(opts.node_name.as_str()))
+        .cloned();
+    let addresses = offline::local_addresses(&offline_args, node.as_ref(), &opts.node_name)?;
+    let topology = NodeTopology {
+        node_name: opts.node_name.clone(),
+        labels: node
+            .as_ref()
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default(),
+    };
+    let mut desired =
+        build_desired_state_for(&objects.services, &objects.endpoint_slices, &topology);
+    let mut cidrs = ServiceCidrs::with_configured(opts.ebpf.service_cidrs());
+    for obj in &objects.service_cidrs {
+        cidrs.apply(obj);
+    }
+    desired.service_cidrs = cidrs.effective().into_iter().collect::<BTreeSet<_>>();
+    // The node's addresses on one interface stand for its host network.
+    let host = HostNetwork {
+        interfaces: vec![HostInterface {
+            name: "eth0".into(),
+            index: 2,
+            master: None,
+            ipv4: addresses
+                .iter()
+                .filter_map(|a| match a {
+                    IpAddr::V4(a) => Some(*a),
+                    IpAddr::V6(_) => None,
+                })
+                .collect(),
+            ipv6: addresses
+                .iter()
+                .filter_map(|a| match a {
+                    IpAddr::V6(a) => Some(*a),
+                    IpAddr::V4(_) => None,
+                })
+                .collect(),
+        }],
+        default_route_interface: Some("eth0".into()),
+    };
+    desired.node = NodeModel::build(
+        &NodeSettings::from_options(&opts),
+        topology,
+        node.as_ref(),
+        Arc::new(host),
+    );
+    let settings = NftSettings::from_options(&opts);
+    let mut out = String::new();
+    for family in [Family::Ip, Family::Ip6] {
+        let (tx, _) = ruleset::build(
+            &settings.node_rules(family, &desired.node),
+            &desired,
+            &Listing::default(),
+        );
+        out.push_str(&format!("# {} {}\n", family.name(), ruleset::TABLE));
+        out.push_str(&tx.render());
+    }
+    Ok(out)
+}
