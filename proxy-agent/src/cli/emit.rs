@@ -1,4 +1,4 @@
-//! `proxy-agent emit --mode nftables`: the exact ruleset the agent would
+//! `proxy-agent emit --mode nftables|iptables`: the exact rules the agent would
 //! program on a node, from manifests and a configuration as `explain`
 //! takes them, printed rather than applied, so operators can review and
 //! diff what a mode does without touching a node. Needs no privilege.
@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use super::explain::{args::Offline, offline};
 use crate::{
     model::{NodeModel, NodeSettings, NodeTopology, ServiceCidrs, build_desired_state_for},
+    modes::iptables,
     modes::nftables::{
         nft::{Family, Listing},
         proxier::NftSettings,
@@ -61,14 +62,9 @@ pub fn main(args: EmitArgs) -> ExitCode {
 
 /// The rules, as text.
 pub fn emit(args: &EmitArgs) -> anyhow::Result<String> {
-    if args.mode != EmitMode::Nftables {
-        let name = args
-            .mode
-            .to_possible_value()
-            .map(|v| v.get_name().to_owned());
+    if args.mode == EmitMode::Ipvs {
         return Err(anyhow!(
-            "--mode: {} is not implemented yet; nftables is",
-            name.unwrap_or_default()
+            "--mode: ipvs is not implemented yet; nftables and iptables are"
         ));
     }
     let offline_args = Offline {
@@ -132,11 +128,27 @@ pub fn emit(args: &EmitArgs) -> anyhow::Result<String> {
     let settings = NftSettings::from_options(&opts);
     let mut out = String::new();
     for family in [Family::Ip, Family::Ip6] {
-        let (tx, _) = ruleset::build(
-            &settings.node_rules(family, &desired.node),
-            &desired,
-            &Listing::default(),
-        );
+        let node = settings.node_rules(family, &desired.node);
+        if args.mode == EmitMode::Iptables {
+            let ip_family = family.ip_family();
+            let rules = iptables::rules::NodeRules {
+                family: ip_family,
+                masquerade_mark: node.masquerade_mark,
+                masquerade_all: node.masquerade_all,
+                local: node.local,
+                node_port_ips: node.node_port_ips,
+                node_ip: node.node_ip,
+            };
+            let restore = iptables::rules::build(&rules, &desired, &Default::default());
+            let tool = match ip_family {
+                crate::model::IpFamily::V4 => "iptables-restore",
+                crate::model::IpFamily::V6 => "ip6tables-restore",
+            };
+            out.push_str(&format!("# {tool} --noflush\n"));
+            out.push_str(&restore.text);
+            continue;
+        }
+        let (tx, _) = ruleset::build(&node, &desired, &Listing::default());
         out.push_str(&format!("# {} {}\n", family.name(), ruleset::TABLE));
         out.push_str(&tx.render());
     }

@@ -23,6 +23,6 @@ mod explain_ipv6;
 mod fuzz_datapath;
 mod introspect_fill;
 mod monitor_events;
-mod nftables_rules;
 mod pins_migration;
+mod rule_modes;
 mod upstream_flows;

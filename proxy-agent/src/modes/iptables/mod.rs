@@ -1,11 +1,14 @@
-//! The iptables mode (upstream's iptables proxier): probe, sysctls and
-//! cleanup today; the proxier itself is not implemented yet.
+//! The iptables mode (upstream's iptables proxier): upstream's chains from
+//! the model (`rules`) written with `iptables-restore` at each sync
+//! (`proxier`), its sysctls and cleanup.
 
 pub mod cleanup;
+pub mod proxier;
+pub mod rules;
 
 use ipnet::IpNet;
 
-use super::{CleanupTools, HostFeed, Mode, Running, not_implemented, tool_works};
+use super::{CleanupTools, HostFeed, Mode, Running, boxed, tool_works};
 use crate::{
     cleanup::Report,
     options::{NodePortAddresses, ProxyMode, ProxyOptions},
@@ -34,8 +37,17 @@ impl Mode for IptablesMode {
         cleanup::cleanup(tools.run, report);
     }
 
-    fn start(&self, _: &ProxyOptions, _: HostFeed<'_>) -> anyhow::Result<Running> {
-        Err(not_implemented(self.kind()))
+    fn start(&self, opts: &ProxyOptions, _: HostFeed<'_>) -> anyhow::Result<Running> {
+        self.probe().map_err(anyhow::Error::msg)?;
+        let settings = crate::modes::nftables::proxier::NftSettings::from_options(opts);
+        Ok(Running {
+            proxier: boxed(proxier::IptablesProxier::new(settings)),
+            families: crate::model::IpFamily::BOTH.to_vec(),
+            metrics: None,
+            background: Box::pin(futures::future::pending()),
+            // As upstream: the rules stay when the agent stops; `--cleanup` removes them.
+            stop: Box::new(|| {}),
+        })
     }
 }
 

@@ -227,6 +227,59 @@ fn emit_prints_what_nft_accepts() {
     .join()
     .unwrap();
 
+    // The iptables form: what iptables-restore (IPv4 part) accepts.
+    let out = Command::new(env!("CARGO_BIN_EXE_proxy-agent"))
+        .args([
+            "emit",
+            "--mode",
+            "iptables",
+            "--hostname-override",
+            "node-a",
+            "--local-address",
+            "198.18.0.1",
+            "--manifests",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let ipv4: String = text.split("# ip6tables-restore").next().unwrap().to_owned();
+    assert!(
+        ipv4.contains("-j DNAT --to-destination 198.18.2.10:8080"),
+        "{ipv4}"
+    );
+    std::thread::spawn(move || {
+        // SAFETY: unshare affects only this thread; iptables runs as its child.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        let mut child = Command::new("iptables-restore")
+            .args(["-w", "--noflush"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(ipv4.as_bytes())
+            .unwrap();
+        let done = child.wait_with_output().unwrap();
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+        assert!(iptables_save("nat").contains("KUBE-SVC-"));
+    })
+    .join()
+    .unwrap();
+
     let bad = Command::new(env!("CARGO_BIN_EXE_proxy-agent"))
         .args([
             "emit",
@@ -240,5 +293,73 @@ fn emit_prints_what_nft_accepts() {
         .output()
         .unwrap();
     assert_eq!(bad.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--mode: ipvs is not implemented yet"));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr)
+            .contains("--mode: ipvs is not implemented yet; nftables and iptables are")
+    );
+}
+
+fn iptables_save(table: &str) -> String {
+    let out = Command::new("iptables-save")
+        .args(["-t", table])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_model_becomes_upstreams_iptables_chains_and_stale_chains_go() {
+    use proxy_agent::modes::iptables::proxier::IptablesProxier;
+    std::thread::spawn(|| {
+        // SAFETY: unshare affects only this thread; iptables runs as its child.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        let mut proxier = IptablesProxier::new(NftSettings {
+            masquerade_mark: 1 << 14,
+            masquerade_all: false,
+            detect_local: DetectLocal::ClusterCidr(vec!["198.18.0.0/16".parse().unwrap()]),
+            node_ports_everywhere: true,
+        });
+        let full = SyncChanges {
+            full: true,
+            ..Default::default()
+        };
+        let s = state();
+        proxier.sync(&s, &full).expect("the first sync");
+        let nat = iptables_save("nat");
+        let filter = iptables_save("filter");
+        for want in [
+            "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+            "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully",
+            "-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000",
+            "-d 198.19.0.10/32 -p tcp -m comment --comment \"ns1/web:p80/TCP cluster IP\" -m tcp --dport 80 -j KUBE-SVC-",
+            "-m recent --rcheck --seconds 10800 --reap --name KUBE-SEP-",
+            "-j DNAT --to-destination 198.18.2.10:8080",
+            "-m statistic --mode random --probability 0.50000000000 -j KUBE-SEP-",
+            "-A KUBE-NODEPORTS -p tcp -m comment --comment \"ns1/web:p80/TCP\" -m tcp --dport 30080 -j KUBE-EXT-",
+        ] {
+            assert!(nat.contains(want), "{want:?} missing from\n{nat}");
+        }
+        assert!(
+            filter.contains("-d 198.19.0.12/32 -p sctp -m comment --comment \"ns1/empty:p80/SCTP has no endpoints\"")
+                || filter.contains("has no endpoints"),
+            "{filter}"
+        );
+        assert!(filter.contains("-j REJECT --reject-with icmp-port-unreachable"), "{filter}");
+        assert!(filter.contains("traffic not accepted by KUBE-FW-"), "{filter}");
+
+        // The same state again: the same rules.
+        proxier.sync(&s, &full).expect("a second sync");
+        assert_eq!(iptables_save("nat").lines().filter(|l| l.starts_with('-')).count(), nat.lines().filter(|l| l.starts_with('-')).count());
+
+        // A service goes: its chains go with it.
+        let mut fewer = s.clone();
+        fewer.services.retain(|k, _| k.name != "web");
+        proxier.sync(&fewer, &full).expect("the sync without web");
+        let after = iptables_save("nat");
+        assert!(!after.contains("ns1/web:p80"), "{after}");
+        assert!(after.contains("ns1/local:p80"), "{after}");
+    })
+    .join()
+    .unwrap();
 }

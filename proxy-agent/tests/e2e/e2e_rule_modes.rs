@@ -1,10 +1,11 @@
-//! The nftables mode end to end: the real agent started with
-//! `--proxy-mode nftables` programs the node's `kube-proxy` tables from
-//! manifest files, and real TCP and UDP go through them: a pod reaches
-//! both backends of a cluster IP keeping its address; the external client
-//! reaches a NodePort masqueraded to the node; a service without endpoints
-//! and an unused port of a cluster IP are refused at once (nftables'
-//! reject). Needs root.
+//! The rule-based modes end to end, nftables and iptables alike: the real
+//! agent started with `--proxy-mode nftables` (or `iptables`) programs the
+//! node's tables from manifest files, and real TCP and UDP go through them:
+//! a pod reaches both backends of a cluster IP keeping its address; the
+//! external client reaches a NodePort masqueraded to the node; a backend
+//! that leaves takes its UDP conntrack entries with it; a service without
+//! endpoints is refused at once, and in nftables mode an unused port of a
+//! cluster IP too (upstream's iptables mode has no such rule). Needs root.
 
 use std::{collections::BTreeSet, fs, net::SocketAddr, time::Duration};
 
@@ -50,6 +51,15 @@ fn tcp(ns: &str, target: SocketAddr) -> anyhow::Result<String> {
 
 #[test]
 fn nftables_mode_serves_cluster_ips_and_node_ports_and_rejects_without_endpoints() {
+    serves_and_rejects("nftables");
+}
+
+#[test]
+fn iptables_mode_serves_cluster_ips_and_node_ports_and_rejects_without_endpoints() {
+    serves_and_rejects("iptables");
+}
+
+fn serves_and_rejects(mode: &str) {
     let mut pods: Vec<&str> = BACKENDS.to_vec();
     pods.push("client");
     let tb = Testbed::new(Cni::Routed, &pods).unwrap();
@@ -66,12 +76,7 @@ fn nftables_mode_serves_cluster_ips_and_node_ports_and_rejects_without_endpoints
         "node-a",
         &manifests,
         dir.path().join("agent.log"),
-        &[
-            "--proxy-mode",
-            "nftables",
-            "--cluster-cidr",
-            "198.18.0.0/16",
-        ],
+        &["--proxy-mode", mode, "--cluster-cidr", "198.18.0.0/16"],
     );
 
     let pod = tb.pod("client").ns.clone();
@@ -86,19 +91,23 @@ fn nftables_mode_serves_cluster_ips_and_node_ports_and_rejects_without_endpoints
             move || tcp(&ns, target).ok(),
         );
     }
-    let table = netns::run_in(&tb.node_ns, || {
-        std::process::Command::new("nft")
-            .args(["list", "table", "ip", "kube-proxy"])
+    let (tool, args, want): (&str, &[&str], &str) = match mode {
+        "nftables" => (
+            "nft",
+            &["list", "table", "ip", "kube-proxy"],
+            "chain services",
+        ),
+        _ => ("iptables-save", &["-t", "nat"], "-A KUBE-SERVICES"),
+    };
+    let listing = netns::run_in(&tb.node_ns, move || {
+        std::process::Command::new(tool)
+            .args(args)
             .output()
             .unwrap()
     })
     .unwrap();
-    let table = String::from_utf8_lossy(&table.stdout).into_owned();
-    assert!(
-        table.contains("chain services"),
-        "{table}\n{}",
-        agent.log_text()
-    );
+    let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
+    assert!(listing.contains(want), "{listing}\n{}", agent.log_text());
 
     // Both backends, over TCP and UDP, from the pod and from outside.
     for (ns, target) in [(&pod, vip), (&outside, node_port)] {
@@ -175,10 +184,11 @@ fn nftables_mode_serves_cluster_ips_and_node_ports_and_rejects_without_endpoints
         ],
     )
     .unwrap();
-    for target in [
-        format!("{EMPTY_VIP}:80").parse::<SocketAddr>().unwrap(),
-        format!("{VIP}:81").parse().unwrap(),
-    ] {
+    let mut refused = vec![format!("{EMPTY_VIP}:80").parse::<SocketAddr>().unwrap()];
+    if mode == "nftables" {
+        refused.push(format!("{VIP}:81").parse().unwrap());
+    }
+    for target in refused {
         let err = tcp(&pod, target).unwrap_err();
         assert!(format!("{err:#}").contains("refused"), "{target}: {err:#}");
     }
