@@ -60,13 +60,11 @@ pub fn main(args: EmitArgs) -> ExitCode {
     }
 }
 
-/// The rules, as text.
-pub fn emit(args: &EmitArgs) -> anyhow::Result<String> {
-    if args.mode == EmitMode::Ipvs {
-        return Err(anyhow!(
-            "--mode: ipvs is not implemented yet; nftables and iptables are"
-        ));
-    }
+/// The options and the desired state the agent would sync for the node
+/// `args` describe (its Node object, addresses, services, endpoints).
+pub fn prepare(
+    args: &EmitArgs,
+) -> anyhow::Result<(crate::options::ProxyOptions, crate::model::DesiredState)> {
     let offline_args = Offline {
         manifests: args.manifests.clone(),
         config: args.config.clone(),
@@ -125,6 +123,17 @@ pub fn emit(args: &EmitArgs) -> anyhow::Result<String> {
         node.as_ref(),
         Arc::new(host),
     );
+    Ok((opts, desired))
+}
+
+/// The rules, as text.
+pub fn emit(args: &EmitArgs) -> anyhow::Result<String> {
+    if args.mode == EmitMode::Ipvs {
+        return Err(anyhow!(
+            "--mode: ipvs is not implemented yet; nftables and iptables are"
+        ));
+    }
+    let (opts, desired) = prepare(args)?;
     let settings = NftSettings::from_options(&opts);
     let mut out = String::new();
     for family in [Family::Ip, Family::Ip6] {

@@ -31,6 +31,7 @@ mod e2e_restart;
 mod e2e_rule_modes;
 mod e2e_sctp;
 mod explain;
+mod flow_suite;
 mod inspect;
 mod monitor;
 mod operability;
