@@ -157,7 +157,7 @@ pub fn emit(args: &EmitArgs) -> anyhow::Result<String> {
             out.push_str(&restore.text);
             continue;
         }
-        let (tx, _) = ruleset::build(&node, &desired, &Listing::default());
+        let (tx, _, _) = ruleset::build(&node, &desired, &Listing::default());
         out.push_str(&format!("# {} {}\n", family.name(), ruleset::TABLE));
         out.push_str(&tx.render());
     }

@@ -363,3 +363,143 @@ fn the_model_becomes_upstreams_iptables_chains_and_stale_chains_go() {
     .join()
     .unwrap();
 }
+
+/// A partial sync rewrites the changed service ports only: their elements
+/// and chains change, nothing else is touched (a marker rule added by hand
+/// to the `services` chain survives it; a full sync would flush it), and the
+/// table ends as a full sync of the new state would leave it.
+#[test]
+fn a_partial_nftables_sync_touches_only_the_changed_service_ports() {
+    std::thread::spawn(|| {
+        // SAFETY: unshare affects only this thread; nft runs as its child.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        let settings = NftSettings {
+            masquerade_mark: 1 << 14,
+            masquerade_all: false,
+            detect_local: DetectLocal::ClusterCidr(vec!["198.18.0.0/16".parse().unwrap()]),
+            node_ports_everywhere: true,
+        };
+        let mut proxier = NftablesProxier::new(settings.clone());
+        let s = state();
+        proxier
+            .sync(
+                &s,
+                &SyncChanges {
+                    full: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        nft(&[
+            "add",
+            "rule",
+            "ip",
+            "kube-proxy",
+            "services",
+            "counter",
+            "comment",
+            "\"marker\"",
+        ]);
+
+        // web gains an endpoint, empty goes, extra comes.
+        let mut next = s.clone();
+        let web = next
+            .services
+            .keys()
+            .find(|k| k.name == "web")
+            .unwrap()
+            .clone();
+        next.services
+            .get_mut(&web)
+            .unwrap()
+            .cluster_endpoints
+            .push(Endpoint::new(v4(2, 12), 8080));
+        let empty = next
+            .services
+            .keys()
+            .find(|k| k.name == "empty")
+            .unwrap()
+            .clone();
+        next.services.remove(&empty);
+        let extra = DesiredService::cluster_ip(
+            spn("extra", Protocol::Tcp),
+            vec!["198.19.0.13".parse().unwrap()],
+            80,
+            vec![Endpoint::new(v4(2, 13), 8080)],
+        );
+        next.services.insert(extra.name.clone(), extra.clone());
+        let changed = SyncChanges {
+            full: false,
+            changed: [web, empty, extra.name.clone()].into(),
+        };
+        proxier.sync(&next, &changed).expect("a partial sync");
+        let table = nft(&["list", "table", "ip", "kube-proxy"]);
+        assert!(
+            table.contains("comment \"marker\""),
+            "a partial sync left the rest alone\n{table}"
+        );
+        assert!(table.contains("dnat to 198.18.2.12:8080"), "{table}");
+        assert!(
+            table.contains("198.19.0.13 . tcp . 80 : goto service-"),
+            "{table}"
+        );
+        assert!(!table.contains("198.19.0.12 . sctp"), "{table}");
+        assert!(
+            table.lines().any(|l| l.contains("numgen random mod 2 vmap")
+                && l.contains("ns1/web/tcp/p80__198.18.2.12/8080")),
+            "web's chain rewritten: {table}"
+        );
+
+        // The same as a fresh full sync of the new state, rule for rule and
+        // element for element (the listing orders elements as it likes).
+        let partial = normalized(&table);
+        nft(&["delete", "table", "ip", "kube-proxy"]);
+        NftablesProxier::new(settings)
+            .sync(
+                &next,
+                &SyncChanges {
+                    full: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let full = normalized(&nft(&["list", "table", "ip", "kube-proxy"]));
+        let only_partial: Vec<_> = partial.difference(&full).collect();
+        let only_full: Vec<_> = full.difference(&partial).collect();
+        assert!(
+            only_partial.is_empty() && only_full.is_empty(),
+            "partial only: {only_partial:#?}\nfull only: {only_full:#?}"
+        );
+    })
+    .join()
+    .unwrap();
+}
+
+/// A table listing as a set of its rules and its set/map elements, without
+/// the hand-made marker.
+fn normalized(listing: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut in_elements = false;
+    let mut chunk = String::new();
+    for line in listing.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("elements = {") {
+            in_elements = true;
+            chunk.clear();
+            chunk.push_str(rest);
+        } else if in_elements {
+            chunk.push(' ');
+            chunk.push_str(line);
+        } else if !line.is_empty() && !line.contains("marker") {
+            out.insert(line.to_owned());
+            continue;
+        }
+        if in_elements && chunk.trim_end().ends_with('}') {
+            in_elements = false;
+            let body = chunk.trim_end().trim_end_matches('}');
+            for e in body.split(',') {
+                out.insert(format!("element {}", e.trim()));
+            }
+        }
+    }
+    out
+}

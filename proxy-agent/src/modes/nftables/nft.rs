@@ -141,6 +141,22 @@ impl Transaction {
         self.ops.push(Op::Delete(o));
     }
 
+    /// Appends `other`'s operations (of the same table).
+    pub fn append(&mut self, other: Transaction) {
+        self.ops.extend(other.ops);
+    }
+
+    /// The (set or map, key) of every element this transaction adds.
+    pub fn added_elements(&self) -> Vec<(String, Vec<String>)> {
+        self.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Add(Object::Element { set, key, .. }) => Some((set.clone(), key.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         self.ops.len()
     }
@@ -218,6 +234,9 @@ impl Transaction {
                     }
                     _ => writeln!(out, "{verb} map {at} {name}"),
                 },
+                Object::Element { set, key, .. } if matches!(op, Op::Delete(_)) => {
+                    writeln!(out, "delete element {at} {set} {{ {} }}", key.join(" . "))
+                }
                 Object::Element {
                     set,
                     key,

@@ -90,6 +90,16 @@ pub struct NftablesProxier {
     settings: NftSettings,
     /// Service chains no longer used, by family, and since when.
     stale: BTreeMap<&'static str, BTreeMap<String, Instant>>,
+    /// What each family's table holds, as the last successful sync wrote it
+    /// (`None`: unknown, the next sync is full).
+    written: BTreeMap<&'static str, Option<Written>>,
+}
+
+/// One family's table as written: what a partial sync builds on.
+struct Written {
+    node: ruleset::NodeRules,
+    service_cidrs: std::collections::BTreeSet<ipnet::IpNet>,
+    services: BTreeMap<crate::model::ServicePortName, ruleset::ServiceObjects>,
 }
 
 /// Stale chains wait this long before they are deleted (upstream's second:
@@ -102,10 +112,18 @@ impl NftablesProxier {
         Self {
             settings,
             stale: BTreeMap::new(),
+            written: BTreeMap::new(),
         }
     }
 
-    fn sync_family(&mut self, family: Family, desired: &DesiredState) -> anyhow::Result<()> {
+    fn sync_family(
+        &mut self,
+        family: Family,
+        desired: &DesiredState,
+        changes: &SyncChanges,
+    ) -> anyhow::Result<()> {
+        // Unknown until this sync succeeds.
+        let written = self.written.insert(family.name(), None).flatten();
         let stale = self.stale.entry(family.name()).or_default();
         let now = Instant::now();
         let expired: Vec<String> = stale
@@ -137,17 +155,53 @@ impl NftablesProxier {
                 stale.remove(c);
             }
         }
-        let listing = nft::list(family, TABLE)?;
         let node = self.settings.node_rules(family, &desired.node);
-        let (tx, written) = ruleset::build(&node, desired, &listing);
+        // A partial sync rewrites only the changed service ports, when
+        // nothing else they depend on changed since the last sync.
+        if let Some(mut w) = written
+            && !changes.full
+            && w.node == node
+            && w.service_cidrs == desired.service_cidrs
+        {
+            let partial = ruleset::build_partial(&node, desired, &changes.changed, &w.services);
+            partial.tx.run()?;
+            for (spn, objects) in partial.updated {
+                match objects {
+                    Some(o) => {
+                        for c in &o.chains {
+                            stale.remove(c);
+                        }
+                        w.services.insert(spn, o);
+                    }
+                    None => {
+                        w.services.remove(&spn);
+                    }
+                }
+            }
+            for c in partial.stale_chains {
+                stale.entry(c).or_insert(now);
+            }
+            self.written.insert(family.name(), Some(w));
+            return Ok(());
+        }
+        let listing = nft::list(family, TABLE)?;
+        let (tx, chains, services) = ruleset::build(&node, desired, &listing);
         tx.run()?;
         for c in listing.chains.iter().filter(|c| c.contains('/')) {
-            if written.chains.contains(c) {
+            if chains.chains.contains(c) {
                 stale.remove(c);
             } else {
                 stale.entry(c.clone()).or_insert(now);
             }
         }
+        self.written.insert(
+            family.name(),
+            Some(Written {
+                node,
+                service_cidrs: desired.service_cidrs.clone(),
+                services,
+            }),
+        );
         Ok(())
     }
 }
@@ -155,9 +209,9 @@ impl NftablesProxier {
 impl Proxier for NftablesProxier {
     type Error = NftSyncError;
 
-    fn sync(&mut self, desired: &DesiredState, _: &SyncChanges) -> Result<(), Self::Error> {
+    fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), Self::Error> {
         for family in [Family::Ip, Family::Ip6] {
-            self.sync_family(family, desired).map_err(|e| {
+            self.sync_family(family, desired, changes).map_err(|e| {
                 NftSyncError(e.context(format!("syncing the {} {TABLE} table", family.name())))
             })?;
             // As upstream, after the rules: a failure is logged, not fatal.

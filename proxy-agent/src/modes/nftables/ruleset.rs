@@ -374,6 +374,47 @@ fn of_family(f: Family, ip: &IpAddr) -> bool {
     )
 }
 
+/// What one service port's rules consist of, so a later sync can replace
+/// them alone: its map elements, chains and affinity sets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceObjects {
+    pub elements: Vec<(String, Vec<String>)>,
+    pub chains: BTreeSet<String>,
+    pub affinity_sets: BTreeSet<String>,
+}
+
+/// A service port's rules in a transaction of their own, and what they are.
+fn service_objects(
+    node: &NodeRules,
+    svc: &DesiredService,
+    created: &mut BTreeSet<String>,
+) -> (Transaction, ServiceObjects) {
+    let mut tx = Transaction::new(node.family, TABLE);
+    let mut written = Written::default();
+    service(&mut tx, node, svc, created, &mut written);
+    let objects = ServiceObjects {
+        // The cluster-ips set is shared by a service's ports: rebuilt whole.
+        elements: tx
+            .added_elements()
+            .into_iter()
+            .filter(|(set, _)| set != CLUSTER_IPS)
+            .collect(),
+        chains: written.chains,
+        affinity_sets: written.affinity_sets,
+    };
+    (tx, objects)
+}
+
+fn delete_set(name: &str) -> Object {
+    Object::Set {
+        name: name.into(),
+        kind: String::new(),
+        flags: Vec::new(),
+        timeout_s: None,
+        comment: None,
+    }
+}
+
 /// The whole table for `desired`; `existing` is what the table holds now
 /// (stale service chains are flushed, to be deleted by a later sync once
 /// no map element names them, as upstream does; stale affinity sets go).
@@ -381,15 +422,26 @@ pub fn build(
     node: &NodeRules,
     desired: &DesiredState,
     existing: &super::nft::Listing,
-) -> (Transaction, Written) {
+) -> (
+    Transaction,
+    Written,
+    BTreeMap<ServicePortName, ServiceObjects>,
+) {
     let f = node.family;
     let mut tx = Transaction::new(f, TABLE);
     let mut created = BTreeSet::new();
     let cidrs: Vec<IpNet> = desired.service_cidrs.iter().copied().collect();
     setup(&mut tx, node, &cidrs, &mut created);
     let mut written = Written::default();
-    for svc in desired.services.values() {
-        service(&mut tx, node, svc, &mut created, &mut written);
+    let mut objects = BTreeMap::new();
+    for (spn, svc) in &desired.services {
+        let (part, o) = service_objects(node, svc, &mut created);
+        tx.append(part);
+        written.chains.extend(o.chains.iter().cloned());
+        written
+            .affinity_sets
+            .extend(o.affinity_sets.iter().cloned());
+        objects.insert(spn.clone(), o);
     }
     for name in &existing.chains {
         if name.contains('/') && !written.chains.contains(name) {
@@ -398,16 +450,81 @@ pub fn build(
     }
     for name in &existing.sets {
         if name.starts_with("affinity-") && !written.affinity_sets.contains(name) {
-            tx.delete(Object::Set {
-                name: name.clone(),
-                kind: String::new(),
-                flags: Vec::new(),
-                timeout_s: None,
+            tx.delete(delete_set(name));
+        }
+    }
+    (tx, written, objects)
+}
+
+/// What a partial sync changes.
+pub struct Partial {
+    pub tx: Transaction,
+    /// The new objects of the changed ports (`None`: the port went).
+    pub updated: BTreeMap<ServicePortName, Option<ServiceObjects>>,
+    /// Chains the changed ports no longer use: flushed now, to delete later.
+    pub stale_chains: BTreeSet<String>,
+}
+
+/// Replaces only the rules of the service ports in `changed` (upstream's
+/// partial sync): their old map elements go, their chains are rewritten,
+/// the chains and affinity sets they no longer use are flushed or deleted,
+/// and the shared `cluster-ips` set is rebuilt.
+pub fn build_partial(
+    node: &NodeRules,
+    desired: &DesiredState,
+    changed: &BTreeSet<ServicePortName>,
+    previous: &BTreeMap<ServicePortName, ServiceObjects>,
+) -> Partial {
+    let f = node.family;
+    let mut tx = Transaction::new(f, TABLE);
+    tx.flush(Object::Set {
+        name: CLUSTER_IPS.into(),
+        kind: f.addr_type().into(),
+        flags: Vec::new(),
+        timeout_s: None,
+        comment: None,
+    });
+    let ips: BTreeSet<IpAddr> = desired
+        .services
+        .values()
+        .filter_map(|s| s.cluster_ips.iter().find(|a| of_family(f, a)).copied())
+        .collect();
+    for ip in ips {
+        tx.add(element(CLUSTER_IPS, vec![ip.to_string()], None, None));
+    }
+    let mut created = BTreeSet::new();
+    let mut updated = BTreeMap::new();
+    let mut stale_chains = BTreeSet::new();
+    for spn in changed {
+        let old = previous.get(spn).cloned().unwrap_or_default();
+        for (set, key) in &old.elements {
+            tx.delete(Object::Element {
+                set: set.clone(),
+                key: key.clone(),
+                value: None,
                 comment: None,
             });
         }
+        let new = desired.services.get(spn).map(|svc| {
+            let (part, o) = service_objects(node, svc, &mut created);
+            tx.append(part);
+            o
+        });
+        let keep = new.clone().unwrap_or_default();
+        for c in old.chains.difference(&keep.chains) {
+            tx.flush(chain(c));
+            stale_chains.insert(c.clone());
+        }
+        for s in old.affinity_sets.difference(&keep.affinity_sets) {
+            tx.delete(delete_set(s));
+        }
+        updated.insert(spn.clone(), new);
     }
-    (tx, written)
+    Partial {
+        tx,
+        updated,
+        stale_chains,
+    }
 }
 
 fn service(
