@@ -125,9 +125,17 @@ fn run(task: Task) -> anyhow::Result<()> {
                     "families",
                     "--bench",
                     "semantics",
+                    "--bench",
+                    "rule_modes",
                 ])
                 // The datapath bench needs the eBPF object embedded.
                 .env_remove("AYA_BUILD_SKIP")
+                // 1,000 service ports keep the rule-mode bench to seconds; at
+                // 10,000 (its own default) the first syncs take minutes today.
+                .env(
+                    "RULE_MODES_SERVICES",
+                    std::env::var("RULE_MODES_SERVICES").unwrap_or_else(|_| "1000".into()),
+                )
                 .status()
                 .context("running cargo bench")?;
             if !status.success() {
