@@ -86,7 +86,12 @@ fn run() -> anyhow::Result<()> {
     let s = state();
     // One endpoint of one service port replaced.
     let mut changed_state = s.clone();
-    let spn = changed_state.services.keys().nth(changed_state.services.len() / 2).unwrap().clone();
+    let spn = changed_state
+        .services
+        .keys()
+        .nth(changed_state.services.len() / 2)
+        .unwrap()
+        .clone();
     changed_state
         .services
         .get_mut(&spn)
@@ -97,7 +102,10 @@ fn run() -> anyhow::Result<()> {
         changed: BTreeSet::from([spn]),
     };
 
-    println!("{} service ports x {ENDPOINTS} endpoints, one run each\n", service_count());
+    println!(
+        "{} service ports x {ENDPOINTS} endpoints, one run each\n",
+        service_count()
+    );
     println!(
         "{:<10} {:>14} {:>16} {:>10} {:>14}",
         "mode", "full sync ms", "one change ms", "/full", "rules"

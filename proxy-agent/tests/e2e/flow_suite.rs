@@ -278,10 +278,14 @@ fn write_manifests(dir: &Path) {
     );
 }
 
+/// A connection a listener accepted: its local and peer addresses, and
+/// which listener (`endpoint` or `untouched`).
+type Accepted = (SocketAddr, SocketAddr, &'static str);
+
 /// The namespaces of one run, removed on drop (and on panic or signal).
 struct Topology {
     id: String,
-    seen: Arc<Mutex<Vec<(SocketAddr, SocketAddr, &'static str)>>>,
+    seen: Arc<Mutex<Vec<Accepted>>>,
     stop: Arc<AtomicBool>,
 }
 
