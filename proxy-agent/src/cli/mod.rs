@@ -182,7 +182,8 @@ mod tests {
         assert!(is_subcommand("explain".as_ref()));
         assert!(is_subcommand("inspect".as_ref()));
         assert!(is_subcommand("monitor".as_ref()));
-        for other in ["--hostname-override", "help", "--help", "emit", ""] {
+        assert!(is_subcommand("emit".as_ref()));
+        for other in ["--hostname-override", "help", "--help", "apply", ""] {
             assert!(!is_subcommand(other.as_ref()), "{other}");
         }
     }
