@@ -1,12 +1,11 @@
 //! The rule modes at scale: 10,000 service ports x 10 endpoints (or
-//! `RULE_MODES_SERVICES`) through
-//! the nftables and iptables proxiers, in a throwaway network namespace,
-//! with the real `nft` and `iptables-restore`: the first (full) sync, one
-//! endpoint change (nftables: a partial sync of that port; iptables: a full
-//! restore, as every sync is), and the size of what each writes. Each
-//! figure is also given as a ratio to the full sync of the same mode in
-//! the same run; upstream publishes 141 ms for adding one service at 10,000
-//! in its nftables mode (its own machine).
+//! `RULE_MODES_SERVICES`) through the nftables and iptables proxiers
+//! (`RULE_MODES`: any of nftables, iptables-legacy, iptables-nft), in a
+//! throwaway network namespace, with the real `nft` and `iptables-restore`:
+//! the first (full) sync, one endpoint change and one service added (partial
+//! syncs of that port), a full resync over the written rules, and the size
+//! of what each writes. Upstream publishes 141 ms for adding one service at
+//! 10,000 in its nftables mode (its own machine).
 //!
 //! `cargo bench -p proxy-agent --bench rule_modes` (root).
 
@@ -23,7 +22,7 @@ use proxy_agent::{
     model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
     modes::{
         detect_local::DetectLocal,
-        iptables::proxier::IptablesProxier,
+        iptables::{IptablesBackend, proxier::IptablesProxier},
         nftables::proxier::{NftSettings, NftablesProxier},
     },
     sync::{Proxier, SyncChanges},
@@ -78,10 +77,7 @@ fn run() -> anyhow::Result<()> {
         masquerade_all: false,
         detect_local: DetectLocal::ClusterCidr(vec!["198.18.0.0/16".parse().unwrap()]),
         node_ports_everywhere: true,
-    };
-    let full = SyncChanges {
-        full: true,
-        ..Default::default()
+        localhost_node_ports: true,
     };
     let s = state();
     // One endpoint of one service port replaced.
@@ -97,65 +93,135 @@ fn run() -> anyhow::Result<()> {
         .get_mut(&spn)
         .unwrap()
         .cluster_endpoints[3] = Endpoint::new("198.18.255.250".parse().unwrap(), 8080);
-    let partial = SyncChanges {
-        full: false,
-        changed: BTreeSet::from([spn]),
-    };
+    // One service port added (upstream's published figure).
+    let mut added_state = changed_state.clone();
+    let mut added = s.services[&spn].clone();
+    added.name.name = "added".into();
+    added.cluster_ips = vec!["198.19.255.250".parse().unwrap()];
+    let added_spn = added.name.clone();
+    added_state.services.insert(added_spn.clone(), added);
+    let steps = [
+        (
+            &s,
+            SyncChanges {
+                full: true,
+                ..Default::default()
+            },
+        ),
+        (
+            &changed_state,
+            SyncChanges {
+                full: false,
+                changed: BTreeSet::from([spn]),
+            },
+        ),
+        (
+            &added_state,
+            SyncChanges {
+                full: false,
+                changed: BTreeSet::from([added_spn]),
+            },
+        ),
+        (
+            &added_state,
+            SyncChanges {
+                full: true,
+                ..Default::default()
+            },
+        ),
+    ];
 
     println!(
         "{} service ports x {ENDPOINTS} endpoints, one run each\n",
         service_count()
     );
     println!(
-        "{:<10} {:>14} {:>16} {:>10} {:>14}",
-        "mode", "full sync ms", "one change ms", "/full", "rules"
+        "{:<16} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12}",
+        "mode", "full ms", "change ms", "add svc ms", "resync ms", "change/full", "rules/lines"
     );
-    {
-        let mut p = NftablesProxier::new(settings.clone());
-        let t = Instant::now();
-        p.sync(&s, &full).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let full_ms = t.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        p.sync(&changed_state, &partial)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let change_ms = t.elapsed().as_secs_f64() * 1e3;
-        let listing = std::process::Command::new("nft")
-            .args(["list", "table", "ip", "kube-proxy"])
-            .output()
-            .context("nft list")?;
-        let lines = String::from_utf8_lossy(&listing.stdout).lines().count();
+    for mode in modes() {
+        let mut proxier: SyncFn = match mode {
+            "nftables" => {
+                let mut p = NftablesProxier::new(settings.clone());
+                Box::new(move |d, c| p.sync(d, c).map_err(|e| anyhow::anyhow!("{e}")))
+            }
+            backend => {
+                let backend = match backend {
+                    "iptables-legacy" => IptablesBackend::Legacy,
+                    "iptables-nft" => IptablesBackend::Nft,
+                    other => anyhow::bail!("RULE_MODES: unknown mode {other:?}"),
+                };
+                let mut p = IptablesProxier::with_backend(settings.clone(), backend);
+                Box::new(move |d, c| p.sync(d, c).map_err(|e| anyhow::anyhow!("{e}")))
+            }
+        };
+        let mut ms = Vec::new();
+        for (desired, changes) in &steps {
+            let t = Instant::now();
+            proxier(desired, changes).with_context(|| mode.to_string())?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let rules = rule_count(mode)?;
         println!(
-            "{:<10} {full_ms:>14.0} {change_ms:>16.1} {:>10.4} {:>9} lines",
-            "nftables",
-            change_ms / full_ms,
-            lines
+            "{mode:<16} {:>12.0} {:>12.1} {:>12.1} {:>12.0} {:>9.4} {rules:>12}",
+            ms[0],
+            ms[1],
+            ms[2],
+            ms[3],
+            ms[1] / ms[0]
         );
-    }
-    {
-        let mut p = IptablesProxier::new(settings);
-        let t = Instant::now();
-        p.sync(&s, &full).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let full_ms = t.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        p.sync(&changed_state, &partial)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let change_ms = t.elapsed().as_secs_f64() * 1e3;
-        let save = std::process::Command::new("iptables-save")
-            .output()
-            .context("iptables-save")?;
-        let rules = String::from_utf8_lossy(&save.stdout)
-            .lines()
-            .filter(|l| l.starts_with("-A"))
-            .count();
-        println!(
-            "{:<10} {full_ms:>14.0} {change_ms:>16.1} {:>10.4} {:>9} rules",
-            "iptables",
-            change_ms / full_ms,
-            rules
-        );
+        cleanup(mode)?;
     }
     println!(
-        "\n(both include the UDP conntrack cleanup after each sync; upstream: 141 ms to add one service at 10,000 in nftables mode)"
+        "\n(each includes the UDP conntrack cleanup after the sync; upstream: 141 ms to add one service at 10,000 in nftables mode)"
     );
+    Ok(())
+}
+
+/// One mode's proxier, as the bench drives it.
+type SyncFn = Box<dyn FnMut(&DesiredState, &SyncChanges) -> anyhow::Result<()>>;
+
+/// `RULE_MODES` (comma-separated) overrides it.
+fn modes() -> Vec<&'static str> {
+    let all = ["nftables", "iptables-legacy", "iptables-nft"];
+    match std::env::var("RULE_MODES") {
+        Ok(v) => all
+            .into_iter()
+            .filter(|m| v.split(',').any(|w| w == *m))
+            .collect(),
+        Err(_) => all.to_vec(),
+    }
+}
+
+/// The IPv4 rules a mode wrote.
+fn rule_count(mode: &str) -> anyhow::Result<usize> {
+    let (cmd, args): (&str, &[&str]) = match mode {
+        "nftables" => ("nft", &["list", "table", "ip", "kube-proxy"]),
+        "iptables-legacy" => ("iptables-legacy-save", &[]),
+        _ => ("iptables-nft-save", &[]),
+    };
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {cmd}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(if mode == "nftables" {
+        text.lines().count()
+    } else {
+        text.lines().filter(|l| l.starts_with("-A")).count()
+    })
+}
+
+/// Leaves the namespace empty for the next mode.
+fn cleanup(mode: &str) -> anyhow::Result<()> {
+    let status = match mode {
+        "nftables" => std::process::Command::new("nft").args(["flush", "ruleset"]).status(),
+        "iptables-legacy" => std::process::Command::new("sh")
+            .args(["-c", "iptables-legacy -t nat -F && iptables-legacy -t nat -X && iptables-legacy -F && iptables-legacy -X"])
+            .status(),
+        _ => std::process::Command::new("nft").args(["flush", "ruleset"]).status(),
+    }
+    .context("cleaning up")?;
+    anyhow::ensure!(status.success(), "cleaning up after {mode} failed");
     Ok(())
 }

@@ -140,15 +140,8 @@ pub fn emit(args: &EmitArgs) -> anyhow::Result<String> {
         let node = settings.node_rules(family, &desired.node);
         if args.mode == EmitMode::Iptables {
             let ip_family = family.ip_family();
-            let rules = iptables::rules::NodeRules {
-                family: ip_family,
-                masquerade_mark: node.masquerade_mark,
-                masquerade_all: node.masquerade_all,
-                local: node.local,
-                node_port_ips: node.node_port_ips,
-                node_ip: node.node_ip,
-            };
-            let restore = iptables::rules::build(&rules, &desired, &Default::default());
+            let rules = iptables::rules::NodeRules::new(&settings, ip_family, &desired.node);
+            let restore = iptables::rules::build(&rules, &desired, &Default::default(), &|_| true);
             let tool = match ip_family {
                 crate::model::IpFamily::V4 => "iptables-restore",
                 crate::model::IpFamily::V6 => "ip6tables-restore",

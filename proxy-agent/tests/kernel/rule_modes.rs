@@ -16,6 +16,7 @@ use proxy_agent::{
     model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName, SessionAffinity},
     modes::{
         detect_local::DetectLocal,
+        iptables::{IptablesBackend, proxier::IptablesProxier},
         nftables::proxier::{NftSettings, NftablesProxier},
     },
     sync::{Proxier, SyncChanges},
@@ -94,6 +95,16 @@ fn state() -> DesiredState {
     }
 }
 
+fn settings() -> NftSettings {
+    NftSettings {
+        masquerade_mark: 1 << 14,
+        masquerade_all: false,
+        detect_local: DetectLocal::ClusterCidr(vec!["198.18.0.0/16".parse().unwrap()]),
+        node_ports_everywhere: true,
+        localhost_node_ports: true,
+    }
+}
+
 fn nft(args: &[&str]) -> String {
     let out = Command::new("nft").args(args).output().unwrap();
     assert!(
@@ -114,6 +125,7 @@ fn the_model_becomes_upstreams_tables_and_stale_chains_go() {
             masquerade_all: false,
             detect_local: DetectLocal::ClusterCidr(vec!["198.18.0.0/16".parse().unwrap()]),
             node_ports_everywhere: true,
+            localhost_node_ports: true,
         });
         let full = SyncChanges {
             full: true,
@@ -133,7 +145,7 @@ fn the_model_becomes_upstreams_tables_and_stale_chains_go() {
             "198.19.0.12 . sctp . 80 comment \"ns1/empty:p80/SCTP\" : goto reject-chain",
             "ip daddr 198.19.0.0/16 drop",
             "ip saddr != 198.18.0.0/24 drop",
-            "numgen random mod 2 vmap",
+            "numgen random mod 2 0 goto endpoint-",
             "dnat to 198.18.2.10:8080",
             "short-circuit pod traffic",
             "set affinity-",
@@ -300,7 +312,7 @@ fn emit_prints_what_nft_accepts() {
 }
 
 fn iptables_save(table: &str) -> String {
-    let out = Command::new("iptables-save")
+    let out = Command::new("iptables-nft-save")
         .args(["-t", table])
         .output()
         .unwrap();
@@ -310,16 +322,10 @@ fn iptables_save(table: &str) -> String {
 
 #[test]
 fn the_model_becomes_upstreams_iptables_chains_and_stale_chains_go() {
-    use proxy_agent::modes::iptables::proxier::IptablesProxier;
     std::thread::spawn(|| {
         // SAFETY: unshare affects only this thread; iptables runs as its child.
         assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-        let mut proxier = IptablesProxier::new(NftSettings {
-            masquerade_mark: 1 << 14,
-            masquerade_all: false,
-            detect_local: DetectLocal::ClusterCidr(vec!["198.18.0.0/16".parse().unwrap()]),
-            node_ports_everywhere: true,
-        });
+        let mut proxier = IptablesProxier::with_backend(settings(), IptablesBackend::Nft);
         let full = SyncChanges {
             full: true,
             ..Default::default()
@@ -378,6 +384,7 @@ fn a_partial_nftables_sync_touches_only_the_changed_service_ports() {
             masquerade_all: false,
             detect_local: DetectLocal::ClusterCidr(vec!["198.18.0.0/16".parse().unwrap()]),
             node_ports_everywhere: true,
+            localhost_node_ports: true,
         };
         let mut proxier = NftablesProxier::new(settings.clone());
         let s = state();
@@ -445,7 +452,9 @@ fn a_partial_nftables_sync_touches_only_the_changed_service_ports() {
         );
         assert!(!table.contains("198.19.0.12 . sctp"), "{table}");
         assert!(
-            table.lines().any(|l| l.contains("numgen random mod 2 vmap")
+            table.lines().any(
+                |l| l.contains("numgen random mod 2 0 goto") && l.contains("ns1/web/tcp/p80__")
+            ) && table.lines().any(|l| l.trim().starts_with("goto endpoint-")
                 && l.contains("ns1/web/tcp/p80__198.18.2.12/8080")),
             "web's chain rewritten: {table}"
         );
@@ -502,4 +511,214 @@ fn normalized(listing: &str) -> std::collections::BTreeSet<String> {
         }
     }
     out
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The `-A` rules and the chain names of one table, as a set.
+fn rule_set(save: &str) -> std::collections::BTreeSet<String> {
+    save.lines()
+        .filter(|l| l.starts_with("-A") || l.starts_with(':'))
+        .map(|l| l.split(" [").next().unwrap().to_owned())
+        .filter(|l| !l.contains("marker"))
+        .collect()
+}
+
+/// Upstream's partial sync in iptables mode: the shared chains are
+/// rewritten, only the changed ports' own chains are (a marker in an
+/// unchanged port's chain survives; a full sync declares, so flushes, every
+/// chain), the chains a changed port no longer uses are deleted, and the
+/// result equals a full sync of the new state.
+#[test]
+fn a_partial_iptables_sync_rewrites_only_the_changed_ports_chains() {
+    std::thread::spawn(|| {
+        // SAFETY: unshare affects only this thread; iptables runs as its child.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        let mut proxier = IptablesProxier::with_backend(settings(), IptablesBackend::Nft);
+        let s = state();
+        let full = SyncChanges {
+            full: true,
+            ..Default::default()
+        };
+        proxier.sync(&s, &full).expect("the first sync");
+        let before = iptables_save("nat");
+        let svc_chain = |save: &str, name: &str| -> String {
+            save.lines()
+                .find(|l| l.contains(&format!("ns1/{name}:p80")) && l.contains("-j KUBE-SVC-"))
+                .and_then(|l| l.rsplit(' ').next())
+                .unwrap()
+                .to_owned()
+        };
+        let local_svc = svc_chain(&before, "local");
+        run(
+            "iptables-nft",
+            &[
+                "-t",
+                "nat",
+                "-A",
+                &local_svc,
+                "-m",
+                "comment",
+                "--comment",
+                "marker",
+            ],
+        );
+
+        // web loses its IPv4 endpoint for another, extra comes, empty goes.
+        let mut next = s.clone();
+        let web = next
+            .services
+            .keys()
+            .find(|k| k.name == "web")
+            .unwrap()
+            .clone();
+        let old_sep: Vec<String> = before
+            .lines()
+            .filter(|l| l.starts_with("-A KUBE-SEP-") && l.contains("198.18.2.10:8080"))
+            .filter_map(|l| l.split(' ').nth(1).map(str::to_owned))
+            .collect();
+        next.services.get_mut(&web).unwrap().cluster_endpoints[0] = Endpoint::new(v4(2, 14), 8080);
+        let empty = next
+            .services
+            .keys()
+            .find(|k| k.name == "empty")
+            .unwrap()
+            .clone();
+        next.services.remove(&empty);
+        let extra = DesiredService::cluster_ip(
+            spn("extra", Protocol::Tcp),
+            vec!["198.19.0.13".parse().unwrap()],
+            80,
+            vec![Endpoint::new(v4(2, 13), 8080)],
+        );
+        next.services.insert(extra.name.clone(), extra.clone());
+        let changes = SyncChanges {
+            full: false,
+            changed: [web, empty, extra.name.clone()].into(),
+        };
+        proxier.sync(&next, &changes).expect("a partial sync");
+        let after = iptables_save("nat");
+        assert!(
+            after.contains("--comment marker"),
+            "the unchanged port's chain was left alone\n{after}"
+        );
+        assert!(
+            after.contains("DNAT --to-destination 198.18.2.14:8080"),
+            "{after}"
+        );
+        assert!(
+            after.contains("DNAT --to-destination 198.18.2.13:8080"),
+            "{after}"
+        );
+        assert!(!old_sep.is_empty());
+        for sep in &old_sep {
+            assert!(
+                !after.contains(sep.as_str()),
+                "{sep} (198.18.2.10) deleted\n{after}"
+            );
+        }
+        assert!(!iptables_save("filter").contains("ns1/empty:p80"));
+
+        // The same rules as a full sync of the new state.
+        let partial = (rule_set(&after), rule_set(&iptables_save("filter")));
+        proxier.sync(&next, &full).expect("a full sync");
+        let fresh = (
+            rule_set(&iptables_save("nat")),
+            rule_set(&iptables_save("filter")),
+        );
+        assert_eq!(partial, fresh);
+        assert!(
+            !iptables_save("nat").contains("marker"),
+            "a full sync rewrites every chain"
+        );
+    })
+    .join()
+    .unwrap();
+}
+
+/// `localhostNodePorts`: on (upstream's default) NodePorts answer on
+/// 127.0.0.1 and `KUBE-FIREWALL` drops non-local traffic to 127.0.0.0/8;
+/// off, loopback is excluded from the NodePorts jump. IPv6 never.
+#[test]
+fn localhost_node_ports_as_upstream() {
+    std::thread::spawn(|| {
+        // SAFETY: unshare affects only this thread; iptables runs as its child.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        let full = SyncChanges {
+            full: true,
+            ..Default::default()
+        };
+        let np_jump = |save: &str| -> String {
+            save.lines()
+                .find(|l| l.contains("-j KUBE-NODEPORTS") && l.starts_with("-A KUBE-SERVICES"))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        IptablesProxier::with_backend(settings(), IptablesBackend::Nft)
+            .sync(&state(), &full)
+            .expect("a sync");
+        let filter = iptables_save("filter");
+        assert!(filter.contains("-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment \"block incoming localnet connections\" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"), "{filter}");
+        assert!(filter.contains("-A INPUT -j KUBE-FIREWALL") && filter.contains("-A OUTPUT -j KUBE-FIREWALL"), "{filter}");
+        let jump = np_jump(&iptables_save("nat"));
+        assert!(jump.contains("--dst-type LOCAL") && !jump.contains("127.0.0.0/8"), "{jump}");
+        let v6 = np_jump(&run("ip6tables-nft-save", &["-t", "nat"]));
+        assert!(v6.contains("! -d ::1/128"), "{v6}");
+
+        let off = NftSettings {
+            localhost_node_ports: false,
+            ..settings()
+        };
+        run("iptables-nft", &["-t", "filter", "-F", "KUBE-FIREWALL"]);
+        IptablesProxier::with_backend(off, IptablesBackend::Nft)
+            .sync(&state(), &full)
+            .expect("a sync");
+        let jump = np_jump(&iptables_save("nat"));
+        assert!(jump.contains("! -d 127.0.0.0/8"), "{jump}");
+        assert!(!iptables_save("filter").contains("block incoming localnet"));
+    })
+    .join()
+    .unwrap();
+}
+
+/// The backend kubelet uses wins: with its hint chain in the legacy
+/// tables, the rules go there and nft's tables stay empty.
+#[test]
+fn the_iptables_backend_follows_kubelets() {
+    std::thread::spawn(|| {
+        // SAFETY: unshare affects only this thread; iptables runs as its child.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        assert_eq!(
+            IptablesBackend::detect().0,
+            IptablesBackend::Nft,
+            "nothing there: nft"
+        );
+        run(
+            "iptables-legacy",
+            &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"],
+        );
+        let mut proxier = IptablesProxier::new(settings());
+        assert_eq!(proxier.backend(), IptablesBackend::Legacy);
+        proxier
+            .sync(
+                &state(),
+                &SyncChanges {
+                    full: true,
+                    ..Default::default()
+                },
+            )
+            .expect("a sync");
+        assert!(run("iptables-legacy-save", &["-t", "nat"]).contains("-j KUBE-SVC-"));
+        assert!(!iptables_save("nat").contains("KUBE-SVC-"));
+    })
+    .join()
+    .unwrap();
 }

@@ -17,8 +17,8 @@ pub const KUBELET_CHAINS: [&str; 4] = [
 
 /// (save, restore, family label) for every backend that may hold leftovers.
 pub const BINARIES: [(&str, &str, &str); 4] = [
-    ("iptables-save", "iptables-restore", "IPv4"),
-    ("ip6tables-save", "ip6tables-restore", "IPv6"),
+    ("iptables-nft-save", "iptables-nft-restore", "IPv4"),
+    ("ip6tables-nft-save", "ip6tables-nft-restore", "IPv6"),
     (
         "iptables-legacy-save",
         "iptables-legacy-restore",

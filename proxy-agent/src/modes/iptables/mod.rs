@@ -2,11 +2,14 @@
 //! the model (`rules`) written with `iptables-restore` at each sync
 //! (`proxier`), its sysctls and cleanup.
 
+pub mod backend;
 pub mod cleanup;
 pub mod proxier;
 pub mod rules;
 
 use ipnet::IpNet;
+
+pub use backend::IptablesBackend;
 
 use super::{CleanupTools, HostFeed, Mode, Running, boxed, tool_works};
 use crate::{
@@ -22,7 +25,9 @@ impl Mode for IptablesMode {
     }
 
     fn probe(&self) -> Result<(), String> {
-        tool_works("iptables", &["-w", "-t", "nat", "-S", "POSTROUTING"])
+        let (backend, _) = IptablesBackend::detect();
+        let tools = backend.tools(crate::model::IpFamily::V4);
+        tool_works(tools.iptables, &["-w", "-t", "nat", "-S", "POSTROUTING"])
     }
 
     fn sysctls(&self, o: &ProxyOptions) -> Vec<(&'static str, &'static str)> {

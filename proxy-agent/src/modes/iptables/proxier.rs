@@ -1,8 +1,9 @@
 //! The iptables proxier: each sync writes one family's kube-proxy chains in
 //! the filter and nat tables with one `iptables-restore --noflush` (all or
-//! nothing), after making sure the built-in chains jump to them, and
-//! deletes the service chains no longer wanted in the same restore, as
-//! upstream's full syncs do.
+//! nothing). A full sync makes sure the built-in chains jump to ours, and
+//! deletes the service chains no longer wanted; a partial sync (upstream's
+//! minimal restore) writes the shared chains and only the changed service
+//! ports' own chains, deleting those they no longer use.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -12,43 +13,15 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::rules::{self, NodeRules};
+use super::{
+    backend::{IptablesBackend, Tools},
+    rules::{self, NodeRules, OwnChains},
+};
 use crate::{
-    model::{DesiredState, IpFamily},
+    model::{DesiredState, IpFamily, ServicePortName},
     modes::nftables::proxier::NftSettings,
     sync::{Proxier, SyncChanges},
 };
-
-/// The binaries of one family.
-struct Tools {
-    iptables: &'static str,
-    save: &'static str,
-    restore: &'static str,
-}
-
-fn tools(family: IpFamily) -> Tools {
-    match family {
-        IpFamily::V4 => Tools {
-            iptables: "iptables",
-            save: "iptables-save",
-            restore: "iptables-restore",
-        },
-        IpFamily::V6 => Tools {
-            iptables: "ip6tables",
-            save: "ip6tables-save",
-            restore: "ip6tables-restore",
-        },
-    }
-}
-
-/// Service chains this proxier owns (the fixed ones are always declared).
-const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
-    "KUBE-SVC-",
-    "KUBE-SVL-",
-    "KUBE-EXT-",
-    "KUBE-FW-",
-    "KUBE-SEP-",
-];
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0:#}")]
@@ -57,37 +30,84 @@ pub struct IptablesSyncError(anyhow::Error);
 pub struct IptablesProxier {
     /// The node-dependent settings are the nftables mode's: the same options.
     settings: NftSettings,
+    backend: IptablesBackend,
+    /// Per family (IPv4, IPv6), what the last successful sync wrote
+    /// (`None`: unknown, the next sync is full).
+    written: [Option<Written>; 2],
+}
+
+/// One family's rules as written: what a partial sync builds on.
+struct Written {
+    node: NodeRules,
+    services: BTreeMap<ServicePortName, OwnChains>,
 }
 
 impl IptablesProxier {
+    /// On the backend the node uses (see `backend`).
     pub fn new(settings: NftSettings) -> Self {
-        Self { settings }
+        let (backend, why) = IptablesBackend::detect();
+        tracing::info!(backend = backend.name(), why, "iptables backend");
+        Self::with_backend(settings, backend)
     }
 
-    fn node_rules(&self, family: IpFamily, desired: &DesiredState) -> NodeRules {
-        let nft_family = match family {
-            IpFamily::V4 => crate::modes::nftables::nft::Family::Ip,
-            IpFamily::V6 => crate::modes::nftables::nft::Family::Ip6,
+    pub fn with_backend(settings: NftSettings, backend: IptablesBackend) -> Self {
+        Self {
+            settings,
+            backend,
+            written: [None, None],
+        }
+    }
+
+    pub fn backend(&self) -> IptablesBackend {
+        self.backend
+    }
+
+    fn sync_family(
+        &mut self,
+        family: IpFamily,
+        desired: &DesiredState,
+        changes: &SyncChanges,
+    ) -> anyhow::Result<()> {
+        let slot = match family {
+            IpFamily::V4 => 0,
+            IpFamily::V6 => 1,
         };
-        let n = self.settings.node_rules(nft_family, &desired.node);
-        NodeRules {
-            family,
-            masquerade_mark: n.masquerade_mark,
-            masquerade_all: n.masquerade_all,
-            local: n.local,
-            node_port_ips: n.node_port_ips,
-            node_ip: n.node_ip,
-        }
-    }
-
-    fn sync_family(&self, family: IpFamily, desired: &DesiredState) -> anyhow::Result<()> {
-        let t = tools(family);
-        for (table, chain, args) in rules::jumps() {
-            ensure_jump(&t, table, chain, &args)?;
-        }
-        let stale = our_service_chains(&t)?;
-        let restore = rules::build(&self.node_rules(family, desired), desired, &stale);
-        run_restore(&t, &restore.text)
+        let t = self.backend.tools(family);
+        let node = NodeRules::new(&self.settings, family, &desired.node);
+        // Unknown until this sync succeeds.
+        let previous = self.written[slot]
+            .take()
+            .filter(|w| !changes.full && w.node == node);
+        let restore = match &previous {
+            // Upstream's partial sync: the shared chains are rewritten, and
+            // only the changed ports' own chains; the jumps from the
+            // built-in chains were ensured by a full sync.
+            Some(w) => {
+                let mut stale: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
+                for own in changes.changed.iter().filter_map(|spn| w.services.get(spn)) {
+                    for (table, chains) in own {
+                        stale
+                            .entry(*table)
+                            .or_default()
+                            .extend(chains.iter().cloned());
+                    }
+                }
+                rules::build(&node, desired, &stale, &|spn| changes.changed.contains(spn))
+            }
+            None => {
+                for (table, chain, args) in rules::jumps(&node) {
+                    ensure_jump(&t, table, chain, &args)?;
+                }
+                let stale = our_service_chains(&t)?;
+                rules::build(&node, desired, &stale, &|_| true)
+            }
+        };
+        run_restore(&t, &restore.text)?;
+        self.written[slot] = Some(Written {
+            node,
+            services: restore.services,
+        });
+        Ok(())
     }
 }
 
@@ -143,7 +163,7 @@ fn our_service_chains(t: &Tools) -> anyhow::Result<BTreeMap<&'static str, BTreeS
             .lines()
             .filter_map(|l| l.strip_prefix(':'))
             .filter_map(|l| l.split_whitespace().next())
-            .filter(|c| SERVICE_CHAIN_PREFIXES.iter().any(|p| c.starts_with(p)))
+            .filter(|c| rules::is_service_chain(c))
             .map(str::to_owned)
             .collect();
         out.insert(table, chains);
@@ -179,9 +199,9 @@ fn run_restore(t: &Tools, text: &str) -> anyhow::Result<()> {
 impl Proxier for IptablesProxier {
     type Error = IptablesSyncError;
 
-    fn sync(&mut self, desired: &DesiredState, _: &SyncChanges) -> Result<(), Self::Error> {
+    fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), Self::Error> {
         for family in IpFamily::BOTH {
-            self.sync_family(family, desired).map_err(|e| {
+            self.sync_family(family, desired, changes).map_err(|e| {
                 IptablesSyncError(e.context(format!("syncing the {family:?} iptables rules")))
             })?;
             match crate::modes::conntrack::clean_stale_udp(family, desired) {

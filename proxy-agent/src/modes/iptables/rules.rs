@@ -14,8 +14,10 @@ use std::{
 use ipnet::IpNet;
 use sha2::{Digest as _, Sha256};
 
-use crate::model::{DesiredService, DesiredState, Endpoint, IpFamily, SessionAffinity};
-use crate::modes::nftables::ruleset::LocalDetector;
+use crate::model::{
+    DesiredService, DesiredState, Endpoint, IpFamily, NodeModel, ServicePortName, SessionAffinity,
+};
+use crate::modes::nftables::{proxier::NftSettings, ruleset::LocalDetector};
 
 /// What one family's rules depend on besides the services.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,11 +29,53 @@ pub struct NodeRules {
     /// `None`: NodePorts on every local address; else these.
     pub node_port_ips: Option<Vec<IpAddr>>,
     pub node_ip: Option<IpAddr>,
+    /// `iptables.localhostNodePorts`: NodePorts answer on 127.0.0.1 (IPv4
+    /// only, with `route_localnet`), guarded by `KUBE-FIREWALL`.
+    pub localhost_node_ports: bool,
+}
+
+impl NodeRules {
+    /// The same decisions as the nftables mode's (one set of options).
+    pub fn new(settings: &NftSettings, family: IpFamily, node: &NodeModel) -> Self {
+        let nft_family = match family {
+            IpFamily::V4 => crate::modes::nftables::nft::Family::Ip,
+            IpFamily::V6 => crate::modes::nftables::nft::Family::Ip6,
+        };
+        let n = settings.node_rules(nft_family, node);
+        NodeRules {
+            family,
+            masquerade_mark: n.masquerade_mark,
+            masquerade_all: n.masquerade_all,
+            local: n.local,
+            node_port_ips: n.node_port_ips,
+            node_ip: n.node_ip,
+            localhost_node_ports: settings.localhost_node_ports,
+        }
+    }
+
+    /// Whether 127.0.0.0/8 reaches NodePorts (never ::1, as upstream).
+    fn localhost_reaches_node_ports(&self) -> bool {
+        self.family == IpFamily::V4 && self.localhost_node_ports
+    }
 }
 
 /// The jumps from the built-in chains, ensured outside the restore:
 /// (table, chain, rule arguments).
-pub fn jumps() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
+pub fn jumps(node: &NodeRules) -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
+    let mut all = service_jumps();
+    if node.localhost_reaches_node_ports() {
+        for chain in ["INPUT", "OUTPUT"] {
+            all.push(("filter", chain, vec!["-j", KUBE_FIREWALL]));
+        }
+    }
+    all
+}
+
+/// Upstream's kubelet chain, which kube-proxy fills when localhost reaches
+/// NodePorts (the `route_localnet` hole, kubernetes#90259).
+const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
+
+fn service_jumps() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
     let c = |comment: &'static str| vec!["-m", "comment", "--comment", comment];
     let with = |mut a: Vec<&'static str>, b: &[&'static str]| {
         a.extend_from_slice(b);
@@ -174,11 +218,59 @@ impl Table {
     }
 }
 
-/// What a sync writes: the restore input, and the chains it declared per
-/// table (the others of ours are stale).
+/// What a sync writes: the restore input, the chains it declared per
+/// table (the others of ours are stale), and each service port's own
+/// chains (written or not).
 pub struct Restore {
     pub text: String,
     pub chains: BTreeMap<&'static str, BTreeSet<String>>,
+    pub services: BTreeMap<ServicePortName, OwnChains>,
+}
+
+/// A service port's own chains (`KUBE-SVC-…`, `KUBE-SEP-…`, …) per table.
+pub type OwnChains = BTreeMap<&'static str, BTreeSet<String>>;
+
+/// The chains one service port owns; the others (`KUBE-SERVICES`, …) are
+/// shared and rewritten by every sync.
+pub fn is_service_chain(chain: &str) -> bool {
+    SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
+}
+
+pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-EXT-",
+    "KUBE-FW-",
+    "KUBE-SEP-",
+];
+
+impl Table {
+    /// Takes one service port's chains and rules: all of them, or (a partial
+    /// sync of an unchanged port) only its rules in shared chains, leaving
+    /// its own chains as the kernel holds them (upstream's partial sync).
+    fn take(&mut self, port: Table, rewrite: bool) -> BTreeSet<String> {
+        let own: BTreeSet<String> = port
+            .chains
+            .iter()
+            .filter(|c| is_service_chain(c))
+            .cloned()
+            .collect();
+        for c in &port.order {
+            if rewrite || !own.contains(c) {
+                self.chain(c);
+            }
+        }
+        for r in port.rules {
+            let chain = r
+                .strip_prefix("-A ")
+                .and_then(|r| r.split(' ').next())
+                .unwrap_or_default();
+            if rewrite || !own.contains(chain) {
+                self.rule(r);
+            }
+        }
+        own
+    }
 }
 
 const FIXED_FILTER: [&str; 6] = [
@@ -208,11 +300,13 @@ fn local_match(local: &LocalDetector, negate: bool) -> Option<String> {
 }
 
 /// Both tables for `desired`; `stale` are our chains found in the tables
-/// and no longer wanted (deleted by this restore), per table.
+/// and no longer wanted (deleted by this restore), per table. Only the
+/// service ports `rewrite` accepts have their own chains written.
 pub fn build(
     node: &NodeRules,
     desired: &DesiredState,
     stale: &BTreeMap<&'static str, BTreeSet<String>>,
+    rewrite: &dyn Fn(&ServicePortName) -> bool,
 ) -> Restore {
     let f = node.family;
     let mut filter = Table::default();
@@ -238,23 +332,43 @@ pub fn build(
     filter.rule(format!("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"));
     filter.rule("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT".into());
 
+    if node.localhost_reaches_node_ports() {
+        filter.chain(KUBE_FIREWALL);
+        filter.rule(format!("-A {KUBE_FIREWALL} -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"));
+    }
+
     let mut nodeport_rules = Vec::new();
+    let mut services = BTreeMap::new();
     for svc in desired.services.values() {
+        let (mut port_filter, mut port_nat) = (Table::default(), Table::default());
         service(
-            &mut filter,
-            &mut nat,
+            &mut port_filter,
+            &mut port_nat,
             node,
             svc,
             reject,
             &mut nodeport_rules,
         );
+        let rewrite = rewrite(&svc.name);
+        let own = BTreeMap::from([
+            ("filter", filter.take(port_filter, rewrite)),
+            ("nat", nat.take(port_nat, rewrite)),
+        ]);
+        services.insert(svc.name.clone(), own);
     }
-    // The NodePorts, last.
+    // The NodePorts, last; loopback only where it can work (upstream's rule).
     let np_dest = match &node.node_port_ips {
-        None => vec!["-m addrtype --dst-type LOCAL".to_string()],
+        None => match f {
+            IpFamily::V6 => vec!["-m addrtype --dst-type LOCAL ! -d ::1/128".to_string()],
+            IpFamily::V4 if !node.localhost_node_ports => {
+                vec!["-m addrtype --dst-type LOCAL ! -d 127.0.0.0/8".to_string()]
+            }
+            IpFamily::V4 => vec!["-m addrtype --dst-type LOCAL".to_string()],
+        },
         Some(ips) => ips
             .iter()
             .filter(|a| of_family(f, a))
+            .filter(|a| !a.is_loopback() || node.localhost_reaches_node_ports())
             .map(|a| format!("-d {a}"))
             .collect(),
     };
@@ -290,7 +404,11 @@ pub fn build(
         let _ = writeln!(text, "COMMIT");
         chains.insert(name, table.chains.clone());
     }
-    Restore { text, chains }
+    Restore {
+        text,
+        chains,
+        services,
+    }
 }
 
 fn service(

@@ -302,43 +302,72 @@ fn quote(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "'"))
 }
 
-/// The chains and sets of `table` in `family`, from `nft -j list table`;
-/// empty when the table does not exist.
+/// The chains and sets of `table` in `family`; empty when the table does
+/// not exist. Listed by kind (`list chains`, `list sets` without their
+/// elements), not as the whole table: at 10,000 services the table's rules
+/// make `list table` take 39 s here, the chains alone 3 s.
 pub fn list(family: Family, table: &str) -> anyhow::Result<Listing> {
-    let out = Command::new("nft")
-        .args(["-j", "list", "table", family.name(), table])
-        .stdin(Stdio::null())
-        .output()
-        .context("running nft")?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        if err.contains("No such file or directory") {
-            return Ok(Listing::default());
+    let mut listing = Listing::default();
+    for what in ["chains", "sets"] {
+        let out = Command::new("nft")
+            .args(["-j", "-t", "list", what, family.name()])
+            .stdin(Stdio::null())
+            .output()
+            .context("running nft")?;
+        if !out.status.success() {
+            bail!(
+                "nft list {what} {}: {}",
+                family.name(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
-        bail!("nft list table {} {table}: {}", family.name(), err.trim());
+        listing.add(table, &out.stdout)?;
     }
-    Listing::parse(&out.stdout)
+    Ok(listing)
 }
 
 /// The names of the chains and sets (maps apart) of one table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Listing {
-    pub chains: Vec<String>,
-    pub sets: Vec<String>,
+    pub chains: std::collections::BTreeSet<String>,
+    pub sets: std::collections::BTreeSet<String>,
 }
 
 impl Listing {
-    pub fn parse(json: &[u8]) -> anyhow::Result<Self> {
+    /// Adds the chains and sets of `table` from one of nft's JSON listings.
+    pub fn add(&mut self, table: &str, json: &[u8]) -> anyhow::Result<()> {
         let v: serde_json::Value = serde_json::from_slice(json).context("nft's JSON listing")?;
-        let mut listing = Listing::default();
         for item in v["nftables"].as_array().into_iter().flatten() {
-            if let Some(name) = item["chain"]["name"].as_str() {
-                listing.chains.push(name.to_owned());
-            }
-            if let Some(name) = item["set"]["name"].as_str() {
-                listing.sets.push(name.to_owned());
+            for (kind, names) in [("chain", &mut self.chains), ("set", &mut self.sets)] {
+                let object = &item[kind];
+                if object["table"].as_str() == Some(table)
+                    && let Some(name) = object["name"].as_str()
+                {
+                    names.insert(name.to_owned());
+                }
             }
         }
-        Ok(listing)
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_keeps_only_its_tables_chains_and_sets() {
+        let chains = br#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
+            {"chain": {"family": "ip", "table": "kube-proxy", "name": "services", "handle": 1}},
+            {"chain": {"family": "ip", "table": "filter", "name": "INPUT", "handle": 1}}]}"#;
+        let sets = br#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
+            {"set": {"family": "ip", "name": "affinity-X", "table": "kube-proxy", "type": "ipv4_addr"}},
+            {"set": {"family": "ip", "name": "other", "table": "filter", "type": "ipv4_addr"}}]}"#;
+        let mut l = Listing::default();
+        l.add("kube-proxy", chains).unwrap();
+        l.add("kube-proxy", sets).unwrap();
+        assert_eq!(l.chains, ["services".to_owned()].into());
+        assert_eq!(l.sets, ["affinity-X".to_owned()].into());
+        assert!(l.add("kube-proxy", b"not json").is_err());
     }
 }

@@ -29,6 +29,8 @@ pub struct NftSettings {
     pub detect_local: DetectLocal,
     /// `nodePortAddresses` is empty: NodePorts on every local address.
     pub node_ports_everywhere: bool,
+    /// `iptables.localhostNodePorts` (the iptables mode's alone, as upstream).
+    pub localhost_node_ports: bool,
 }
 
 impl NftSettings {
@@ -39,6 +41,7 @@ impl NftSettings {
             masquerade_all: opts.masquerade_all(),
             detect_local: DetectLocal::from_options(opts),
             node_ports_everywhere: matches!(opts.node_port_addresses(), NodePortAddresses::All),
+            localhost_node_ports: opts.config.iptables.localhost_node_ports.unwrap_or(true),
         }
     }
 
