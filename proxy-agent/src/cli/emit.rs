@@ -128,12 +128,10 @@ pub fn prepare(
 
 /// The rules, as text.
 pub fn emit(args: &EmitArgs) -> anyhow::Result<String> {
-    if args.mode == EmitMode::Ipvs {
-        return Err(anyhow!(
-            "--mode: ipvs is not implemented yet; nftables and iptables are"
-        ));
-    }
     let (opts, desired) = prepare(args)?;
+    if args.mode == EmitMode::Ipvs {
+        return Ok(emit_ipvs(&opts, &desired));
+    }
     let settings = NftSettings::from_options(&opts);
     let mut out = String::new();
     for family in [Family::Ip, Family::Ip6] {
@@ -155,4 +153,32 @@ pub fn emit(args: &EmitArgs) -> anyhow::Result<String> {
         out.push_str(&tx.render());
     }
     Ok(out)
+}
+
+/// The ipvs mode's virtual servers per family, as `ipvsadm --save -n`
+/// lists them, and the addresses it binds to `kube-ipvs0`.
+fn emit_ipvs(opts: &crate::options::ProxyOptions, desired: &crate::model::DesiredState) -> String {
+    use crate::{
+        model::IpFamily,
+        modes::ipvs::{cleanup::DUMMY_IFACE, virtual_servers},
+    };
+    let mut out = String::new();
+    for family in IpFamily::BOTH {
+        let servers =
+            virtual_servers::virtual_servers(desired, family, &opts.config.ipvs.scheduler);
+        out.push_str(&format!(
+            "# ipvs {family:?} virtual servers (ipvsadm --save -n)\n"
+        ));
+        out.push_str(&virtual_servers::render(&servers));
+        let bound: std::collections::BTreeSet<_> = servers
+            .iter()
+            .filter(|vs| vs.frontend != virtual_servers::Frontend::NodePort)
+            .map(|vs| vs.address)
+            .collect();
+        out.push_str(&format!("# {DUMMY_IFACE} {family:?} addresses\n"));
+        for a in bound {
+            out.push_str(&format!("{a}\n"));
+        }
+    }
+    out
 }

@@ -268,7 +268,7 @@ fn emit_prints_what_nft_accepts() {
     std::thread::spawn(move || {
         // SAFETY: unshare affects only this thread; iptables runs as its child.
         assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-        let mut child = Command::new("iptables-restore")
+        let mut child = Command::new("iptables-nft-restore")
             .args(["-w", "--noflush"])
             .stdin(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -292,11 +292,14 @@ fn emit_prints_what_nft_accepts() {
     .join()
     .unwrap();
 
-    let bad = Command::new(env!("CARGO_BIN_EXE_proxy-agent"))
+    // The ipvs form: the virtual servers and what kube-ipvs0 holds.
+    let out = Command::new(env!("CARGO_BIN_EXE_proxy-agent"))
         .args([
             "emit",
             "--mode",
             "ipvs",
+            "--hostname-override",
+            "node-a",
             "--local-address",
             "198.18.0.1",
             "--manifests",
@@ -304,11 +307,19 @@ fn emit_prints_what_nft_accepts() {
         .arg(dir.path())
         .output()
         .unwrap();
-    assert_eq!(bad.status.code(), Some(1));
     assert!(
-        String::from_utf8_lossy(&bad.stderr)
-            .contains("--mode: ipvs is not implemented yet; nftables and iptables are")
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in [
+        "-A -t 198.19.0.60:80 -s rr -p 10800\n-a -t 198.19.0.60:80 -r 198.18.2.10:8080 -m -w 1\n",
+        "-A -t 198.18.0.1:30660 -s rr -p 10800\n",
+        "# kube-ipvs0 V4 addresses\n198.19.0.60\n",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from\n{text}");
+    }
 }
 
 fn iptables_save(table: &str) -> String {

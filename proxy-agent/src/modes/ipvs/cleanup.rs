@@ -11,8 +11,8 @@ use crate::cleanup::{Removed, Report};
 
 pub const DUMMY_IFACE: &str = "kube-ipvs0";
 
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
+pub const NLM_F_REQUEST: u16 = 0x1;
+pub const NLM_F_ACK: u16 = 0x4;
 const NLM_F_DUMP: u16 = 0x300;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
@@ -22,7 +22,7 @@ const CTRL_ATTR_FAMILY_ID: u16 = 1;
 const CTRL_ATTR_FAMILY_NAME: u16 = 2;
 pub const IPVS_CMD_GET_SERVICE: u8 = 4;
 pub const IPVS_CMD_FLUSH: u8 = 17;
-const IPVS_GENL_VERSION: u8 = 1;
+pub const IPVS_GENL_VERSION: u8 = 1;
 const NETLINK_GENERIC: i32 = 16;
 
 /// Sends one netlink request and returns every reply message (headers included) up to and

@@ -1,7 +1,11 @@
-//! The ipvs mode (upstream's ipvs proxier): probe, sysctls and cleanup
-//! today; the proxier itself is not implemented yet.
+//! The ipvs mode (upstream's ipvs proxier): probe, sysctls and cleanup; the
+//! virtual servers from the model and the netlink requests that program
+//! them. The proxier that sends them (with its ipsets and companion
+//! iptables rules) is not implemented yet.
 
 pub mod cleanup;
+pub mod messages;
+pub mod virtual_servers;
 
 use std::path::Path;
 
