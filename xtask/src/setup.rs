@@ -25,6 +25,7 @@ const PACKAGES: &[&str] = &[
     "iptables",
     "nftables",
     "ipvsadm",
+    "ipset",
     "conntrack",
     "ethtool",
     "tcpdump",

@@ -155,30 +155,34 @@ pub fn emit(args: &EmitArgs) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// The ipvs mode's virtual servers per family, as `ipvsadm --save -n`
-/// lists them, and the addresses it binds to `kube-ipvs0`.
+/// The ipvs mode's writes per family: the virtual servers as `ipvsadm
+/// --save -n` lists them, the addresses of `kube-ipvs0`, the `ipset
+/// restore` input and the companion `iptables-restore` input.
 fn emit_ipvs(opts: &crate::options::ProxyOptions, desired: &crate::model::DesiredState) -> String {
     use crate::{
         model::IpFamily,
-        modes::ipvs::{cleanup::DUMMY_IFACE, virtual_servers},
+        modes::ipvs::{cleanup::DUMMY_IFACE, ipsets, proxier, virtual_servers},
     };
+    let settings = NftSettings::from_options(opts);
     let mut out = String::new();
     for family in IpFamily::BOTH {
-        let servers =
-            virtual_servers::virtual_servers(desired, family, &opts.config.ipvs.scheduler);
+        let plan = proxier::plan(&settings, &opts.config.ipvs.scheduler, family, desired);
         out.push_str(&format!(
             "# ipvs {family:?} virtual servers (ipvsadm --save -n)\n"
         ));
-        out.push_str(&virtual_servers::render(&servers));
-        let bound: std::collections::BTreeSet<_> = servers
-            .iter()
-            .filter(|vs| vs.frontend != virtual_servers::Frontend::NodePort)
-            .map(|vs| vs.address)
-            .collect();
+        out.push_str(&virtual_servers::render(&plan.servers));
         out.push_str(&format!("# {DUMMY_IFACE} {family:?} addresses\n"));
-        for a in bound {
+        for a in &plan.bound {
             out.push_str(&format!("{a}\n"));
         }
+        out.push_str(&format!("# ipset restore ({family:?})\n"));
+        out.push_str(&ipsets::restore(&plan.sets, &Default::default()));
+        let tool = match family {
+            IpFamily::V4 => "iptables-restore",
+            IpFamily::V6 => "ip6tables-restore",
+        };
+        out.push_str(&format!("# {tool} --noflush\n"));
+        out.push_str(&plan.rules);
     }
     out
 }

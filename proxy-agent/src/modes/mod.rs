@@ -121,11 +121,6 @@ impl ModeSupport for HostSupport {
     }
 }
 
-/// `Err(reason)` unless `mode` is one this agent runs yet.
-fn not_implemented(mode: ProxyMode) -> anyhow::Error {
-    anyhow::anyhow!("proxy mode {mode} is accepted but not implemented yet; use --proxy-mode ebpf")
-}
-
 /// Runs a tool as a probe: `Ok` when it exits 0.
 fn tool_works(program: &str, args: &[&str]) -> Result<(), String> {
     match Command::new(program)

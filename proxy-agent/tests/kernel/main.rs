@@ -22,6 +22,7 @@ mod explain;
 mod explain_ipv6;
 mod fuzz_datapath;
 mod introspect_fill;
+mod ipvs_mode;
 mod monitor_events;
 mod pins_migration;
 mod rule_modes;

@@ -174,10 +174,16 @@ struct ProbeCgroup {
     /// The cgroup this process came from, to go back to.
     home: PathBuf,
     mounted: Option<PathBuf>,
+    /// Joining a cgroup moves the whole process: one probe at a time per
+    /// process (explain runs from several threads of one test binary).
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
+
+static PROBE_CGROUP: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl ProbeCgroup {
     fn new() -> anyhow::Result<Self> {
+        let one_at_a_time = PROBE_CGROUP.lock().unwrap_or_else(|e| e.into_inner());
         let (root, mounted) = match cgroup2_mount() {
             Ok(root) => (root, None),
             Err(_) => {
@@ -206,6 +212,7 @@ impl ProbeCgroup {
             path,
             home,
             mounted,
+            _one_at_a_time: one_at_a_time,
         })
     }
 

@@ -112,7 +112,12 @@ impl IptablesProxier {
 }
 
 /// Adds `-A`-style `args` at the top of `chain` unless present (upstream's EnsureRule).
-fn ensure_jump(t: &Tools, table: &str, chain: &str, args: &[&str]) -> anyhow::Result<()> {
+pub(crate) fn ensure_jump(
+    t: &Tools,
+    table: &str,
+    chain: &str,
+    args: &[&str],
+) -> anyhow::Result<()> {
     // The target chain must exist before a rule can jump to it.
     let target = args.last().copied().unwrap_or_default();
     let _ = Command::new(t.iptables)
@@ -171,7 +176,7 @@ fn our_service_chains(t: &Tools) -> anyhow::Result<BTreeMap<&'static str, BTreeS
     Ok(out)
 }
 
-fn run_restore(t: &Tools, text: &str) -> anyhow::Result<()> {
+pub(crate) fn run_restore(t: &Tools, text: &str) -> anyhow::Result<()> {
     let mut child = Command::new(t.restore)
         .args(["-w", "--noflush"])
         .stdin(Stdio::piped())

@@ -146,8 +146,8 @@ fn check_ack(replies: &[Vec<u8>], what: &str) -> io::Result<()> {
     }
 }
 
-/// Resolves the IPVS family, counts the services and flushes them if there are any.
-pub fn flush(t: &mut dyn GenlTransport) -> io::Result<IpvsOutcome> {
+/// The IPVS generic netlink family id; `None` when the kernel has no IPVS.
+pub fn resolve_family(t: &mut dyn GenlTransport) -> io::Result<Option<u16>> {
     let replies = t.request(&get_family_request(1))?;
     if let Some(e) = replies
         .iter()
@@ -155,19 +155,32 @@ pub fn flush(t: &mut dyn GenlTransport) -> io::Result<IpvsOutcome> {
         .filter(|e| *e != 0)
     {
         if -e == libc::ENOENT {
-            return Ok(IpvsOutcome::NotAvailable);
+            return Ok(None);
         }
         return Err(io::Error::other(format!(
             "resolving the IPVS netlink family: {}",
             io::Error::from_raw_os_error(-e)
         )));
     }
-    let Some(family) = replies.iter().find_map(|m| {
+    match replies.iter().find_map(|m| {
         (u16_at(m, 4) == Some(GENL_ID_CTRL))
             .then(|| family_id(m))
             .flatten()
-    }) else {
-        return Err(io::Error::other("no IPVS family id in the netlink reply"));
+    }) {
+        Some(f) => Ok(Some(f)),
+        None => Err(io::Error::other("no IPVS family id in the netlink reply")),
+    }
+}
+
+/// The errno of the first error in `replies`, as an error naming `what`.
+pub fn check_replies(replies: &[Vec<u8>], what: &str) -> io::Result<()> {
+    check_ack(replies, what)
+}
+
+/// Resolves the IPVS family, counts the services and flushes them if there are any.
+pub fn flush(t: &mut dyn GenlTransport) -> io::Result<IpvsOutcome> {
+    let Some(family) = resolve_family(t)? else {
+        return Ok(IpvsOutcome::NotAvailable);
     };
     let replies = t.request(&list_services_request(family, 2))?;
     check_ack(&replies, "listing IPVS services")?;

@@ -186,6 +186,172 @@ pub fn program(family: u16, servers: &[VirtualServer]) -> Vec<Vec<u8>> {
     out
 }
 
+pub const IPVS_CMD_SET_SERVICE: u8 = 2;
+pub const IPVS_CMD_GET_SERVICE: u8 = 4;
+pub const IPVS_CMD_SET_DEST: u8 = 6;
+pub const IPVS_CMD_GET_DEST: u8 = 8;
+const IPVS_DEST_ATTR_ACTIVE_CONNS: u16 = 7;
+const IPVS_DEST_ATTR_INACT_CONNS: u16 = 8;
+const NLM_F_DUMP: u16 = 0x300;
+
+/// The request for one reconcile operation.
+pub fn op_request(family: u16, seq: u32, op: &super::reconcile::Op) -> Vec<u8> {
+    use super::reconcile::Op::*;
+    match op {
+        AddService(vs) => service_request(family, seq, IPVS_CMD_NEW_SERVICE, vs),
+        UpdateService(vs) => service_request(family, seq, IPVS_CMD_SET_SERVICE, vs),
+        DeleteService(vs) => service_request(family, seq, IPVS_CMD_DEL_SERVICE, vs),
+        AddReal(vs, r) => dest_request(family, seq, IPVS_CMD_NEW_DEST, vs, r),
+        UpdateReal(vs, r) => dest_request(family, seq, IPVS_CMD_SET_DEST, vs, r),
+        DeleteReal(vs, r) => dest_request(family, seq, IPVS_CMD_DEL_DEST, vs, r),
+    }
+}
+
+/// `IPVS_CMD_GET_SERVICE` as a dump: every virtual server.
+pub fn list_services(family: u16, seq: u32) -> Vec<u8> {
+    super::cleanup::list_services_request(family, seq)
+}
+
+/// `IPVS_CMD_GET_DEST` as a dump: the real servers of `vs`.
+pub fn list_dests(family: u16, seq: u32, vs: &VirtualServer) -> Vec<u8> {
+    genl_message(
+        family,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        seq,
+        IPVS_CMD_GET_DEST,
+        IPVS_GENL_VERSION,
+        &[(IPVS_CMD_ATTR_SERVICE, &service_attr(vs))],
+    )
+}
+
+/// The attributes in `buf`: (type without the nested/byte-order flags, payload).
+fn attrs(buf: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + 4 <= buf.len() {
+        let len = u16::from_ne_bytes([buf[off], buf[off + 1]]) as usize;
+        let ty = u16::from_ne_bytes([buf[off + 2], buf[off + 3]]) & 0x3fff;
+        if len < 4 || off + len > buf.len() {
+            break;
+        }
+        out.push((ty, &buf[off + 4..off + len]));
+        off += (len + 3) & !3;
+    }
+    out
+}
+
+/// The nested attribute `ty` of a generic netlink message of `family`.
+fn nested(msg: &[u8], family: u16, ty: u16) -> Option<Vec<(u16, &[u8])>> {
+    let msg_type = u16::from_ne_bytes([*msg.get(4)?, *msg.get(5)?]);
+    if msg_type != family || msg.len() < 20 {
+        return None;
+    }
+    attrs(&msg[20..])
+        .into_iter()
+        .find(|(t, _)| *t == ty)
+        .map(|(_, body)| attrs(body))
+}
+
+fn get<'a>(a: &[(u16, &'a [u8])], ty: u16) -> Option<&'a [u8]> {
+    a.iter().find(|(t, _)| *t == ty).map(|(_, v)| *v)
+}
+
+fn u32_of(b: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(..4)?.try_into().ok()?))
+}
+
+fn ip_of(af: u16, b: &[u8]) -> Option<IpAddr> {
+    match af {
+        AF_INET => Some(IpAddr::from(<[u8; 4]>::try_from(b.get(..4)?).ok()?)),
+        AF_INET6 => Some(IpAddr::from(<[u8; 16]>::try_from(b.get(..16)?).ok()?)),
+        _ => None,
+    }
+}
+
+/// A virtual server from one `IPVS_CMD_GET_SERVICE` reply (fwmark
+/// services, which we never create, are skipped).
+pub fn parse_service(msg: &[u8], family: u16) -> Option<VirtualServer> {
+    let a = nested(msg, family, IPVS_CMD_ATTR_SERVICE)?;
+    let af = u16::from_ne_bytes(get(&a, IPVS_SVC_ATTR_AF)?.get(..2)?.try_into().ok()?);
+    let protocol =
+        match u16::from_ne_bytes(get(&a, IPVS_SVC_ATTR_PROTOCOL)?.get(..2)?.try_into().ok()?) {
+            6 => Protocol::Tcp,
+            17 => Protocol::Udp,
+            132 => Protocol::Sctp,
+            _ => return None,
+        };
+    let address = ip_of(af, get(&a, IPVS_SVC_ATTR_ADDR)?)?;
+    let port = u16::from_be_bytes(get(&a, IPVS_SVC_ATTR_PORT)?.get(..2)?.try_into().ok()?);
+    let scheduler = String::from_utf8_lossy(get(&a, IPVS_SVC_ATTR_SCHED_NAME)?)
+        .trim_end_matches('\0')
+        .to_owned();
+    let flags = get(&a, IPVS_SVC_ATTR_FLAGS).and_then(u32_of).unwrap_or(0);
+    let timeout = get(&a, IPVS_SVC_ATTR_TIMEOUT).and_then(u32_of).unwrap_or(0);
+    Some(VirtualServer {
+        address,
+        port,
+        protocol,
+        frontend: super::virtual_servers::Frontend::ClusterIp,
+        scheduler,
+        persistence_s: (flags & IP_VS_SVC_F_PERSISTENT != 0).then_some(timeout),
+        reals: Vec::new(),
+    })
+}
+
+/// A real server and its connections from one `IPVS_CMD_GET_DEST` reply.
+pub fn parse_dest(
+    msg: &[u8],
+    family: u16,
+    vs: &VirtualServer,
+) -> Option<super::reconcile::AppliedReal> {
+    let a = nested(msg, family, IPVS_CMD_ATTR_DEST)?;
+    let af = get(&a, IPVS_DEST_ATTR_ADDR_FAMILY)
+        .and_then(|b| Some(u16::from_ne_bytes(b.get(..2)?.try_into().ok()?)))
+        .unwrap_or(af(&vs.address));
+    let ip = ip_of(af, get(&a, IPVS_DEST_ATTR_ADDR)?)?;
+    let port = u16::from_be_bytes(get(&a, IPVS_DEST_ATTR_PORT)?.get(..2)?.try_into().ok()?);
+    let conns = |ty| get(&a, ty).and_then(u32_of).unwrap_or(0);
+    Some(super::reconcile::AppliedReal {
+        real: RealServer {
+            address: std::net::SocketAddr::new(ip, port),
+            weight: get(&a, IPVS_DEST_ATTR_WEIGHT).and_then(u32_of).unwrap_or(0),
+        },
+        connections: conns(IPVS_DEST_ATTR_ACTIVE_CONNS) + conns(IPVS_DEST_ATTR_INACT_CONNS),
+    })
+}
+
+/// A reply describing what `request` names, as a kernel fills it: the
+/// addresses are the 16-byte `nf_inet_addr`, the nested flag is set, a
+/// destination carries its connection counts. For [`super::fake`].
+pub fn kernel_reply(family: u16, request: &[u8], connections: u32) -> Vec<u8> {
+    let mut out_attrs = Vec::new();
+    for (ty, payload) in attrs(&request[20..]) {
+        let mut inner = Vec::new();
+        for (ity, ip) in attrs(payload) {
+            let widen = (ty == IPVS_CMD_ATTR_SERVICE && ity == IPVS_SVC_ATTR_ADDR)
+                || (ty == IPVS_CMD_ATTR_DEST && ity == IPVS_DEST_ATTR_ADDR);
+            let mut v = ip.to_vec();
+            if widen {
+                v.resize(16, 0);
+            }
+            inner.extend(nla(ity, &v));
+        }
+        if ty == IPVS_CMD_ATTR_DEST {
+            inner.extend(nla(IPVS_DEST_ATTR_ACTIVE_CONNS, &connections.to_ne_bytes()));
+            inner.extend(nla(IPVS_DEST_ATTR_INACT_CONNS, &0u32.to_ne_bytes()));
+        }
+        out_attrs.extend(nla(ty | 0x8000, &inner));
+    }
+    let mut msg = Vec::new();
+    msg.extend_from_slice(&((20 + out_attrs.len()) as u32).to_ne_bytes());
+    msg.extend_from_slice(&family.to_ne_bytes());
+    msg.extend_from_slice(&0u16.to_ne_bytes());
+    msg.extend_from_slice(&request[8..16]);
+    msg.extend_from_slice(&request[16..20]);
+    msg.extend(out_attrs);
+    msg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

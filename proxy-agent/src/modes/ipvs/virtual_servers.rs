@@ -2,10 +2,11 @@
 //! proxier (`pkg/proxy/ipvs/proxier.go`) makes them: one per cluster IP,
 //! external IP, load-balancer IP and NodePort address of each service port,
 //! with the configured scheduler, persistence for ClientIP affinity, and as
-//! real servers the endpoints the traffic policy allows (internal for the
-//! cluster IP, external for the rest). Terminating endpoints stay with
-//! weight 0 (upstream's graceful termination: no new connections, the
-//! established ones drain). Pure.
+//! real servers (weight 1) the endpoints the traffic policy allows
+//! (internal for the cluster IP, external for the rest). As upstream's,
+//! a Local policy without local endpoints falls back to the cluster's
+//! endpoints (kubernetes#97081: pods on the node still reach the service).
+//! Removed endpoints drain in `reconcile`. Pure.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -23,7 +24,7 @@ pub enum Frontend {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct RealServer {
     pub address: SocketAddr,
-    /// 1, or 0 while the endpoint terminates.
+    /// 1, or 0 while a removed endpoint drains its connections.
     pub weight: u32,
 }
 
@@ -128,7 +129,7 @@ fn reals(eps: &[Endpoint], family: IpFamily) -> Vec<RealServer> {
         .filter(|e| IpFamily::of(&e.ip) == family)
         .map(|e| RealServer {
             address: SocketAddr::new(e.ip, e.port),
-            weight: if e.terminating { 0 } else { 1 },
+            weight: 1,
         })
         .collect();
     out.sort();
@@ -214,7 +215,7 @@ mod tests {
             text,
             "-A -t 198.19.0.10:80 -s rr -p 600\n\
              -a -t 198.19.0.10:80 -r 198.18.1.10:8080 -m -w 1\n\
-             -a -t 198.19.0.10:80 -r 198.18.2.10:8080 -m -w 0\n\
+             -a -t 198.19.0.10:80 -r 198.18.2.10:8080 -m -w 1\n\
              -A -t 198.18.3.30:80 -s rr -p 600\n\
              -a -t 198.18.3.30:80 -r 198.18.1.10:8080 -m -w 1\n\
              -A -t 198.18.3.20:80 -s rr -p 600\n\

@@ -285,6 +285,33 @@ impl Rtnl {
         Ok(HostNetwork::assemble(links, &addresses, &routes))
     }
 
+    /// Sends `request` (with `flags` beside REQUEST and ACK) and waits for
+    /// the kernel's acknowledgement.
+    pub(crate) fn execute(&mut self, request: RouteNetlinkMessage, flags: u16) -> io::Result<()> {
+        self.sequence = self.sequence.wrapping_add(1);
+        let mut message = NetlinkMessage::from(request);
+        message.header.flags = NLM_F_REQUEST | netlink_packet_core::NLM_F_ACK | flags;
+        message.header.sequence_number = self.sequence;
+        message.finalize();
+        let mut bytes = vec![0; message.buffer_len()];
+        message.serialize(&mut bytes);
+        self.socket.send(&bytes, 0)?;
+        loop {
+            let len = receive(&self.socket, &mut self.buf)?;
+            for frame in frames(&self.buf[..len]) {
+                if frame.sequence_number != self.sequence {
+                    continue;
+                }
+                if let Ok(NetlinkPayload::Error(e)) = frame.parse() {
+                    return match e.code {
+                        None => Ok(()),
+                        Some(_) => Err(e.to_io()),
+                    };
+                }
+            }
+        }
+    }
+
     /// The answers to a dump `request`, dumped again while the kernel flags
     /// the dump as interrupted by a change (then kept as they are).
     pub(crate) fn dump(

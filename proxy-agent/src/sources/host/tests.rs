@@ -4,7 +4,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL};
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::{
     link::{InfoData, InfoKind, InfoVeth, LinkInfo},
     route::RouteNextHop,
@@ -323,30 +323,8 @@ fn read_reports_links_addresses_masters_and_the_default_route() {
     });
 }
 
-/// Sends `request` and waits for the kernel's acknowledgement.
 fn execute(rtnl: &mut Rtnl, request: RouteNetlinkMessage, flags: u16) -> io::Result<()> {
-    rtnl.sequence += 1;
-    let mut message = NetlinkMessage::from(request);
-    message.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-    message.header.sequence_number = rtnl.sequence;
-    message.finalize();
-    let mut bytes = vec![0; message.buffer_len()];
-    message.serialize(&mut bytes);
-    rtnl.socket.send(&bytes, 0)?;
-    loop {
-        let len = receive(&rtnl.socket, &mut rtnl.buf)?;
-        let answer = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rtnl.buf[..len])
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-        if answer.header.sequence_number != rtnl.sequence {
-            continue;
-        }
-        if let NetlinkPayload::Error(e) = answer.payload {
-            return match e.code {
-                None => Ok(()),
-                Some(_) => Err(e.to_io()),
-            };
-        }
-    }
+    rtnl.execute(request, flags)
 }
 
 fn new_veth(rtnl: &mut Rtnl, name: &str, peer: &str) -> io::Result<()> {
