@@ -2,10 +2,12 @@
 //! set-up, a connection and the expected outcome (forwarded to one of the
 //! endpoints with or without masquerade, dropped, rejected, or untouched),
 //! run against the ebpf mode through the real programs (`explain`'s
-//! offline form: BPF_PROG_TEST_RUN and the socket hook) and against the
+//! offline form: BPF_PROG_TEST_RUN and the socket hook), against the
 //! nftables and iptables modes through real TCP connections across
 //! namespaces whose node the agent's own proxier programmed from the same
-//! manifests and configuration. Where upstream's own modes differ, the row
+//! manifests and configuration, and against the ipvs mode (no IPVS in these
+//! kernels) through what its proxier would write: the virtual servers and
+//! ipsets, read the way its iptables rules and IPVS read them. Where upstream's own modes differ, the row
 //! records which mode expects what (the closing note of issue 13 lists them).
 //!
 //! The topology (addresses from 198.18.0.0/15): a node (198.18.0.2 toward
@@ -65,6 +67,7 @@ enum Mode {
     Ebpf,
     Nftables,
     Iptables,
+    Ipvs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -459,6 +462,9 @@ fn observe(
     if mode == Mode::Ebpf {
         return explain(dir, flow, first_port);
     }
+    if mode == Mode::Ipvs {
+        return ipvs_outcome(dir, flow);
+    }
     let t = topology.expect("a topology for the rule modes");
     let mut result: Option<Outcome> = None;
     for i in 0..TRIES {
@@ -565,7 +571,7 @@ fn explain(dir: &Path, flow: &Flow, first_port: u16) -> Outcome {
 fn run_suite(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
     write_manifests(dir.path());
-    let topology = (mode != Mode::Ebpf).then(Topology::new);
+    let topology = matches!(mode, Mode::Nftables | Mode::Iptables).then(Topology::new);
     if let Some(t) = &topology {
         let emit_mode = if mode == Mode::Nftables {
             EmitMode::Nftables
@@ -625,4 +631,101 @@ fn flow_suite_nftables() {
 #[test]
 fn flow_suite_iptables() {
     run_suite(Mode::Iptables);
+}
+
+#[test]
+fn flow_suite_ipvs() {
+    run_suite(Mode::Ipvs);
+}
+
+/// What the ipvs mode does with a flow, read from what its proxier writes
+/// for this node: the filter rules (`KUBE-PROXY-FIREWALL` with the source
+/// range sets, `KUBE-IPVS-FILTER`), IPVS (the virtual server of the
+/// address and port, none for addresses that are not the node's or on
+/// `kube-ipvs0`; one without real servers answers with ICMP port
+/// unreachable, `ip_vs_leave`), and the masquerade marks of `KUBE-SERVICES`
+/// (the sets matched as the rules match them, with the local detector).
+fn ipvs_outcome(dir: &Path, flow: &Flow) -> Outcome {
+    use proxy_agent::{model::IpFamily, modes::ipvs::proxier::plan};
+    let (opts, desired) = emit::prepare(&emit_args(dir, EmitMode::Ipvs)).unwrap();
+    let settings = NftSettings::from_options(&opts);
+    let p = plan(
+        &settings,
+        &opts.config.ipvs.scheduler,
+        IpFamily::V4,
+        &desired,
+    );
+    let has = |set: &str, entry: &str| p.sets.entries.get(set).is_some_and(|e| e.contains(entry));
+    let src = match flow.from {
+        From::Pod => POD,
+        From::Outside => CLIENT,
+        From::Denied => DENIED,
+        From::Node => NODE,
+    };
+    let (dst, port) = (flow.dst, flow.dport);
+    let key = format!("{dst},tcp:{port}");
+    let dst_ip: std::net::IpAddr = dst.parse().unwrap();
+    if dst != NODE && !p.bound.contains(&dst_ip) {
+        return Outcome::Untouched;
+    }
+    // filter INPUT (traffic from the node itself takes OUTPUT instead).
+    if flow.from != From::Node {
+        if has("KUBE-LOAD-BALANCER-FW", &key) {
+            let src_ip: std::net::IpAddr = src.parse().unwrap();
+            let allowed = p
+                .sets
+                .entries
+                .get("KUBE-LOAD-BALANCER-SOURCE-CIDR")
+                .into_iter()
+                .flatten()
+                .any(|e| {
+                    e.strip_prefix(&format!("{key},"))
+                        .and_then(|net| net.parse::<ipnet::IpNet>().ok())
+                        .is_some_and(|net| net.contains(&src_ip))
+                })
+                || has("KUBE-LOAD-BALANCER-SOURCE-IP", &format!("{key},{src}"));
+            if !allowed {
+                return Outcome::Dropped;
+            }
+        }
+        let serviced = [
+            "KUBE-LOAD-BALANCER",
+            "KUBE-CLUSTER-IP",
+            "KUBE-EXTERNAL-IP",
+            "KUBE-EXTERNAL-IP-LOCAL",
+        ]
+        .iter()
+        .any(|s| has(s, &key))
+            || has("KUBE-HEALTH-CHECK-NODE-PORT", &port.to_string());
+        if !serviced && has("KUBE-IPVS-IPS", dst) {
+            return Outcome::Rejected;
+        }
+    }
+    let Some(vs) = p
+        .servers
+        .iter()
+        .find(|vs| vs.address == dst_ip && vs.port == port)
+    else {
+        // The node's own address, no virtual server: its stack refuses.
+        return Outcome::Rejected;
+    };
+    if vs.reals.is_empty() {
+        return Outcome::Rejected;
+    }
+    // nat KUBE-SERVICES: any rule that marks for masquerade.
+    let cluster_cidr: ipnet::IpNet = "198.18.10.0/24".parse().unwrap();
+    let src_ip: std::net::IpAddr = src.parse().unwrap();
+    let masq = (has("KUBE-LOAD-BALANCER", &key) && !has("KUBE-LOAD-BALANCER-LOCAL", &key))
+        || (has("KUBE-CLUSTER-IP", &key) && !cluster_cidr.contains(&src_ip))
+        || has("KUBE-EXTERNAL-IP", &key)
+        || (has("KUBE-NODE-PORT-TCP", &port.to_string())
+            && !has("KUBE-NODE-PORT-LOCAL-TCP", &port.to_string()));
+    Outcome::Forwarded {
+        endpoints: vs
+            .reals
+            .iter()
+            .map(|r| r.address.ip().to_string())
+            .collect(),
+        masq,
+    }
 }
