@@ -48,8 +48,11 @@ enum Task {
     },
     /// Build a testbed, run the agent on the example Service and show balancing. Needs root.
     Demo,
-    /// Run the benchmarks (sync engine; per-packet cost of the eBPF programs; connections per second through the socket hooks) and print their figures. Needs root.
-    Bench,
+    /// Run the benchmarks (sync engine; per-packet cost of the eBPF programs; connections per second through the socket hooks) and print their figures; `bench e2e` runs the end-to-end one (connections through a ClusterIP per datapath and scale) and writes docs/bench/e2e.md. Needs root.
+    Bench {
+        /// `e2e`: the end-to-end benchmark only.
+        which: Option<String>,
+    },
     /// Fuzz every datapath program through BPF_PROG_TEST_RUN against an oracle of the services and flows, and print the figures. Needs root.
     Fuzz {
         /// Packets per program.
@@ -108,10 +111,27 @@ fn run(task: Task) -> anyhow::Result<()> {
             require_root()?;
             test(&args)
         }
-        Task::Bench => {
+        Task::Bench { which } => {
             setup::ensure()?;
             // The datapath bench loads the real programs into the kernel.
             require_root()?;
+            match which.as_deref() {
+                None => {}
+                Some("e2e") => {
+                    let status = cargo()
+                        .args(["bench", "--package", "proxy-agent", "--bench", "end_to_end"])
+                        .env_remove("AYA_BUILD_SKIP")
+                        .status()
+                        .context("running cargo bench")?;
+                    if !status.success() {
+                        bail!("the e2e benchmark failed ({status})");
+                    }
+                    return Ok(());
+                }
+                Some(other) => bail!(
+                    "bench {other:?}: unknown; `cargo xtask bench` or `cargo xtask bench e2e`"
+                ),
+            }
             let status = cargo()
                 .args(["bench", "--package", "proxy-agent"])
                 .args([

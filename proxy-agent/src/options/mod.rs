@@ -162,7 +162,11 @@ impl ProxyOptions {
         support
             .check(self.mode)
             .map_err(|reason| OptionsError::ModeUnsupported {
-                mode: self.mode.to_string(),
+                // Upstream's words: "can't use the IPVS proxier: ...".
+                mode: match self.mode {
+                    ProxyMode::Ipvs => "IPVS".into(),
+                    m => m.to_string(),
+                },
                 reason,
             })
     }

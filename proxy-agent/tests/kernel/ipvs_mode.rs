@@ -250,7 +250,7 @@ fn without_ipvs_the_agent_exits_with_upstreams_error() {
         assert_eq!(out.status.code(), Some(1));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
-            err.contains("can't use the ipvs proxier: Ipvs not supported by the kernel"),
+            err.contains("can't use the IPVS proxier: Ipvs not supported by the kernel"),
             "{err}"
         );
     })

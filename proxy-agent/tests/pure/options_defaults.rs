@@ -304,7 +304,7 @@ fn unsupported_explicit_mode_is_fatal_at_startup() {
         .check_mode_supported(&support(&[ProxyMode::Iptables]))
         .unwrap_err();
     assert!(
-        e.to_string().starts_with("can't use the ipvs proxier: "),
+        e.to_string().starts_with("can't use the IPVS proxier: "),
         "{e}"
     );
     assert!(o.check_mode_supported(&support(&[ProxyMode::Ipvs])).is_ok());

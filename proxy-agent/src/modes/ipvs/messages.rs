@@ -41,6 +41,9 @@ const IPVS_DEST_ATTR_ADDR_FAMILY: u16 = 11;
 
 /// `IP_VS_SVC_F_PERSISTENT`.
 pub const IP_VS_SVC_F_PERSISTENT: u32 = 0x1;
+/// `IP_VS_SVC_F_SCHED2` (`IP_VS_SVC_F_SCHED_MH_PORT`): upstream sets it
+/// for the `mh` scheduler (its `FlagSourceHash`), hashing the source port too.
+pub const IP_VS_SVC_F_SCHED_MH_PORT: u32 = 0x10;
 /// `IP_VS_CONN_F_MASQ`: upstream's real servers are NATed.
 const IP_VS_CONN_F_MASQ: u32 = 0;
 
@@ -82,11 +85,14 @@ fn protocol_number(p: Protocol) -> u16 {
 
 /// The nested `IPVS_CMD_ATTR_SERVICE` of a virtual server.
 fn service_attr(vs: &VirtualServer) -> Vec<u8> {
-    let flags = if vs.persistence_s.is_some() {
+    let mut flags = if vs.persistence_s.is_some() {
         IP_VS_SVC_F_PERSISTENT
     } else {
         0
     };
+    if vs.scheduler == "mh" {
+        flags |= IP_VS_SVC_F_SCHED_MH_PORT;
+    }
     // struct ip_vs_flags { flags, mask }
     let mut flags_mask = flags.to_ne_bytes().to_vec();
     flags_mask.extend_from_slice(&u32::MAX.to_ne_bytes());
@@ -437,6 +443,13 @@ mod tests {
                 .octets()
         );
         assert_eq!(&attr[attr.len() - 8..], &[8, 0, 9, 0, 128, 0, 0, 0]);
+        // "mh" hashes the source port too (upstream's FlagSourceHash).
+        let mh = service_attr(&VirtualServer {
+            scheduler: "mh".into(),
+            ..vs.clone()
+        });
+        let flags_at = mh.windows(4).position(|w| w == [12, 0, 7, 0]).unwrap() + 4;
+        assert_eq!(&mh[flags_at..flags_at + 4], &[0x10, 0, 0, 0]);
         assert_eq!(program(0x25, &[vs]).len(), 1);
     }
 }

@@ -27,7 +27,7 @@ impl Mode for IpvsMode {
     }
 
     fn probe(&self) -> Result<(), String> {
-        // The caller says "can't use the ipvs proxier: " before it, as upstream.
+        // The caller says "can't use the IPVS proxier: " before it, as upstream.
         can_use_ipvs(&mut cleanup::NetlinkTransport).map(|_| ())
     }
 
