@@ -153,13 +153,17 @@ pub fn object_maps() -> anyhow::Result<std::collections::BTreeMap<String, pin::M
 }
 
 /// The verifier gives up with EAGAIN when a signal arrives mid-verification
-/// (a child exiting, say); such a load is simply tried again.
+/// (a child exiting, say): the loading thread blocks the signals it can for
+/// the load (a process-wide signal then goes to another thread; a busy test
+/// binary, its threads running children, failed five attempts in a row
+/// without this), and an interrupted load is tried again.
 fn load_program(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<()> {
-    const ATTEMPTS: usize = 5;
+    const ATTEMPTS: usize = 10;
     for attempt in 1..=ATTEMPTS {
         let prog = ebpf
             .program_mut(name)
             .with_context(|| format!("program {name} missing from the object"))?;
+        let _blocked = SignalsBlocked::new();
         let result = match prog {
             aya::programs::Program::SchedClassifier(p) => p.load(),
             aya::programs::Program::Xdp(p) => p.load(),
@@ -182,6 +186,32 @@ fn load_program(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<()> {
         }
     }
     unreachable!("the last attempt returns")
+}
+
+/// Every blockable signal blocked on this thread until dropped.
+struct SignalsBlocked(libc::sigset_t);
+
+impl SignalsBlocked {
+    fn new() -> Self {
+        // SAFETY: sigset_t is plain data, initialised by sigfillset/
+        // pthread_sigmask before use; the calls only touch this thread's mask.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut previous: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut previous);
+            SignalsBlocked(previous)
+        }
+    }
+}
+
+impl Drop for SignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `new` on the same thread.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut());
+        }
+    }
 }
 
 fn interrupted(e: &aya::programs::ProgramError) -> bool {
