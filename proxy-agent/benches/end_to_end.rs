@@ -407,15 +407,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The ratio of datapath `i` to raw per round, the median over rounds.
+/// The ratios of datapath `i` to raw, one per round.
+fn ratios(samples: &[Vec<Sample>], raw: usize, i: usize) -> Vec<f64> {
+    samples[i]
+        .iter()
+        .zip(&samples[raw])
+        .map(|(s, r)| s.rate / r.rate)
+        .collect()
+}
+
+/// The median over rounds of the ratio of datapath `i` to raw.
 fn ratio(samples: &[Vec<Sample>], raw: usize, i: usize) -> f64 {
-    median(
-        samples[i]
-            .iter()
-            .zip(&samples[raw])
-            .map(|(s, r)| s.rate / r.rate)
-            .collect(),
-    )
+    median(ratios(samples, raw, i))
 }
 
 fn machine() -> String {
@@ -456,7 +459,8 @@ fn render(
          a time, to the last of N ClusterIP services (two server pods behind each); {rounds} \
          rounds, the datapaths measured in a rotating order within each round. `raw`: the client \
          connects to a server pod directly through the same node, no agent. Ratios are to raw in \
-         the same round (median over rounds); rates and latencies are medians over rounds.\n",
+         the same round (median over rounds, and their range: the run's noise); rates and \
+         latencies are medians over rounds.\n",
         machine(),
         jiff_now()
     );
@@ -464,7 +468,7 @@ fn render(
         let _ = writeln!(s, "## {n} service{}\n", if n == 1 { "" } else { "s" });
         let _ = writeln!(
             s,
-            "| datapath | connections/s | ratio to raw | p50 µs | p99 µs | agent start to answering | agent RSS |\n|---|---|---|---|---|---|---|"
+            "| datapath | connections/s | ratio to raw | ratio range over rounds | p50 µs | p99 µs | agent start to answering | agent RSS |\n|---|---|---|---|---|---|---|---|"
         );
         for (i, bed) in beds.iter().enumerate() {
             let samples = &results[k][i];
@@ -480,9 +484,13 @@ fn render(
                     rss.map_or("?".into(), |m| format!("{m:.0} MB")),
                 )
             };
+            let r = ratios(&results[k], raw, i);
+            let (lo, hi) = r
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
             let _ = writeln!(
                 s,
-                "| {} | {rate:.0} | {:.3} | {p50:.0} | {p99:.0} | {start} | {rss} |",
+                "| {} | {rate:.0} | {:.3} | {lo:.3}–{hi:.3} | {p50:.0} | {p99:.0} | {start} | {rss} |",
                 bed.datapath,
                 ratio(&results[k], raw, i)
             );
