@@ -88,10 +88,47 @@ impl ServiceChangeTracker {
 
 #[derive(Debug, Default)]
 struct ServiceSlices {
-    applied: BTreeMap<String, SliceInfo>,
+    applied: Slices,
     /// `None` = the slice is to be removed.
     pending: BTreeMap<String, Option<SliceInfo>>,
     endpoints: EndpointsByPort,
+}
+
+/// A service's slices by name, sorted. Most services have one or two: a
+/// `BTreeMap` allocates a node of eleven entries for the first, 1.3 KB a
+/// service (13 MB of the agent's heap at 10,000 services).
+#[derive(Debug, Default)]
+struct Slices(Vec<(String, SliceInfo)>);
+
+impl Slices {
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(name))
+    }
+
+    fn get(&self, name: &str) -> Option<&SliceInfo> {
+        self.find(name).ok().map(|i| &self.0[i].1)
+    }
+
+    fn insert(&mut self, name: String, info: SliceInfo) {
+        match self.find(&name) {
+            Ok(i) => self.0[i].1 = info,
+            Err(i) => self.0.insert(i, (name, info)),
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Ok(i) = self.find(name) {
+            self.0.remove(i);
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &SliceInfo> {
+        self.0.iter().map(|(_, info)| info)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// Upstream's `EndpointSliceCache` + `EndpointsChangeTracker`.
@@ -217,7 +254,7 @@ impl EndpointsChangeTracker {
                 match info {
                     Some(info) => entry.applied.insert(name, info),
                     None => entry.applied.remove(&name),
-                };
+                }
             }
             let endpoints = endpoints_by_port(entry.applied.values(), &self.node_name);
             if endpoints != entry.endpoints {
