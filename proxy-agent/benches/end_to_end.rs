@@ -98,10 +98,6 @@ fn write_manifests(dir: &Path, n: usize, servers: &[Ipv4Addr]) -> anyhow::Result
         dir.join("node.yaml"),
         "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nspec: {podCIDR: 198.18.1.0/24}\nstatus:\n  addresses: [{type: InternalIP, address: 198.18.100.1}]\n",
     )?;
-    fs::write(
-        dir.join("config.yaml"),
-        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: 198.18.1.0/24\n",
-    )?;
     Ok(())
 }
 
@@ -197,23 +193,27 @@ struct Agent {
 impl Agent {
     fn start(ns: &str, mode: &str, manifests: &Path, work: &Path) -> anyhow::Result<Self> {
         let log = work.join(format!("agent-{mode}.log"));
+        // The mode goes in the file: with --config, upstream (and we) ignore
+        // the flags the file could set, --proxy-mode among them.
+        let config = work.join(format!("config-{mode}.yaml"));
+        fs::write(
+            &config,
+            format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\nclusterCIDR: 198.18.1.0/24\n"
+            ),
+        )?;
         let child = Command::new("ip")
             .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_proxy-agent")])
-            .args([
-                "--proxy-mode",
-                mode,
-                "--hostname-override",
-                "node-a",
-                "--manifests",
-            ])
+            .args(["--hostname-override", "node-a", "--manifests"])
             .arg(manifests)
             .arg("--config")
-            .arg(manifests.join("config.yaml"))
+            .arg(&config)
             .arg("--ebpf-socket-lb=false")
             .arg(format!(
                 "--ebpf-state-dir={}",
                 work.join(format!("state-{mode}")).display()
             ))
+            // warn: the check of the mode needs the flags-ignored warning.
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log)?)
@@ -363,6 +363,10 @@ fn run() -> anyhow::Result<()> {
                 std::thread::sleep(Duration::from_millis(10));
             }
             bed.started_s = t.elapsed().as_secs_f64();
+            let log = fs::read_to_string(&agent.log).unwrap_or_default();
+            if log.contains("are ignored") {
+                bail!("the {} agent ignored its mode:\n{log}", bed.datapath);
+            }
             bed.rss_mb = agent.rss_mb();
             bed.agent = Some(agent);
             eprintln!(
