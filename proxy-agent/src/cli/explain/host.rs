@@ -206,7 +206,14 @@ impl ProbeCgroup {
             }
         };
         let home = own_cgroup(&root)?;
-        let path = root.join(format!("kube-ebpf-proxy-explain-{}", std::process::id()));
+        // Unique per probe: a child another thread spawned while this process
+        // sat in an earlier probe's cgroup can keep that one busy a moment.
+        static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = root.join(format!(
+            "kube-ebpf-proxy-explain-{}-{n}",
+            std::process::id()
+        ));
         std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(ProbeCgroup {
             path,
@@ -244,7 +251,15 @@ impl ProbeCgroup {
 impl Drop for ProbeCgroup {
     fn drop(&mut self) {
         let _ = join_cgroup(&self.home);
-        let _ = std::fs::remove_dir(&self.path);
+        // Busy while a child spawned inside it still runs: wait for it a while.
+        for _ in 0..200 {
+            match std::fs::remove_dir(&self.path) {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                _ => break,
+            }
+        }
         if let Some(dir) = self.mounted.take() {
             let _ = std::process::Command::new("umount").arg(&dir).status();
             let _ = std::fs::remove_dir(&dir);
