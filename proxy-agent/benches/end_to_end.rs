@@ -138,31 +138,8 @@ fn one_request(target: SocketAddr, timeout: Duration) -> anyhow::Result<Duration
         bail!("unexpected reply {:?}", String::from_utf8_lossy(&reply));
     }
     // A RST instead of a FIN: no TIME_WAIT piles up over thousands of connections.
-    let _ = socket2_linger_zero(&s);
+    let _ = common::socket_linger_zero(&s);
     Ok(t.elapsed())
-}
-
-fn socket2_linger_zero(s: &TcpStream) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt on a socket we own, with a correctly sized value.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as u32,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// `count` connections from the client pod to `target`: the latencies.

@@ -17,6 +17,8 @@
 //! - **direct, no hooks**: made outside the cgroup, to the backend: the
 //!   reference.
 
+mod common;
+
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     time::Instant,
@@ -208,32 +210,9 @@ fn run() -> anyhow::Result<()> {
 /// One connection, closed with a RST so the client keeps no TIME_WAIT.
 fn connect_and_reset(dst: SocketAddr) -> anyhow::Result<()> {
     let conn = TcpStream::connect(dst).with_context(|| format!("connecting to {dst}"))?;
-    socket_linger_zero(&conn)?;
+    common::socket_linger_zero(&conn)?;
     drop(conn);
     Ok(())
-}
-
-fn socket_linger_zero(conn: &TcpStream) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: `linger` is a valid struct of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw const linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 fn counter(stats: &aya::maps::PerCpuArray<aya::maps::MapData, u64>, c: Counter) -> u64 {

@@ -11,10 +11,10 @@ use std::{
 };
 
 use super::{
-    cleanup::GenlTransport,
+    cleanup::{GenlTransport, IPVS_CMD_GET_SERVICE},
     messages::{
-        self, IPVS_CMD_DEL_DEST, IPVS_CMD_DEL_SERVICE, IPVS_CMD_GET_DEST, IPVS_CMD_GET_SERVICE,
-        IPVS_CMD_NEW_DEST, IPVS_CMD_NEW_SERVICE, IPVS_CMD_SET_DEST, IPVS_CMD_SET_SERVICE,
+        self, IPVS_CMD_DEL_DEST, IPVS_CMD_DEL_SERVICE, IPVS_CMD_GET_DEST, IPVS_CMD_NEW_DEST,
+        IPVS_CMD_NEW_SERVICE, IPVS_CMD_SET_DEST, IPVS_CMD_SET_SERVICE,
     },
     virtual_servers::{RealServer, VirtualServer},
 };

@@ -193,7 +193,6 @@ pub fn program(family: u16, servers: &[VirtualServer]) -> Vec<Vec<u8>> {
 }
 
 pub const IPVS_CMD_SET_SERVICE: u8 = 2;
-pub const IPVS_CMD_GET_SERVICE: u8 = 4;
 pub const IPVS_CMD_SET_DEST: u8 = 6;
 pub const IPVS_CMD_GET_DEST: u8 = 8;
 const IPVS_DEST_ATTR_ACTIVE_CONNS: u16 = 7;
