@@ -389,7 +389,7 @@ fn pods_skip_per_packet_nat_only_where_socket_lb_covers_them() {
             scene.counter(node, Counter::SockTranslated),
         );
         let place = scene.pod_in_hooks(node, pod);
-        let got = host_identities(&scene, &place, Op::Tcp, SocketAddr::V4(web), 8);
+        let got = host_identities(&scene, &place, Op::Tcp, SocketAddr::V4(web), 20);
         assert_eq!(got, set(&["web-a", "web-b"]), "{pod}");
         let (new_flows_after, translated_after) = (
             scene.counter(node, Counter::NewFlow),
