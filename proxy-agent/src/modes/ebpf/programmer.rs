@@ -118,7 +118,9 @@ pub struct FamilyProgrammer<F: AgentFamily> {
     capacity: Option<Capacity>,
     /// Each endpoint set's backends by slot: every frontend of the set
     /// numbers its slots alike, so they can share a Maglev table.
-    set_slots: HashMap<(ServicePortName, EndpointSet), Vec<BackendId>>,
+    /// Per service port, so that one port's entries are found without a
+    /// walk over every port's (that walk made a sync quadratic).
+    set_slots: HashMap<ServicePortName, HashMap<EndpointSet, Vec<BackendId>>>,
     maglev: MaglevTables,
 }
 
@@ -288,7 +290,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             let keep = run.maglev_sets.get(spn).map_or(&[][..], Vec::as_slice);
             self.maglev.release_unused(spn, keep);
             if !state.services.contains_key(spn) {
-                self.set_slots.retain(|(name, _), _| name != spn);
+                self.set_slots.remove(spn);
             }
         }
 
@@ -392,9 +394,10 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 for backend in f.endpoints.backends(svc, &self.node.host) {
                     ids.push(self.ensure_backend(&backend, maps, run)?);
                 }
-                let set = (spn.clone(), f.endpoints);
+                let set = f.endpoints;
                 // Adopted frontends bring the slots a previous agent gave them.
-                let current = self.set_slots.get(&set).cloned().unwrap_or_else(|| {
+                let known = self.set_slots.get(spn).and_then(|sets| sets.get(&set));
+                let current = known.cloned().unwrap_or_else(|| {
                     wanted
                         .iter()
                         .filter(|w| w.endpoints == f.endpoints)
@@ -412,7 +415,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                         })
                         .collect();
                     let mut writes = Default::default();
-                    let table = self.maglev.update(set.clone(), &names, maps, &mut writes);
+                    let table = self
+                        .maglev
+                        .update((spn.clone(), set), &names, maps, &mut writes);
                     run.stats.maglev_elements += writes.elements;
                     let table = table?;
                     if table.is_some() {
@@ -425,7 +430,10 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 } else {
                     None
                 };
-                self.set_slots.insert(set, slots.clone());
+                self.set_slots
+                    .entry(spn.clone())
+                    .or_default()
+                    .insert(set, slots.clone());
                 entry.insert((slots, table));
             }
             let (slots, table) = &sets[&f.endpoints];
@@ -439,8 +447,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         }
 
         self.remove_source_ranges(service_id, &ranges, maps, run)?;
-        self.set_slots
-            .retain(|(name, set), _| name != spn || sets.contains_key(set));
+        if let Some(known) = self.set_slots.get_mut(spn) {
+            known.retain(|set, _| sets.contains_key(set));
+        }
         Ok(wanted.iter().map(|f| f.key).collect())
     }
 

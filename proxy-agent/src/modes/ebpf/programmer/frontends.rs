@@ -26,6 +26,10 @@ pub(super) enum EndpointSet {
 }
 
 impl EndpointSet {
+    pub(super) const ALL: [EndpointSet; 3] = [Self::Internal, Self::External, Self::Cluster];
+}
+
+impl EndpointSet {
     /// The set's backends of family `F`; those on one of `host`'s
     /// addresses (the node itself) are flagged so.
     pub(super) fn backends<F: AgentFamily>(

@@ -182,14 +182,17 @@ impl MaglevTables {
     /// Frees the tables of `spn` whose set is not in `keep`; their
     /// frontends no longer name them.
     pub(super) fn release_unused(&mut self, spn: &ServicePortName, keep: &[EndpointSet]) {
-        let ids = &mut self.ids;
-        self.tables.retain(|(name, set), table| {
-            let kept = name != spn || keep.contains(set);
-            if !kept {
-                ids.give_back(table.id);
+        if self.tables.is_empty() {
+            return;
+        }
+        for set in EndpointSet::ALL {
+            if keep.contains(&set) {
+                continue;
             }
-            kept
-        });
+            if let Some(table) = self.tables.remove(&(spn.clone(), set)) {
+                self.ids.give_back(table.id);
+            }
+        }
     }
 
     /// The service ports that found no table, when a table is free now.
