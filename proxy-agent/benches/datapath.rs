@@ -37,6 +37,14 @@
 //!   any r=1 figure.
 //! - **NodePort (XDP)**: r=1 only, for the same reason as above; all flows go
 //!   to the one NodePort frontend.
+//! - **floor**: `bench_floor` (proxy-ebpf's `bench-floor` object), the least
+//!   any service datapath does for a packet to a service: one hash lookup of
+//!   the destination, the address/port rewrite with both checksums updated,
+//!   the MAC addresses swapped, XDP_TX. Its map holds every tier's frontends,
+//!   plus a mirror entry (backend -> VIP) for its loop; it is timed the same
+//!   ways (r=1 and loop, hit and pass-through) in the same rounds, and every
+//!   path of ours is reported as a ratio to it: a figure that holds across
+//!   machines where nanoseconds do not.
 
 use std::{
     collections::BTreeMap,
@@ -47,7 +55,8 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use aya::{
     Ebpf,
-    maps::{MapData, PerCpuArray},
+    maps::{HashMap, MapData, PerCpuArray},
+    programs::Xdp,
 };
 use proxy_agent::{
     cli::packet::{ETH_HLEN, Frame, IPV4_HLEN, fix_checksums, tcp_flags},
@@ -59,11 +68,12 @@ use proxy_agent::{
     },
 };
 use proxy_common::{
-    Counter, DatapathConfig, IfaceInfo, ServiceValue,
+    Backend, Counter, DatapathConfig, IfaceInfo, ServiceKey, ServiceValue,
     action::{TC_ACT_OK, TC_ACT_REDIRECT, XDP_PASS, XDP_TX},
     config,
 };
 
+/// The services of each tier; `DATAPATH_TIERS` (comma-separated) overrides them.
 const TIERS: [usize; 3] = [1, 1_000, 100_000];
 const BACKENDS_PER_SERVICE: usize = 3;
 const ROUNDS: usize = 20;
@@ -77,6 +87,10 @@ const LOOP_CALLS_PER_ROUND: usize = 100;
 const PASS_LOOP_REPEAT: u32 = 100_000;
 /// The same in every tier; the run uses about 80,000 entries of it.
 const CONNTRACK_ENTRIES: u32 = 262_144;
+
+/// The floor program's object, built beside the datapath's by build.rs.
+static FLOOR_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bench-floor"));
+const FLOOR_PROGRAM: &str = "bench_floor";
 
 /// Service ports the agent can number: ids are u32 and 0 is never used.
 const MAX_SERVICE_PORTS: usize = u32::MAX as usize - 1;
@@ -142,7 +156,15 @@ fn run() -> anyhow::Result<()> {
 
     // One map geometry for every tier, as in production where capacities are
     // configured, not derived from the services: only the contents differ.
-    let sizes = Layout::new(TIERS[TIERS.len() - 1]).map_sizes();
+    let tier_sizes: Vec<usize> = match std::env::var("DATAPATH_TIERS") {
+        Ok(v) => v
+            .split(',')
+            .map(|n| n.trim().parse().context("DATAPATH_TIERS: numbers"))
+            .collect::<anyhow::Result<_>>()?,
+        Err(_) => TIERS.to_vec(),
+    };
+    let largest = *tier_sizes.iter().max().context("DATAPATH_TIERS is empty")?;
+    let sizes = Layout::new(largest).map_sizes();
     println!(
         "map capacities in every tier: {} service entries, {} backends, {} conntrack entries",
         group(sizes.services as usize),
@@ -150,7 +172,7 @@ fn run() -> anyhow::Result<()> {
         group(sizes.conntrack as usize)
     );
     let mut tiers = Vec::new();
-    for &n in &TIERS {
+    for &n in &tier_sizes {
         tiers.push(Tier::new(n, sizes, ifaces)?);
     }
     println!();
@@ -279,6 +301,44 @@ impl Layout {
     }
 }
 
+/// The floor program, its map holding one entry per frontend (to the
+/// frontend's first backend) and the mirror entry of its loop (frontend 0's
+/// first backend back to frontend 0).
+fn load_floor(layout: &Layout) -> anyhow::Result<Ebpf> {
+    ensure!(
+        !FLOOR_OBJECT.is_empty(),
+        "the floor object is empty: this build skipped the eBPF programs (AYA_BUILD_SKIP)"
+    );
+    let mut ebpf = Ebpf::load(FLOOR_OBJECT).context("loading the floor object")?;
+    let prog: &mut Xdp = ebpf
+        .program_mut(FLOOR_PROGRAM)
+        .context("floor program missing")?
+        .try_into()?;
+    prog.load().context("loading the floor program")?;
+    let mut map: HashMap<_, ServiceKey, Backend> =
+        HashMap::try_from(ebpf.map_mut("FLOOR").context("FLOOR map missing")?)?;
+    let key = |(ip, port): (Ipv4Addr, u16)| ServiceKey {
+        addr_be: u32::from(ip).to_be(),
+        port_be: port.to_be(),
+        slot: 0,
+        proto: proxy_common::proto::TCP,
+        scope: 0,
+        _pad: [0; 2],
+    };
+    let to = |(ip, port): (Ipv4Addr, u16)| Backend {
+        addr_be: u32::from(ip).to_be(),
+        port_be: port.to_be(),
+        proto: proxy_common::proto::TCP,
+        flags: 0,
+    };
+    for f in 0..layout.frontends {
+        let backend = layout.backend(f / layout.vips_per_port, 0);
+        map.insert(key(layout.frontend(f)), to(backend), 0)?;
+    }
+    map.insert(key(layout.backend(0, 0)), to(layout.frontend(0)), 0)?;
+    Ok(ebpf)
+}
+
 /// Distinct client `j`: 16,000 addresses from `base`, then the next source port.
 fn client(base: Ipv4Addr, j: usize) -> (Ipv4Addr, u16) {
     (
@@ -321,6 +381,8 @@ enum Hook {
     Tc,
     /// `xdp_from_netdev`, arriving on the uplink.
     Xdp,
+    /// The floor program, arriving on the uplink.
+    Floor,
 }
 
 #[derive(Clone, Copy)]
@@ -347,6 +409,10 @@ struct Tier {
     /// To a non-service address, from a pod and from outside.
     pass: Vec<u8>,
     pass_external: Vec<u8>,
+    /// The floor program, its map holding this tier's frontends.
+    floor: Ebpf,
+    /// From outside to frontend 0, which the floor rewrites to its backend.
+    floor_probe: Vec<u8>,
 }
 
 impl Tier {
@@ -370,6 +436,7 @@ impl Tier {
             .sync(&state, &mut maps)
             .with_context(|| format!("programming {frontends} services"))?;
         let programmed_in = t0.elapsed();
+        let floor = load_floor(&layout)?;
         let mut tier = Tier {
             layout,
             ebpf,
@@ -380,6 +447,8 @@ impl Tier {
             node_port_probe: Vec::new(),
             pass: tcp(PASS_POD, PASS_DST, tcp_flags::ACK),
             pass_external: tcp(PASS_EXTERNAL, PASS_DST, tcp_flags::ACK),
+            floor,
+            floor_probe: Vec::new(),
         };
 
         // The probe flow: its first packet picks a backend.
@@ -420,6 +489,21 @@ impl Tier {
         tier.expect("NodePort probe setup", before, 1, XDP_NEW)?;
         tier.node_port_probe = tcp(PROBE_EXTERNAL, NODE_PORT_FRONTEND, tcp_flags::ACK);
 
+        // The floor's probe: rewritten to frontend 0's first backend.
+        tier.floor_probe = tcp(PROBE_EXTERNAL, (vip, port), tcp_flags::ACK);
+        let out = tier.run(Hook::Floor, &tier.floor_probe, 1)?;
+        let rewritten = Frame::parse(&out.packet).context("floor: output is no TCP frame")?;
+        let (first, first_port) = tier.layout.backend(0, 0);
+        ensure!(
+            out.verdict == XDP_TX
+                && rewritten.dst == IpAddr::V4(first)
+                && rewritten.dport == first_port,
+            "floor: verdict {} to {}:{}, expected XDP_TX to {first}:{first_port}",
+            out.verdict,
+            rewritten.dst,
+            rewritten.dport
+        );
+
         println!(
             "{:>7} services: {} service ports x {} cluster IP(s), {} backends each; \
              programmed in {:.2} s ({} map writes)",
@@ -457,6 +541,16 @@ impl Tier {
                 calls(&self.node_port_probe, CALLS_PER_ROUND, 1),
             ),
             (XdpNewFlow, each(&node_port_flows)),
+            (FloorOne, calls(&self.floor_probe, CALLS_PER_ROUND, 1)),
+            (
+                FloorLoop,
+                calls(&self.floor_probe, LOOP_CALLS_PER_ROUND, LOOP_REPEAT),
+            ),
+            (FloorPassOne, calls(&self.pass_external, CALLS_PER_ROUND, 1)),
+            (
+                FloorPassLoop,
+                calls(&self.pass_external, 1, PASS_LOOP_REPEAT),
+            ),
         ];
         for (metric, packets) in batches {
             let (hook, verdict, path) = metric.path();
@@ -485,6 +579,14 @@ impl Tier {
         let (hook, ifindex) = match hook {
             Hook::Tc => (test_run::Hook::FromPod, self.ifaces.pod),
             Hook::Xdp => (test_run::Hook::Xdp, self.ifaces.uplink),
+            Hook::Floor => {
+                let prog: &Xdp = self
+                    .floor
+                    .program(FLOOR_PROGRAM)
+                    .context("floor program missing")?
+                    .try_into()?;
+                return test_run::xdp(prog, packet, self.ifaces.uplink, repeat);
+            }
         };
         test_run::run(&self.ebpf, hook, packet, ifindex, repeat)
     }
@@ -543,9 +645,13 @@ enum Metric {
     XdpNewFlow,
     XdpPassOne,
     XdpPassLoop,
+    FloorOne,
+    FloorLoop,
+    FloorPassOne,
+    FloorPassLoop,
 }
 
-const METRICS: usize = 10;
+const METRICS: usize = 14;
 
 impl Metric {
     /// The program, the verdict and the counters (each moved once per run,
@@ -561,6 +667,9 @@ impl Metric {
             XdpPassOne | XdpPassLoop => (Hook::Xdp, XDP_PASS, &[]),
             XdpEstablishedOne => (Hook::Xdp, XDP_TX, XDP_ESTABLISHED),
             XdpNewFlow => (Hook::Xdp, XDP_TX, XDP_NEW),
+            // The floor moves none of the datapath's counters.
+            FloorOne | FloorLoop => (Hook::Floor, XDP_TX, &[]),
+            FloorPassOne | FloorPassLoop => (Hook::Floor, XDP_PASS, &[]),
         }
     }
 
@@ -576,6 +685,10 @@ impl Metric {
             Metric::XdpNewFlow => "XDP new flows",
             Metric::XdpPassOne => "XDP pass-through",
             Metric::XdpPassLoop => "XDP pass-through loop",
+            Metric::FloorOne => "floor",
+            Metric::FloorLoop => "floor loop",
+            Metric::FloorPassOne => "floor pass-through",
+            Metric::FloorPassLoop => "floor pass-through loop",
         }
     }
 }
@@ -614,6 +727,7 @@ impl Results {
         match hook {
             Hook::Tc => self.mean(Metric::PassOne) - self.mean(Metric::PassLoop),
             Hook::Xdp => self.mean(Metric::XdpPassOne) - self.mean(Metric::XdpPassLoop),
+            Hook::Floor => self.mean(Metric::FloorPassOne) - self.mean(Metric::FloorPassLoop),
         }
     }
 
@@ -780,6 +894,88 @@ fn report(tiers: &[Tier], results: &[Results]) {
             ("pass-through", XdpPassOne),
         ],
     );
+
+    println!(
+        "\nbench_floor: the per-packet floor (one hash lookup, DNAT with both checksums, \
+         MAC swap, XDP_TX), from outside to a cluster IP. Kernel-reported ns per packet.\n"
+    );
+    table(
+        tiers,
+        results,
+        &[
+            median_of("floor", "r=1 p50", FloorOne),
+            mean_of("floor", "loop", FloorLoop),
+            median_of("pass-through", "r=1 p50", FloorPassOne),
+            mean_of("pass-through", "loop", FloorPassLoop),
+            overhead_of(Hook::Floor),
+        ],
+    );
+    println!(
+        "\nRatios to the floor (same tier, same rounds). net: the r=1 p50s less each \
+         program's r=1 overhead estimate. Issue 14's targets: established <= 1.5, new flow \
+         <= 3, new-flow p99 <= 3x its p50.\n"
+    );
+    fn p50(r: &Results, m: Metric) -> f64 {
+        r.percentile(m, 0.5) as f64
+    }
+    fn p99(r: &Results, m: Metric) -> f64 {
+        r.percentile(m, 0.99) as f64
+    }
+    /// An r=1 p50 less the program's per-call overhead estimate.
+    fn net(r: &Results, m: Metric, hook: Hook) -> f64 {
+        (p50(r, m) - r.overhead(hook)).max(0.0)
+    }
+    fn floor_net(r: &Results) -> f64 {
+        net(r, Metric::FloorOne, Hook::Floor)
+    }
+    type Row = (&'static str, fn(&Results) -> f64);
+    let rows: [Row; 11] = [
+        ("XDP established p50 / floor p50", |r| {
+            p50(r, XdpEstablishedOne) / p50(r, FloorOne)
+        }),
+        ("XDP established net / floor net", |r| {
+            net(r, XdpEstablishedOne, Hook::Xdp) / floor_net(r)
+        }),
+        ("XDP new flow p50 / floor p50", |r| {
+            p50(r, XdpNewFlow) / p50(r, FloorOne)
+        }),
+        ("XDP new flow net / floor net", |r| {
+            net(r, XdpNewFlow, Hook::Xdp) / floor_net(r)
+        }),
+        ("XDP pass-through p50 / floor's", |r| {
+            p50(r, XdpPassOne) / p50(r, FloorPassOne)
+        }),
+        ("XDP pass-through loop / floor's", |r| {
+            r.mean(XdpPassLoop) / r.mean(FloorPassLoop)
+        }),
+        ("TC established loop / floor loop", |r| {
+            r.mean(EstablishedLoop) / r.mean(FloorLoop)
+        }),
+        ("TC new flow net / floor net", |r| {
+            net(r, NewFlow, Hook::Tc) / floor_net(r)
+        }),
+        ("TC pass-through loop / floor's", |r| {
+            r.mean(PassLoop) / r.mean(FloorPassLoop)
+        }),
+        ("XDP new flow p99 / p50", |r| {
+            p99(r, XdpNewFlow) / p50(r, XdpNewFlow)
+        }),
+        ("TC new flow p99 / p50", |r| {
+            p99(r, NewFlow) / p50(r, NewFlow)
+        }),
+    ];
+    let header: Vec<String> = tiers
+        .iter()
+        .map(|t| format!("{:>9}", group(t.layout.frontends)))
+        .collect();
+    println!("{:<34} | {}", "services", header.join(" | "));
+    for (name, cell) in rows {
+        let cells: Vec<String> = results
+            .iter()
+            .map(|r| format!("{:>9.2}", cell(r)))
+            .collect();
+        println!("{name:<34} | {}", cells.join(" | "));
+    }
 
     let extra = if tiers.iter().any(|t| t.layout.vips_per_port > 1) {
         "\nAbove the agent's service-port limit each service port carries several cluster IPs. \

@@ -49,49 +49,61 @@ pub fn run(
     ifindex: u32,
     repeat: u32,
 ) -> anyhow::Result<Outcome> {
-    let mut out = vec![0u8; packet.len() + 256];
+    let name = match hook {
+        Hook::FromPod => PROG_FROM_POD,
+        Hook::FromNetdev => PROG_FROM_NETDEV,
+        Hook::FromHost => PROG_FROM_HOST,
+        Hook::Xdp => PROG_XDP,
+    };
+    let prog = ebpf
+        .program(name)
+        .with_context(|| format!("program {name} missing"))?;
+    if hook == Hook::Xdp {
+        return xdp(prog.try_into()?, packet, ifindex, repeat);
+    }
+    let prog: &SchedClassifier = prog.try_into()?;
     let skb = SkbContext {
         ifindex,
         ingress_ifindex: ifindex,
         ..SkbContext::default()
     };
+    // SAFETY: plain data laid out like the kernel's __sk_buff prefix.
+    run_program(prog, packet, ifindex, unsafe { as_bytes(&skb) }, repeat)
+}
+
+/// Runs `packet` through any loaded XDP program `repeat` times, as if it
+/// arrived on interface `ifindex` (0: none).
+pub fn xdp(prog: &Xdp, packet: &[u8], ifindex: u32, repeat: u32) -> anyhow::Result<Outcome> {
     // The kernel insists that an XDP context's data_end equals the packet size.
-    let xdp = XdpMd {
+    let md = XdpMd {
         data_end: packet.len() as u32,
         ingress_ifindex: ifindex,
         ..XdpMd::default()
     };
-    // SAFETY: both are plain data laid out like the kernel's __sk_buff prefix / xdp_md.
-    let (skb, xdp) = unsafe { (as_bytes(&skb), as_bytes(&xdp)) };
+    // SAFETY: plain data laid out like the kernel's xdp_md.
+    run_program(prog, packet, ifindex, unsafe { as_bytes(&md) }, repeat)
+}
+
+fn run_program<P>(
+    prog: &P,
+    packet: &[u8],
+    ifindex: u32,
+    ctx: &[u8],
+    repeat: u32,
+) -> anyhow::Result<Outcome>
+where
+    P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = aya::programs::TestRunResult>,
+{
+    let mut out = vec![0u8; packet.len() + 256];
     let options = TestRunOptions {
         data_in: Some(packet),
         data_out: Some(&mut out),
         repeat,
         ..TestRunOptions::new()
     };
-    let result = match hook {
-        Hook::FromPod | Hook::FromNetdev | Hook::FromHost => {
-            let name = match hook {
-                Hook::FromPod => PROG_FROM_POD,
-                Hook::FromNetdev => PROG_FROM_NETDEV,
-                _ => PROG_FROM_HOST,
-            };
-            let prog: &SchedClassifier = ebpf
-                .program(name)
-                .with_context(|| format!("program {name} missing"))?
-                .try_into()?;
-            prog.test_run(context(options, ifindex, skb))
-                .context("BPF_PROG_TEST_RUN")?
-        }
-        Hook::Xdp => {
-            let prog: &Xdp = ebpf
-                .program(PROG_XDP)
-                .with_context(|| format!("program {PROG_XDP} missing"))?
-                .try_into()?;
-            prog.test_run(context(options, ifindex, xdp))
-                .context("BPF_PROG_TEST_RUN")?
-        }
-    };
+    let result = prog
+        .test_run(context(options, ifindex, ctx))
+        .context("BPF_PROG_TEST_RUN")?;
     out.truncate(result.data_size_out as usize);
     Ok(Outcome {
         verdict: result.return_value as i32,
