@@ -334,10 +334,12 @@ fn validate_service_cidr(obj: &ServiceCIDR) -> Result<(), (String, String)> {
     Ok(())
 }
 
-/// The directory as a source of [`SourceEvent`]s, polled every `interval`:
-/// the first good read lists everything and marks both kinds synced; later
-/// reads send only what changed. A bad read sends nothing, so the last good
-/// state stays programmed. The stream never ends.
+/// The directory as a source of [`SourceEvent`]s, read again as soon as a
+/// file in it is written, moved or removed (inotify), and every `interval`
+/// whatever inotify says (editors, other filesystems): the first good read
+/// lists everything and marks both kinds synced; later reads send only what
+/// changed. A bad read sends nothing, so the last good state stays
+/// programmed. The stream never ends.
 pub fn events(
     dir: PathBuf,
     node_name: String,
@@ -347,14 +349,21 @@ pub fn events(
         dir: PathBuf,
         node_name: String,
         interval: std::time::Duration,
+        written: Option<inotify::EventStream<Vec<u8>>>,
         fingerprint: Option<Vec<(PathBuf, u64, SystemTime)>>,
         last: Option<Seen>,
         pending: std::collections::VecDeque<SourceEvent>,
     }
+    let written = watch_writes(&dir)
+        .inspect_err(|e| {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the manifests directory; it is polled only")
+        })
+        .ok();
     let state = Poll {
         dir,
         node_name,
         interval,
+        written,
         fingerprint: None,
         last: None,
         pending: Default::default(),
@@ -365,7 +374,16 @@ pub fn events(
                 return Some((event, s));
             }
             if s.fingerprint.is_some() {
-                tokio::time::sleep(s.interval).await;
+                let sleep = tokio::time::sleep(s.interval);
+                match &mut s.written {
+                    Some(written) => {
+                        tokio::select! {
+                            _ = sleep => {}
+                            _ = futures::StreamExt::next(written) => {}
+                        }
+                    }
+                    None => sleep.await,
+                }
             }
             let fingerprint = match fingerprint(&s.dir) {
                 Ok(f) => Some(f),
@@ -400,6 +418,18 @@ pub fn events(
             }
         }
     })
+}
+
+/// Events for files in `dir` written and closed, moved in or out, or
+/// removed: not every write, so a file being written is not read half-way.
+fn watch_writes(dir: &Path) -> std::io::Result<inotify::EventStream<Vec<u8>>> {
+    use inotify::{Inotify, WatchMask};
+    let notify = Inotify::init()?;
+    notify.watches().add(
+        dir,
+        WatchMask::CLOSE_WRITE | WatchMask::MOVED_TO | WatchMask::MOVED_FROM | WatchMask::DELETE,
+    )?;
+    notify.into_event_stream(vec![0u8; 4096])
 }
 
 fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> NamespacedName {

@@ -171,3 +171,38 @@ fn service_cidrs_are_read_and_validated_as_the_api_server_does() {
         assert_eq!(e.field.as_deref(), Some(field), "for {text}: {e}");
     }
 }
+
+/// A file written into the directory is read at once (inotify), not at the
+/// next poll: here the poll interval is an hour.
+#[test]
+fn a_written_file_is_read_at_once() {
+    use futures::StreamExt as _;
+    use proxy_agent::sources::SourceEvent;
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("svc.yaml"), SERVICE).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let hour = std::time::Duration::from_secs(3600);
+        let mut events = Box::pin(manifests::events(dir.path().into(), "node".into(), hour));
+        // The first read: the service, and both kinds listed.
+        let mut first = Vec::new();
+        while first.len() < 3 {
+            first.push(events.next().await.unwrap());
+        }
+        assert!(
+            first
+                .iter()
+                .any(|e| matches!(e, SourceEvent::ServiceApplied(_))),
+            "{first:?}"
+        );
+        fs::write(dir.path().join("slice.yaml"), SLICE).unwrap();
+        let next = tokio::time::timeout(std::time::Duration::from_secs(5), events.next())
+            .await
+            .expect("the new file was not read within 5 s")
+            .unwrap();
+        assert!(matches!(next, SourceEvent::SliceApplied(_)), "{next:?}");
+    });
+}
