@@ -1,0 +1,335 @@
+//! The Markdown report and its plots.
+
+use std::{fmt::Write as _, fs, path::Path};
+
+use super::{Datapath, Outcome, Sample, Settings, common::median};
+
+/// A data-plane figure: its name, unit, and how it is read off a sample.
+struct Figure {
+    title: &'static str,
+    unit: &'static str,
+    value: fn(&Sample) -> f64,
+    /// Higher is better (rates) or lower (CPU per packet).
+    higher_better: bool,
+}
+
+const FIGURES: [Figure; 5] = [
+    Figure {
+        title: "connections/s, pod to ClusterIP",
+        unit: "conn/s",
+        value: |s| s.conn_rate,
+        higher_better: true,
+    },
+    Figure {
+        title: "connections/s, outside to NodePort",
+        unit: "conn/s",
+        value: |s| s.node_port_rate,
+        higher_better: true,
+    },
+    Figure {
+        title: "bulk TCP, pod to ClusterIP",
+        unit: "Gbit/s",
+        value: |s| s.bulk_bps / 1e9,
+        higher_better: true,
+    },
+    Figure {
+        title: "small UDP datagrams received, pod to ClusterIP",
+        unit: "kpps",
+        value: |s| s.udp_rate / 1e3,
+        higher_better: true,
+    },
+    Figure {
+        title: "softirq CPU per UDP datagram",
+        unit: "ns",
+        value: |s| s.softirq_ns,
+        higher_better: false,
+    },
+];
+
+fn raw_index(datapaths: &[Datapath]) -> usize {
+    datapaths
+        .iter()
+        .position(Datapath::is_raw)
+        .expect("checked")
+}
+
+/// Per round, the datapath's figure over raw's in the same round: median and range.
+fn ratio(
+    row: &[Outcome],
+    raw: usize,
+    i: usize,
+    value: fn(&Sample) -> f64,
+) -> Option<(f64, f64, f64)> {
+    let r: Vec<f64> = row[i]
+        .samples
+        .iter()
+        .zip(&row[raw].samples)
+        .map(|(s, r)| value(s) / value(r))
+        .collect();
+    if r.is_empty() {
+        return None;
+    }
+    let (lo, hi) = r
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+    Some((median(&r), lo, hi))
+}
+
+fn value(out: &Outcome, f: fn(&Sample) -> f64) -> f64 {
+    median(&out.samples.iter().map(f).collect::<Vec<_>>())
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+pub fn render(
+    scales: &[usize],
+    datapaths: &[Datapath],
+    outcomes: &[Vec<Outcome>],
+    s: &Settings,
+) -> String {
+    let raw = raw_index(datapaths);
+    let mut out = String::new();
+    let _ = writeln!(out, "# End-to-end benchmark: traffic through a service\n");
+    let _ = writeln!(
+        out,
+        "`cargo xtask bench e2e`, run on {} ({}). One testbed (node, client pod, server pods, \
+         external client; network namespaces on veths) per datapath, all alive at once. N \
+         services of one TCP port with two server pods behind each; the clients go to the last \
+         one (last by name as well: rule lists walked in order reach it last), which is also a \
+         NodePort and has a UDP port. `raw`: no agent, the clients go to a server pod's address, \
+         routed by the same node. {} rounds, the datapaths measured in a rotating order within \
+         each; per round and datapath: {} short connections (connect, a small HTTP request, the \
+         reply to EOF, close; one at a time) from the pod to the ClusterIP and as many from \
+         outside to the NodePort, one bulk TCP stream from the pod for {} ms, and small UDP \
+         datagrams (18-byte payload) from one pod socket for {} ms, counted where the servers \
+         receive them; softirq CPU is /proc/stat's over every CPU during the UDP run, per \
+         datagram received. Ratios are to raw in the same round: the median over rounds, and \
+         their range (the run's noise); values are medians over rounds.\n",
+        machine(),
+        jiff::Zoned::now().strftime("%Y-%m-%d %H:%M %Z"),
+        s.rounds,
+        s.connections,
+        s.stream.as_millis(),
+        s.stream.as_millis(),
+    );
+    let _ = writeln!(
+        out,
+        "Control plane: *start* is the time from the agent's start (a new process per scale) to \
+         both the ClusterIP and the NodePort answering; *RSS* the agent's resident memory then; \
+         *endpoint change* the time from a third endpoint written into the target service's \
+         EndpointSlice (the file moved into place; the agent reads it at once) to the first \
+         connection from the pod that reaches it, {} times per scale, each change alone \
+         (upstream's default minSyncPeriod of 1 s apart). p99 of {} changes is their maximum.\n",
+        s.changes, s.changes
+    );
+    for (k, &n) in scales.iter().enumerate() {
+        let row = &outcomes[k];
+        let _ = writeln!(out, "## {n} service{}\n", if n == 1 { "" } else { "s" });
+        let names: Vec<&str> = datapaths.iter().map(|d| d.name.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "| figure | {} |\n|---|{}",
+            names.join(" | "),
+            "---|".repeat(names.len())
+        );
+        let cells = |f: &dyn Fn(usize, &Outcome) -> String| -> String {
+            row.iter()
+                .enumerate()
+                .map(|(i, o)| match &o.skipped {
+                    Some(why) => format!("not run: {why}"),
+                    None => f(i, o),
+                })
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        for fig in &FIGURES {
+            let line = cells(&|i, o| {
+                let v = value(o, fig.value);
+                let v = if v >= 100.0 {
+                    format!("{v:.0}")
+                } else {
+                    format!("{v:.2}")
+                };
+                match ratio(row, raw, i, fig.value) {
+                    Some((m, lo, hi)) if i != raw => format!("{v} · **{m:.2}** ({lo:.2}–{hi:.2})"),
+                    _ => v,
+                }
+            });
+            let _ = writeln!(out, "| {} ({}) | {line} |", fig.title, fig.unit);
+        }
+        let latencies: [(&str, fn(&Sample) -> f64); 4] = [
+            ("pod to ClusterIP connection p50 (µs)", |s| s.conn_p50_us),
+            ("pod to ClusterIP connection p99 (µs)", |s| s.conn_p99_us),
+            ("outside to NodePort connection p50 (µs)", |s| {
+                s.node_port_p50_us
+            }),
+            ("outside to NodePort connection p99 (µs)", |s| {
+                s.node_port_p99_us
+            }),
+        ];
+        for (title, get) in latencies {
+            let line = cells(&|_, o| format!("{:.0}", value(o, get)));
+            let _ = writeln!(out, "| {title} | {line} |");
+        }
+        let control =
+            |f: fn(&Outcome) -> Option<String>| cells(&|_, o| f(o).unwrap_or_else(|| "—".into()));
+        let _ = writeln!(
+            out,
+            "| agent start to answering | {} |",
+            control(|o| o.start_s.map(|s| format!("{s:.2} s")))
+        );
+        let _ = writeln!(
+            out,
+            "| agent RSS | {} |",
+            control(|o| o.rss_mb.map(|m| format!("{m:.0} MB")))
+        );
+        for (title, p) in [
+            ("endpoint change to packets p50", 0.5),
+            ("endpoint change to packets p99", 0.99),
+        ] {
+            let line = cells(&|_, o| {
+                let mut v = o.change_ms.clone();
+                v.sort_by(f64::total_cmp);
+                if v.is_empty() {
+                    "—".into()
+                } else {
+                    format!("{:.1} ms", pct(&v, p))
+                }
+            });
+            let _ = writeln!(out, "| {title} | {line} |");
+        }
+        let _ = writeln!(out);
+    }
+    let _ = writeln!(
+        out,
+        "Cells: the value, then **its ratio to raw** (the median over rounds) and the range of \
+         the per-round ratios.\n"
+    );
+    let _ = writeln!(
+        out,
+        "![every figure against the number of services](e2e.svg)"
+    );
+    out
+}
+
+fn machine() -> String {
+    let cpu = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} CPUs ({cpu}), Linux {}", kernel.trim())
+}
+
+/// One panel per figure (ratio to raw), then the start time and the
+/// endpoint-change p50, against the number of services.
+pub fn plot(
+    path: &Path,
+    scales: &[usize],
+    datapaths: &[Datapath],
+    outcomes: &[Vec<Outcome>],
+) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let raw = raw_index(datapaths);
+    let root = SVGBackend::new(path, (1200, 760)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((2, 4));
+    let max_n = *scales.iter().max().unwrap_or(&1) as f64;
+    let x_range = (1f64..max_n.max(10.0) * 1.5).log_scale();
+    let colors = [BLACK, RED, BLUE, GREEN, MAGENTA, CYAN];
+    // (title, y label, per datapath and scale the value, if any)
+    type Series = Vec<Vec<Option<f64>>>;
+    let mut plots: Vec<(String, &str, Series)> = FIGURES
+        .iter()
+        .map(|f| {
+            let series = (0..datapaths.len())
+                .map(|i| {
+                    (0..scales.len())
+                        .map(|k| ratio(&outcomes[k], raw, i, f.value).map(|r| r.0))
+                        .collect()
+                })
+                .collect();
+            let better = if f.higher_better { "higher" } else { "lower" };
+            (format!("{} ({better} is better)", f.title), "÷ raw", series)
+        })
+        .collect();
+    let control = |get: fn(&Outcome) -> Option<f64>| -> Series {
+        (0..datapaths.len())
+            .map(|i| (0..scales.len()).map(|k| get(&outcomes[k][i])).collect())
+            .collect()
+    };
+    plots.push((
+        "agent start to answering".into(),
+        "seconds",
+        control(|o| o.start_s),
+    ));
+    plots.push((
+        "endpoint change to packets, p50".into(),
+        "ms",
+        control(|o| {
+            let mut v = o.change_ms.clone();
+            v.sort_by(f64::total_cmp);
+            (!v.is_empty()).then(|| pct(&v, 0.5))
+        }),
+    ));
+    plots.push(("agent RSS".into(), "MB", control(|o| o.rss_mb)));
+    for (panel, (title, y_label, series)) in panels.iter().zip(plots) {
+        let top = series
+            .iter()
+            .flatten()
+            .flatten()
+            .fold(0f64, |m, v| m.max(*v))
+            .max(1e-3)
+            * 1.2;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(title, ("sans-serif", 13))
+            .margin(8)
+            .x_label_area_size(28)
+            .y_label_area_size(44)
+            .build_cartesian_2d(x_range.clone(), 0f64..top)?;
+        chart
+            .configure_mesh()
+            .x_desc("services")
+            .y_desc(y_label)
+            .label_style(("sans-serif", 10))
+            .draw()?;
+        for (i, dp) in datapaths.iter().enumerate() {
+            let color = colors[i % colors.len()];
+            let points: Vec<(f64, f64)> = scales
+                .iter()
+                .zip(&series[i])
+                .filter_map(|(&n, v)| v.map(|v| (n as f64, v)))
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(dp.name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2))
+                });
+            chart.draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, color.filled())),
+            )?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerLeft)
+            .label_font(("sans-serif", 10))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
