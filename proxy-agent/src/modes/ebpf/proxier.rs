@@ -30,10 +30,13 @@ pub struct EbpfProxier {
     names: Option<NamesPublisher>,
     /// Whether the names were published since the last change.
     names_current: bool,
+    names_published_at: Option<Instant>,
 }
 
 /// How often the conntrack table's fill is measured (a walk of its keys).
 const FILL_INTERVAL: Duration = Duration::from_secs(60);
+/// The least time between two publications of the names after partial syncs.
+const NAMES_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Above this share of its capacity the table is reported as nearly full.
 const FILL_WARNING: f64 = 0.9;
 
@@ -105,6 +108,7 @@ impl EbpfProxier {
             conntrack_fill: ConntrackFill::default(),
             names: None,
             names_current: false,
+            names_published_at: None,
         })
     }
 
@@ -125,6 +129,7 @@ impl EbpfProxier {
             conntrack_fill: ConntrackFill::default(),
             names: None,
             names_current: false,
+            names_published_at: None,
         }
     }
 
@@ -141,9 +146,19 @@ impl EbpfProxier {
         if self.names_current {
             return;
         }
+        // Building the names walks every service (about 100 ms at 50,000):
+        // a burst of changes publishes them at most once a second, the rest
+        // at the next sync after that (syncPeriod at the latest).
+        let recent = self
+            .names_published_at
+            .is_some_and(|t| t.elapsed() < NAMES_MIN_INTERVAL);
+        if recent && !changes.full {
+            return;
+        }
         if let Some(names) = self.names.as_mut() {
             names.publish(&self.programmer, desired);
             self.names_current = true;
+            self.names_published_at = Some(Instant::now());
         }
     }
 

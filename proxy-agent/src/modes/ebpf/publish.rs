@@ -22,38 +22,59 @@ use super::{
 };
 use crate::model::{DesiredState, Endpoint, SessionAffinity};
 
-/// Writes the names file of one agent.
+/// Writes the names file of one agent, on a thread of its own: at 50,000
+/// services the file is megabytes of JSON, and the sync that changed the
+/// maps (already written) should not wait for it. Only the newest names
+/// are written when several are waiting.
 #[derive(Debug)]
 pub struct NamesPublisher {
-    dir: PathBuf,
     node: String,
     pin_root: String,
-    /// Whether the last write failed (warned once until one succeeds).
-    failing: bool,
+    writer: std::sync::mpsc::Sender<PublishedNames>,
 }
 
 impl NamesPublisher {
     pub fn new(dir: PathBuf, node: String, pin_root: String) -> Self {
+        let (writer, pending) = std::sync::mpsc::channel::<PublishedNames>();
+        std::thread::Builder::new()
+            .name("names-writer".into())
+            .spawn(move || write_loop(&dir, &pending))
+            .expect("spawning the names writer thread");
         Self {
-            dir,
             node,
             pin_root,
-            failing: false,
+            writer,
         }
     }
 
     pub fn publish(&mut self, programmer: &Programmer, desired: &DesiredState) {
         let names = published_names(programmer, desired, &self.node, &self.pin_root);
-        match write_names(&self.dir, &names) {
-            Ok(()) if self.failing => {
-                self.failing = false;
-                info!(state_dir = %self.dir.display(), "publishing the datapath's names works again");
+        // The writer ends only with the process.
+        let _ = self.writer.send(names);
+    }
+}
+
+fn write_loop(dir: &std::path::Path, pending: &std::sync::mpsc::Receiver<PublishedNames>) {
+    // Whether the last write failed (warned once until one succeeds).
+    let mut failing = false;
+    while let Ok(mut names) = pending.recv() {
+        while let Ok(newer) = pending.try_recv() {
+            names = newer;
+        }
+        let written = write_names(dir, &names);
+        drop(names);
+        // Megabytes of JSON and names at 50,000 services, in this thread's arena.
+        crate::memory::release_freed();
+        match written {
+            Ok(()) if failing => {
+                failing = false;
+                info!(state_dir = %dir.display(), "publishing the datapath's names works again");
             }
             Ok(()) => {}
-            Err(e) if !self.failing => {
-                self.failing = true;
+            Err(e) if !failing => {
+                failing = true;
                 warn!(
-                    state_dir = %self.dir.display(),
+                    state_dir = %dir.display(),
                     error = %e,
                     "cannot publish the datapath's names (`proxy-agent inspect` shows ids only); \
                      the datapath is not affected"
