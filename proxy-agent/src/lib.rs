@@ -7,6 +7,7 @@ pub mod events;
 pub mod health;
 pub mod hostsetup;
 pub mod httpserve;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod modes;

@@ -6,7 +6,7 @@ use std::{
 
 use futures::{Stream, StreamExt};
 
-use super::{Proxier, SourceState, SyncObserver, Syncer};
+use super::{Proxier, SourceState, SyncObserver, SyncOutcome, Syncer};
 use crate::sources::SourceEvent;
 use crate::sync::runner::{BoundedFrequencyRunner, RunnerError, RunnerIntervals};
 
@@ -77,6 +77,9 @@ where
     let sync_loop = runner.run_loop(
         move || {
             let res = syncer.sync();
+            if matches!(&res, Ok(SyncOutcome::Synced(c)) if c.full) {
+                crate::memory::release_freed();
+            }
             async move { res.map(|_| ()) }
         },
         async move {
