@@ -206,3 +206,101 @@ fn a_written_file_is_read_at_once() {
         assert!(matches!(next, SourceEvent::SliceApplied(_)), "{next:?}");
     });
 }
+
+/// The events the directory's source sends for each step of `steps`
+/// (a change to the directory, then what arrived within a moment).
+/// A change made to the manifests directory.
+type Step = Box<dyn Fn(&std::path::Path)>;
+
+fn events_after(dir: &std::path::Path, steps: Vec<Step>) -> Vec<Vec<String>> {
+    use futures::StreamExt as _;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let hour = std::time::Duration::from_secs(3600);
+        let mut events = Box::pin(manifests::events(dir.into(), "node".into(), hour));
+        let mut out = Vec::new();
+        let mut first = true;
+        for step in steps {
+            if !first {
+                step(dir);
+            }
+            let mut got = Vec::new();
+            let wait = if first { 5000 } else { 1000 };
+            while let Ok(Some(e)) =
+                tokio::time::timeout(std::time::Duration::from_millis(wait), events.next()).await
+            {
+                got.push(describe(&e));
+                if first && got.iter().any(|g| g == "SlicesSynced") {
+                    break;
+                }
+            }
+            first = false;
+            out.push(got);
+        }
+        out
+    })
+}
+
+fn describe(e: &proxy_agent::sources::SourceEvent) -> String {
+    use proxy_agent::sources::SourceEvent::*;
+    match e {
+        ServiceApplied(s) => format!("Service {}", s.metadata.name.as_deref().unwrap_or("")),
+        ServiceDeleted(k) => format!("ServiceDeleted {k}"),
+        SliceApplied(s) => format!("Slice {}", s.metadata.name.as_deref().unwrap_or("")),
+        SliceDeleted(k) => format!("SliceDeleted {k}"),
+        ServicesSynced => "ServicesSynced".into(),
+        SlicesSynced => "SlicesSynced".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+const OTHER: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: ns}\nspec:\n  clusterIP: 198.19.0.2\n  ports: [{port: 5432}]\n";
+
+/// Only the files that changed are read again, and only what changed in
+/// them is sent; an object moved to another file is no change; a file
+/// removed takes its objects; a duplicate across files is refused and the
+/// last good state kept, until the clash is gone.
+#[test]
+fn changes_are_sent_file_by_file() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a.yaml"), SERVICE).unwrap();
+    fs::write(dir.path().join("b.yaml"), SLICE).unwrap();
+    let got = events_after(
+        dir.path(),
+        vec![
+            Box::new(|_| {}),
+            // The slice's endpoint changes: only it.
+            Box::new(|d| {
+                fs::write(d.join("b.yaml"), SLICE.replace("198.18.1.2", "198.18.1.3")).unwrap()
+            }),
+            // The service moves to another file, unchanged: nothing.
+            Box::new(|d| {
+                fs::write(d.join("c.yaml"), SERVICE).unwrap();
+                fs::remove_file(d.join("a.yaml")).unwrap();
+            }),
+            // A second copy of it in a new file: refused, nothing sent.
+            Box::new(|d| fs::write(d.join("d.yaml"), SERVICE).unwrap()),
+            // The copy becomes another service: that one only.
+            Box::new(|d| fs::write(d.join("d.yaml"), OTHER).unwrap()),
+            // Its file goes: it goes.
+            Box::new(|d| fs::remove_file(d.join("d.yaml")).unwrap()),
+        ],
+    );
+    assert_eq!(
+        got[0],
+        [
+            "Service web",
+            "Slice web-1",
+            "ServicesSynced",
+            "SlicesSynced"
+        ]
+    );
+    assert_eq!(got[1], ["Slice web-1"]);
+    assert!(got[2].is_empty(), "{:?}", got[2]);
+    assert!(got[3].is_empty(), "{:?}", got[3]);
+    assert_eq!(got[4], ["Service db"]);
+    assert_eq!(got[5], ["ServiceDeleted ns/db"]);
+}
