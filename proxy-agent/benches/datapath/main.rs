@@ -52,6 +52,8 @@ use std::{
     time::Instant,
 };
 
+mod katran;
+
 use anyhow::{Context as _, bail, ensure};
 use aya::{
     Ebpf,
@@ -171,9 +173,14 @@ fn run() -> anyhow::Result<()> {
         group(sizes.backends as usize),
         group(sizes.conntrack as usize)
     );
+    let work = tempfile::tempdir()?;
+    let katran_object = katran::from_env(work.path());
+    if let Err(why) = &katran_object {
+        println!("Katran: {why}");
+    }
     let mut tiers = Vec::new();
     for &n in &tier_sizes {
-        tiers.push(Tier::new(n, sizes, ifaces)?);
+        tiers.push(Tier::new(n, sizes, ifaces, katran_object.as_ref().ok())?);
     }
     println!();
     let mut results: Vec<Results> = tiers.iter().map(|_| Results::default()).collect();
@@ -383,6 +390,8 @@ enum Hook {
     Xdp,
     /// The floor program, arriving on the uplink.
     Floor,
+    /// Katran's balancer, arriving on the uplink.
+    Katran,
 }
 
 #[derive(Clone, Copy)]
@@ -413,10 +422,18 @@ struct Tier {
     floor: Ebpf,
     /// From outside to frontend 0, which the floor rewrites to its backend.
     floor_probe: Vec<u8>,
+    /// Katran, its VIP the NodePort frontend and its reals the NodePort's
+    /// endpoints, when it was built.
+    katran: Option<katran::Katran>,
 }
 
 impl Tier {
-    fn new(frontends: usize, sizes: MapSizes, ifaces: Ifaces) -> anyhow::Result<Self> {
+    fn new(
+        frontends: usize,
+        sizes: MapSizes,
+        ifaces: Ifaces,
+        katran_object: Option<&std::path::PathBuf>,
+    ) -> anyhow::Result<Self> {
         let layout = Layout::new(frontends);
         let mut ebpf = load_with(sizes)?;
         let (mut maps, stats) = KernelMaps::take(&mut ebpf)?;
@@ -449,6 +466,7 @@ impl Tier {
             pass_external: tcp(PASS_EXTERNAL, PASS_DST, tcp_flags::ACK),
             floor,
             floor_probe: Vec::new(),
+            katran: None,
         };
 
         // The probe flow: its first packet picks a backend.
@@ -490,6 +508,20 @@ impl Tier {
         tier.node_port_probe = tcp(PROBE_EXTERNAL, NODE_PORT_FRONTEND, tcp_flags::ACK);
 
         // The floor's probe: rewritten to frontend 0's first backend.
+        if let Some(object) = katran_object {
+            let reals = std::array::from_fn(|b| offset(NODE_PORT_BACKENDS, b));
+            tier.katran = Some(katran::Katran::load(
+                object,
+                NODE_PORT_FRONTEND,
+                reals,
+                [0x02, 0, 0, 0, 0, 1],
+            )?);
+            // Its first packet creates the LRU entry the established probe hits.
+            let out = tier.run(Hook::Katran, &tier.node_port_probe, 1)?;
+            ensure!(out.verdict == XDP_TX, "Katran: verdict {}", out.verdict);
+            katran::check_encapsulated(&out.packet, &reals)?;
+        }
+
         tier.floor_probe = tcp(PROBE_EXTERNAL, (vip, port), tcp_flags::ACK);
         let out = tier.run(Hook::Floor, &tier.floor_probe, 1)?;
         let rewritten = Frame::parse(&out.packet).context("floor: output is no TCP frame")?;
@@ -524,7 +556,7 @@ impl Tier {
         let node_port_flows: Vec<Vec<u8>> = range.map(node_port_flow).collect();
         let each = |packets: &[Vec<u8>]| packets.iter().map(|p| (p.clone(), 1)).collect();
         let calls = |p: &[u8], n: usize, repeat: u32| vec![(p.to_vec(), repeat); n];
-        let batches: [(Metric, Calls); METRICS] = [
+        let mut batches: Vec<(Metric, Calls)> = vec![
             (PassOne, calls(&self.pass, CALLS_PER_ROUND, 1)),
             (PassLoop, calls(&self.pass, 1, PASS_LOOP_REPEAT)),
             (EstablishedOne, calls(&self.probe, CALLS_PER_ROUND, 1)),
@@ -552,6 +584,25 @@ impl Tier {
                 calls(&self.pass_external, 1, PASS_LOOP_REPEAT),
             ),
         ];
+        if self.katran.is_some() {
+            // Katran's new flows are ours from outside to the NodePort, in
+            // its own LRU.
+            batches.extend([
+                (
+                    KatranEstablished,
+                    calls(&self.node_port_probe, CALLS_PER_ROUND, 1),
+                ),
+                (KatranNewFlow, each(&node_port_flows)),
+                (
+                    KatranPassOne,
+                    calls(&self.pass_external, CALLS_PER_ROUND, 1),
+                ),
+                (
+                    KatranPassLoop,
+                    calls(&self.pass_external, 1, PASS_LOOP_REPEAT),
+                ),
+            ]);
+        }
         for (metric, packets) in batches {
             let (hook, verdict, path) = metric.path();
             let before = self.counters()?;
@@ -586,6 +637,10 @@ impl Tier {
                     .context("floor program missing")?
                     .try_into()?;
                 return test_run::xdp(prog, packet, self.ifaces.uplink, repeat);
+            }
+            Hook::Katran => {
+                let katran = self.katran.as_ref().context("Katran was not built")?;
+                return test_run::xdp(katran.program()?, packet, self.ifaces.uplink, repeat);
             }
         };
         test_run::run(&self.ebpf, hook, packet, ifindex, repeat)
@@ -649,9 +704,13 @@ enum Metric {
     FloorLoop,
     FloorPassOne,
     FloorPassLoop,
+    KatranEstablished,
+    KatranNewFlow,
+    KatranPassOne,
+    KatranPassLoop,
 }
 
-const METRICS: usize = 14;
+const METRICS: usize = 18;
 
 impl Metric {
     /// The program, the verdict and the counters (each moved once per run,
@@ -670,6 +729,8 @@ impl Metric {
             // The floor moves none of the datapath's counters.
             FloorOne | FloorLoop => (Hook::Floor, XDP_TX, &[]),
             FloorPassOne | FloorPassLoop => (Hook::Floor, XDP_PASS, &[]),
+            KatranEstablished | KatranNewFlow => (Hook::Katran, XDP_TX, &[]),
+            KatranPassOne | KatranPassLoop => (Hook::Katran, XDP_PASS, &[]),
         }
     }
 
@@ -689,6 +750,10 @@ impl Metric {
             Metric::FloorLoop => "floor loop",
             Metric::FloorPassOne => "floor pass-through",
             Metric::FloorPassLoop => "floor pass-through loop",
+            Metric::KatranEstablished => "Katran established flow",
+            Metric::KatranNewFlow => "Katran new flows",
+            Metric::KatranPassOne => "Katran pass-through",
+            Metric::KatranPassLoop => "Katran pass-through loop",
         }
     }
 }
@@ -728,6 +793,7 @@ impl Results {
             Hook::Tc => self.mean(Metric::PassOne) - self.mean(Metric::PassLoop),
             Hook::Xdp => self.mean(Metric::XdpPassOne) - self.mean(Metric::XdpPassLoop),
             Hook::Floor => self.mean(Metric::FloorPassOne) - self.mean(Metric::FloorPassLoop),
+            Hook::Katran => self.mean(Metric::KatranPassOne) - self.mean(Metric::KatranPassLoop),
         }
     }
 
@@ -975,6 +1041,61 @@ fn report(tiers: &[Tier], results: &[Results]) {
             .map(|r| format!("{:>9.2}", cell(r)))
             .collect();
         println!("{name:<34} | {}", cells.join(" | "));
+    }
+
+    if tiers.iter().all(|t| t.katran.is_some()) {
+        println!(
+            "\nKatran (balancer_ingress, built from KATRAN_SRC): the same packets as our XDP \
+             NodePort path, its VIP the NodePort frontend (one VIP in every tier: its map holds \
+             512), IPIP to one of three reals, XDP_TX; its fallback LRU of 1,000 flows. \
+             Kernel-reported ns per packet.\n"
+        );
+        table(
+            tiers,
+            results,
+            &[
+                median_of("established", "r=1 p50", KatranEstablished),
+                median_of("new flow", "r=1 p50", KatranNewFlow),
+                median_of("pass-through", "r=1 p50", KatranPassOne),
+                mean_of("pass-through", "loop", KatranPassLoop),
+                overhead_of(Hook::Katran),
+            ],
+        );
+        println!(
+            "\nOurs (XDP, NodePort) and the floor against Katran, same tier and rounds \
+             (targets: established and new flow below Katran's, pass-through no dearer):\n"
+        );
+        let rows: [Row; 7] = [
+            ("XDP established p50 / Katran's", |r| {
+                p50(r, XdpEstablishedOne) / p50(r, KatranEstablished)
+            }),
+            ("XDP new flow p50 / Katran's", |r| {
+                p50(r, XdpNewFlow) / p50(r, KatranNewFlow)
+            }),
+            ("XDP pass-through p50 / Katran's", |r| {
+                p50(r, XdpPassOne) / p50(r, KatranPassOne)
+            }),
+            ("XDP pass-through loop / Katran's", |r| {
+                r.mean(XdpPassLoop) / r.mean(KatranPassLoop)
+            }),
+            ("Katran new flow p99 / p50", |r| {
+                p99(r, KatranNewFlow) / p50(r, KatranNewFlow)
+            }),
+            ("floor p50 / Katran established p50", |r| {
+                p50(r, FloorOne) / p50(r, KatranEstablished)
+            }),
+            ("floor pass loop / Katran's", |r| {
+                r.mean(FloorPassLoop) / r.mean(KatranPassLoop)
+            }),
+        ];
+        println!("{:<34} | {}", "services", header.join(" | "));
+        for (name, cell) in rows {
+            let cells: Vec<String> = results
+                .iter()
+                .map(|r| format!("{:>9.2}", cell(r)))
+                .collect();
+            println!("{name:<34} | {}", cells.join(" | "));
+        }
     }
 
     let extra = if tiers.iter().any(|t| t.layout.vips_per_port > 1) {
