@@ -1,4 +1,5 @@
-//! 10,000 services x 10 endpoints through the sync engine.
+//! 10,000 services x 10 endpoints through the sync engine (`MODEL_SERVICES`
+//! for another number).
 //!
 //! `cargo bench -p proxy-agent --bench model` (AYA_BUILD_SKIP=1 works).
 //! Reports: time to feed every object into the trackers and build the full
@@ -47,7 +48,8 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-const SERVICES: usize = 10_000;
+/// Services by default; `MODEL_SERVICES` overrides it.
+const DEFAULT_SERVICES: usize = 10_000;
 const ENDPOINTS: usize = 10;
 const NODE: &str = "node-0";
 
@@ -123,9 +125,14 @@ fn build(events: Vec<SourceEvent>) -> (Arc<Mutex<SourceState>>, Syncer<Sink>) {
 }
 
 fn main() {
-    let services: Vec<Service> = (0..SERVICES).map(service).collect();
-    let slices: Vec<EndpointSlice> = (0..SERVICES).map(|i| slice(i, 0)).collect();
-    let changed_slices: Vec<EndpointSlice> = (1..=2).map(|g| slice(SERVICES / 2, g * 7)).collect();
+    let services_n: usize = std::env::var("MODEL_SERVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_SERVICES);
+    let services: Vec<Service> = (0..services_n).map(service).collect();
+    let slices: Vec<EndpointSlice> = (0..services_n).map(|i| slice(i, 0)).collect();
+    let changed_slices: Vec<EndpointSlice> =
+        (1..=2).map(|g| slice(services_n / 2, g * 7)).collect();
 
     // Timing: events are built first, as the watch hands over owned objects.
     let events: Vec<SourceEvent> = services
@@ -147,7 +154,7 @@ fn main() {
         outcome,
         SyncOutcome::Synced(SyncChanges { full: true, .. })
     ));
-    assert_eq!(syncer.desired().services.len(), SERVICES);
+    assert_eq!(syncer.desired().services.len(), services_n);
     drop((source, syncer));
 
     // Memory: what the agent keeps (trackers + desired state), inputs excluded.
@@ -186,7 +193,7 @@ fn main() {
         }
     }
 
-    println!("model benchmark: {SERVICES} services x {ENDPOINTS} endpoints");
+    println!("model benchmark: {services_n} services x {ENDPOINTS} endpoints");
     println!(
         "  feed trackers (all objects):        {:>8.1} ms",
         fed.as_secs_f64() * 1e3

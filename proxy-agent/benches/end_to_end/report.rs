@@ -4,11 +4,13 @@ use std::{fmt::Write as _, fs, path::Path};
 
 use super::{Datapath, Outcome, Sample, Settings, common::median};
 
+type SampleValue = fn(&Sample) -> f64;
+
 /// A data-plane figure: its name, unit, and how it is read off a sample.
 struct Figure {
     title: &'static str,
     unit: &'static str,
-    value: fn(&Sample) -> f64,
+    value: SampleValue,
     /// Higher is better (rates) or lower (CPU per packet).
     higher_better: bool,
 }
@@ -54,12 +56,7 @@ fn raw_index(datapaths: &[Datapath]) -> usize {
 }
 
 /// Per round, the datapath's figure over raw's in the same round: median and range.
-fn ratio(
-    row: &[Outcome],
-    raw: usize,
-    i: usize,
-    value: fn(&Sample) -> f64,
-) -> Option<(f64, f64, f64)> {
+fn ratio(row: &[Outcome], raw: usize, i: usize, value: SampleValue) -> Option<(f64, f64, f64)> {
     let r: Vec<f64> = row[i]
         .samples
         .iter()
@@ -159,7 +156,7 @@ pub fn render(
             });
             let _ = writeln!(out, "| {} ({}) | {line} |", fig.title, fig.unit);
         }
-        let latencies: [(&str, fn(&Sample) -> f64); 4] = [
+        let latencies: [(&str, SampleValue); 4] = [
             ("pod to ClusterIP connection p50 (µs)", |s| s.conn_p50_us),
             ("pod to ClusterIP connection p99 (µs)", |s| s.conn_p99_us),
             ("outside to NodePort connection p50 (µs)", |s| {
