@@ -43,6 +43,10 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
     // Under bindAddressHardFail a server that cannot listen stops the agent
     // before it touches the datapath.
     let bound = Bound::listen(&opts)?;
+    // The objects are listed (and, from manifests, parsed) while the
+    // datapath loads: the verifier takes about a second at start.
+    let (events, client) = source(&opts).await?;
+    let events = read_ahead(events);
     let mut running = modes::of(opts.mode).start(
         &opts,
         HostFeed {
@@ -59,7 +63,6 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
             .unwrap_or(Duration::from_secs(30)),
         ..SyncTiming::default()
     };
-    let (events, client) = source(&opts).await?;
     let recorder: Arc<dyn EventRecorder> = match client {
         Some(client) => Arc::new(ApiEvents::new(client, &opts.node_name)),
         None => Arc::new(LogEvents),
@@ -96,6 +99,21 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
         Some(err) => Err(err),
         None => Ok(()),
     }
+}
+
+/// Polls `events` on a task of its own from now on, keeping what it sends
+/// until the returned stream is read.
+fn read_ahead(events: Events) -> Events {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            if tx.send(event).is_err() {
+                return;
+            }
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) }).boxed()
 }
 
 async fn source(opts: &ProxyOptions) -> anyhow::Result<(Events, Option<kube::Client>)> {

@@ -438,8 +438,9 @@ fn measure(bed: &Bed, n: usize, s: &Settings) -> anyhow::Result<Sample> {
 /// `settings.changes` times: a third endpoint added to the target service
 /// (its slice rewritten), timed until a connection from the pod reaches it;
 /// then taken away again, and waited out until 40 connections in a row do
-/// not reach it, and upstream's default minSyncPeriod (1 s) after that, so
-/// each change is a lone one.
+/// not reach it, and 1.5 s after that (upstream's default minSyncPeriod is
+/// 1 s, counted by our runner from the end of a sync), so each change is a
+/// lone one.
 fn change_latencies(
     bed: &Bed,
     n: usize,
@@ -477,7 +478,7 @@ fn change_latencies(
                     bail!("the removed endpoint was still reached after 120 s");
                 }
             }
-            std::thread::sleep(Duration::from_millis(1100));
+            std::thread::sleep(Duration::from_millis(1500));
         }
         Ok(latencies)
     })?
