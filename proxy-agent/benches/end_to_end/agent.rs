@@ -129,8 +129,11 @@ impl Agent {
                 "--ebpf-state-dir={}",
                 work.join(format!("state-{ns}")).display()
             ))
-            // warn: the check of the mode needs the flags-ignored warning.
-            .env("RUST_LOG", "warn")
+            // At least warn: the check of the mode needs the flags-ignored warning.
+            .env(
+                "RUST_LOG",
+                std::env::var("E2E_AGENT_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log)?)
             .spawn()

@@ -30,7 +30,8 @@
 //! services a rule mode is started with; default 50000), `E2E_ROUNDS` (3),
 //! `E2E_CONNECTIONS` (1000 per round and client), `E2E_STREAM_MS` (1000, the
 //! bulk and UDP runs), `E2E_CHANGES` (10 per scale), `E2E_REPORT` (the
-//! report's path).
+//! report's path), `E2E_AGENT_LOG` (the agents' RUST_LOG, default warn),
+//! `E2E_KEEP_WORK` (keep the agents' logs and the manifests).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -217,6 +218,9 @@ fn run() -> anyhow::Result<()> {
         changes: env_num("E2E_CHANGES", 10)?,
     };
     let work = tempfile::tempdir()?;
+    if std::env::var_os("E2E_KEEP_WORK").is_some() {
+        eprintln!("e2e: agent logs and manifests kept in {}", work.path().display());
+    }
     let stop = Arc::new(AtomicBool::new(false));
 
     let mut beds = Vec::new();
@@ -270,7 +274,6 @@ fn run() -> anyhow::Result<()> {
             }
             let (agent, start_s) = start_agent(bed, n, &manifests, work.path())?;
             out.start_s = Some(start_s);
-            out.rss_mb = agent.rss_mb();
             bed.agent = Some(agent);
             eprintln!(
                 "e2e: {} programmed {n} services in {start_s:.2} s",
@@ -295,6 +298,11 @@ fn run() -> anyhow::Result<()> {
                     .with_context(|| format!("{} at {n} services", beds[i].dp.name))?;
                 row[i].samples.push(sample);
             }
+        }
+        // The agent's memory once it has served the rounds (right after the
+        // first sync it may still hold the objects it read).
+        for (bed, out) in beds.iter().zip(&mut row) {
+            out.rss_mb = bed.agent.as_ref().and_then(Agent::rss_mb);
         }
         for (bed, out) in beds.iter().zip(&mut row) {
             if bed.agent.is_some() {
@@ -325,6 +333,9 @@ fn run() -> anyhow::Result<()> {
     report::plot(&path.with_extension("svg"), &scales, &datapaths, &outcomes)?;
     fs::write(&path, report)?;
     eprintln!("e2e: report written to {}", path.display());
+    if std::env::var_os("E2E_KEEP_WORK").is_some() {
+        let _ = work.keep();
+    }
     Ok(())
 }
 
@@ -452,6 +463,7 @@ fn change_latencies(
     let target = bed.cluster_target(n);
     let (dir, serving, with_new) = (manifests.to_owned(), serving.to_vec(), with_new.to_vec());
     let changes = settings.changes;
+    let keep = std::env::var_os("E2E_KEEP_WORK").is_some();
     let new = SERVERS[2];
     netns::run_in(&bed.client_ns(), move || -> anyhow::Result<Vec<f64>> {
         let ask = || workloads::one_request(target, Duration::from_millis(500)).map(|(_, s)| s);
@@ -459,6 +471,9 @@ fn change_latencies(
         for _ in 0..changes {
             agent::write_target_slice(&dir, n, &with_new)?;
             let t = Instant::now();
+            if keep {
+                eprintln!("e2e: endpoint added at {}", jiff::Timestamp::now());
+            }
             while !ask().is_ok_and(|s| s == new) {
                 if t.elapsed() > Duration::from_secs(120) {
                     bail!("no connection reached the new endpoint within 120 s");

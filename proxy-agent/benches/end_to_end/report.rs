@@ -114,7 +114,7 @@ pub fn render(
     let _ = writeln!(
         out,
         "Control plane: *start* is the time from the agent's start (a new process per scale) to \
-         both the ClusterIP and the NodePort answering; *RSS* the agent's resident memory then; \
+         both the ClusterIP and the NodePort answering; *RSS* the agent's resident memory after the rounds; \
          *endpoint change* the time from a third endpoint written into the target service's \
          EndpointSlice (the file moved into place; the agent reads it at once) to the first \
          connection from the pod that reaches it, {} times per scale, each change alone \
@@ -179,7 +179,7 @@ pub fn render(
         );
         let _ = writeln!(
             out,
-            "| agent RSS | {} |",
+            "| agent RSS after the rounds | {} |",
             control(|o| o.rss_mb.map(|m| format!("{m:.0} MB")))
         );
         for (title, p) in [
