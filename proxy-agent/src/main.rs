@@ -12,6 +12,7 @@ use proxy_agent::{
 };
 
 fn main() -> ExitCode {
+    proxy_agent::memory::one_arena();
     let args: Vec<OsString> = std::env::args_os().collect();
     if let Some(code) = cli::main(&args) {
         return code;

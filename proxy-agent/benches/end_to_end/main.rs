@@ -219,7 +219,10 @@ fn run() -> anyhow::Result<()> {
     };
     let work = tempfile::tempdir()?;
     if std::env::var_os("E2E_KEEP_WORK").is_some() {
-        eprintln!("e2e: agent logs and manifests kept in {}", work.path().display());
+        eprintln!(
+            "e2e: agent logs and manifests kept in {}",
+            work.path().display()
+        );
     }
     let stop = Arc::new(AtomicBool::new(false));
 
