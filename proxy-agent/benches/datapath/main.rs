@@ -994,7 +994,6 @@ fn report(tiers: &[Tier], results: &[Results]) {
     fn floor_net(r: &Results) -> f64 {
         net(r, Metric::FloorOne, Hook::Floor)
     }
-    type Row = (&'static str, fn(&Results) -> f64);
     let rows: [Row; 11] = [
         ("XDP established p50 / floor p50", |r| {
             p50(r, XdpEstablishedOne) / p50(r, FloorOne)
@@ -1030,18 +1029,7 @@ fn report(tiers: &[Tier], results: &[Results]) {
             p99(r, NewFlow) / p50(r, NewFlow)
         }),
     ];
-    let header: Vec<String> = tiers
-        .iter()
-        .map(|t| format!("{:>9}", group(t.layout.frontends)))
-        .collect();
-    println!("{:<34} | {}", "services", header.join(" | "));
-    for (name, cell) in rows {
-        let cells: Vec<String> = results
-            .iter()
-            .map(|r| format!("{:>9.2}", cell(r)))
-            .collect();
-        println!("{name:<34} | {}", cells.join(" | "));
-    }
+    ratio_table(tiers, results, &rows);
 
     if tiers.iter().all(|t| t.katran.is_some()) {
         println!(
@@ -1088,14 +1076,7 @@ fn report(tiers: &[Tier], results: &[Results]) {
                 r.mean(FloorPassLoop) / r.mean(KatranPassLoop)
             }),
         ];
-        println!("{:<34} | {}", "services", header.join(" | "));
-        for (name, cell) in rows {
-            let cells: Vec<String> = results
-                .iter()
-                .map(|r| format!("{:>9.2}", cell(r)))
-                .collect();
-            println!("{name:<34} | {}", cells.join(" | "));
-        }
+        ratio_table(tiers, results, &rows);
     }
 
     let extra = if tiers.iter().any(|t| t.layout.vips_per_port > 1) {
@@ -1120,6 +1101,25 @@ fn report(tiers: &[Tier], results: &[Results]) {
          Targets in issue 4, for reference: established < 100 ns, new flow < 250 ns, \
          < 10% growth from 1 to 100,000 services."
     );
+}
+
+/// A named ratio, one cell per tier.
+type Row = (&'static str, fn(&Results) -> f64);
+
+/// One line per row, one column per tier.
+fn ratio_table(tiers: &[Tier], results: &[Results], rows: &[Row]) {
+    let header: Vec<String> = tiers
+        .iter()
+        .map(|t| format!("{:>9}", group(t.layout.frontends)))
+        .collect();
+    println!("{:<34} | {}", "services", header.join(" | "));
+    for (name, cell) in rows {
+        let cells: Vec<String> = results
+            .iter()
+            .map(|r| format!("{:>9.2}", cell(r)))
+            .collect();
+        println!("{name:<34} | {}", cells.join(" | "));
+    }
 }
 
 fn ratio(a: f64, b: f64) -> String {

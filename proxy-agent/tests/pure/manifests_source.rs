@@ -172,6 +172,14 @@ fn service_cidrs_are_read_and_validated_as_the_api_server_does() {
     }
 }
 
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
 /// A file written into the directory is read at once (inotify), not at the
 /// next poll: here the poll interval is an hour.
 #[test]
@@ -180,11 +188,7 @@ fn a_written_file_is_read_at_once() {
     use proxy_agent::sources::SourceEvent;
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("svc.yaml"), SERVICE).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         let hour = std::time::Duration::from_secs(3600);
         let mut events = Box::pin(manifests::events(dir.path().into(), "node".into(), hour));
         // The first read: the service, and both kinds listed.
@@ -214,11 +218,7 @@ type Step = Box<dyn Fn(&std::path::Path)>;
 
 fn events_after(dir: &std::path::Path, steps: Vec<Step>) -> Vec<Vec<String>> {
     use futures::StreamExt as _;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         let hour = std::time::Duration::from_secs(3600);
         let mut events = Box::pin(manifests::events(dir.into(), "node".into(), hour));
         let mut out = Vec::new();
