@@ -3,7 +3,12 @@
 //! A new flow to a service writes two entries: the original direction keyed by
 //! the client's tuple towards the frontend (`Forward`, remembers the backend
 //! and any source NAT), and the reply direction keyed by the tuple the
-//! backend's replies carry (`Reply`, remembers what to restore).
+//! backend's replies carry (`Reply`, remembers what to restore). As in the
+//! kernel's conntrack, both live in one tuple space: a packet's own tuple
+//! finds its entry in one lookup whichever way it goes, and the entry says
+//! which half it is ([`flags::REPLY`]). The datapath keeps the two tuples of
+//! every live flow apart from any other flow's (a reply tuple that clashes
+//! gets a source port of its own, as the kernel's NAT picks a unique tuple).
 
 use crate::family::{Family, V4, V6};
 
@@ -22,9 +27,7 @@ pub struct CtKeyOf<F: Family> {
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
-    /// A [`CtDirection`] as `u8`.
-    pub direction: u8,
-    pub _pad: [u8; 2],
+    pub _pad: [u8; 3],
 }
 
 /// An IPv4 flow half (`CONNTRACK`).
@@ -39,7 +42,6 @@ impl<F: Family> CtKeyOf<F> {
         sport_be: u16,
         dport_be: u16,
         proto: u8,
-        direction: CtDirection,
     ) -> Self {
         Self {
             saddr_be,
@@ -47,8 +49,7 @@ impl<F: Family> CtKeyOf<F> {
             sport_be,
             dport_be,
             proto,
-            direction: direction as u8,
-            _pad: [0; 2],
+            _pad: [0; 3],
         }
     }
 }
@@ -69,6 +70,8 @@ pub mod flags {
     pub const RST: u16 = 1 << 5;
     /// The TCP connection is over or closing: a new SYN on its tuple starts a new one.
     pub const FINISHED: u16 = CLOSING | FIN_FORWARD | FIN_REPLY | RST;
+    /// The entry is a flow's reply half (keyed by the tuple its replies carry).
+    pub const REPLY: u16 = 1 << 6;
 }
 
 #[repr(C)]
@@ -89,6 +92,38 @@ pub struct CtValueOf<F: Family> {
     /// `bpf_ktime_get_ns()` of the last packet in this direction.
     pub last_seen_ns: u64,
     pub created_ns: u64,
+    pub next_hop: NextHop,
+}
+
+/// Where the FIB last sent this half's packets (`bpf_fib_lookup`), so that
+/// an established packet skips the lookup. The datapath asks the FIB again
+/// at most once a second per entry (with the idle timer's refresh), for a
+/// packet that arrived elsewhere, and for one longer than any it asked
+/// about (the MTU check is the FIB's).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct NextHop {
+    /// The interface the packets arrived on (the lookup's input).
+    pub in_ifindex: u32,
+    pub out_ifindex: u32,
+    pub dmac: [u8; 6],
+    pub smac: [u8; 6],
+    /// The longest packet (IP total length) known to fit; 0: nothing cached.
+    pub fits_len: u16,
+    pub _pad: u16,
+}
+
+const _: () = assert!(core::mem::size_of::<NextHop>() == 24);
+
+impl<F: Family> CtValueOf<F> {
+    /// Which half of its flow the entry is.
+    pub const fn direction(&self) -> CtDirection {
+        if self.flags & flags::REPLY != 0 {
+            CtDirection::Reply
+        } else {
+            CtDirection::Forward
+        }
+    }
 }
 
 pub type CtValue = CtValueOf<V4>;

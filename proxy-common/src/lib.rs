@@ -37,7 +37,7 @@ pub use stats::Counter;
 
 /// Bumped whenever a map type changes layout, so an agent never reuses maps
 /// pinned by an incompatible version.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 /// IP protocol numbers as stored in keys.
 pub mod proto {
@@ -60,7 +60,7 @@ assert_layout!(ServiceKey, size = 12, align = 4);
 assert_layout!(ServiceValue, size = 12, align = 4);
 assert_layout!(Backend, size = 8, align = 4);
 assert_layout!(CtKey, size = 16, align = 4);
-assert_layout!(CtValue, size = 40, align = 8);
+assert_layout!(CtValue, size = 64, align = 8);
 assert_layout!(DatapathConfig, size = 80, align = 8);
 assert_layout!(SockKey, size = 16, align = 8);
 assert_layout!(SockValue, size = 16, align = 4);
@@ -72,7 +72,7 @@ assert_layout!(SourceRange, size = 8, align = 4);
 assert_layout!(ServiceKey6, size = 24, align = 4);
 assert_layout!(Backend6, size = 20, align = 4);
 assert_layout!(CtKey6, size = 40, align = 4);
-assert_layout!(CtValue6, size = 64, align = 8);
+assert_layout!(CtValue6, size = 88, align = 8);
 assert_layout!(SockKey6, size = 32, align = 8);
 assert_layout!(SockValue6, size = 28, align = 4);
 assert_layout!(Ipv6Prefix, size = 16, align = 4);

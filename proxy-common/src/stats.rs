@@ -92,6 +92,9 @@ counters! {
     /// A new connection sent to the backend its client is pinned to
     /// (`sessionAffinity: ClientIP`).
     AffinityHit = 30 => "affinity_hit",
+    /// Translated packets sent on by their flow entry's cached next hop
+    /// (`conntrack::NextHop`) instead of a FIB lookup.
+    NextHopCached = 31 => "next_hop_cached",
 }
 
 const _: () = assert!((Counter::ALL.len() as u32) <= COUNTER_MAX);

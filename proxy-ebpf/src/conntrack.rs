@@ -2,7 +2,8 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns};
 use proxy_common::{
-    Counter, CtKeyOf, CtValueOf, DatapathConfig,
+    Counter, CtDirection, CtKeyOf, CtValueOf, DatapathConfig,
+    conntrack::NextHop,
     conntrack::{
         DEFAULT_TCP_CLOSE_NS, DEFAULT_TCP_CLOSING_NS, DEFAULT_TCP_ESTABLISHED_NS,
         DEFAULT_TCP_SYN_SENT_NS, DEFAULT_TCP_TIME_WAIT_NS, DEFAULT_UDP_NS, DEFAULT_UDP_STREAM_NS,
@@ -54,24 +55,75 @@ pub fn idle_timeout(config: &DatapathConfig, proto: u8, entry_flags: u16) -> u64
 /// A live entry, in place in the map (this packet's flags recorded).
 pub struct Hit<F: Ip> {
     pub value: &'static CtValueOf<F>,
+    /// Which half of its flow the entry is.
+    pub direction: CtDirection,
     /// Flags this packet set that the entry did not have.
     pub new_flags: u16,
     /// The idle timer was refreshed (at most once a second per entry).
     pub refreshed: bool,
+    /// The entry's next-hop cache.
+    pub hop: HopCache,
 }
 
-/// The live entry for `key`, refreshing its idle timer and recording
-/// `set_flags`; expired entries count as absent.
+/// A live entry's next-hop cache ([`NextHop`]), for the packet that found
+/// it. Two CPUs may write it at once only when the FIB is asked again (once
+/// a second); a packet reading that moment's half-written hop is the worst case.
+#[derive(Clone, Copy)]
+pub struct HopCache {
+    at: *mut NextHop,
+    /// The entry's refresh is due: ask the FIB again.
+    stale: bool,
+}
+
+impl HopCache {
+    /// The cached hop for a packet of `len` bytes (IP total length) that
+    /// arrived on `ifindex`.
+    #[inline(always)]
+    pub fn get(&self, ifindex: u32, len: u16) -> Option<&'static NextHop> {
+        if self.stale {
+            return None;
+        }
+        // SAFETY: points into a map value, valid for this program run.
+        let hop = unsafe { &*self.at };
+        (hop.fits_len != 0 && hop.in_ifindex == ifindex && len <= hop.fits_len).then_some(hop)
+    }
+
+    /// Records the FIB's answer for a packet of `len` bytes from `in_ifindex`.
+    #[inline(always)]
+    pub fn set(&self, in_ifindex: u32, len: u16, out_ifindex: u32, dmac: &[u8; 6], smac: &[u8; 6]) {
+        // SAFETY: points into a map value, valid for this program run.
+        let hop = unsafe { &mut *self.at };
+        let same = hop.fits_len != 0
+            && hop.in_ifindex == in_ifindex
+            && hop.out_ifindex == out_ifindex
+            && hop.dmac == *dmac
+            && hop.smac == *smac;
+        if same && hop.fits_len >= len {
+            return;
+        }
+        hop.in_ifindex = in_ifindex;
+        hop.out_ifindex = out_ifindex;
+        hop.dmac = *dmac;
+        hop.smac = *smac;
+        hop.fits_len = len;
+    }
+}
+
+/// The live entry for `key`, refreshing its idle timer and recording the
+/// flags `set_flags` gives for the half it is; `None` from `set_flags`
+/// (a half the caller does not serve) and expired entries count as absent.
 #[inline(always)]
 pub fn lookup<F: Ip>(
     config: &DatapathConfig,
     key: &CtKeyOf<F>,
     now: u64,
-    set_flags: u16,
+    set_flags: impl Fn(CtDirection) -> Option<u16>,
 ) -> Option<Hit<F>> {
     let entry = F::conntrack().get_ptr_mut(key)?;
     // SAFETY: the pointer from the map lookup stays valid for this program run.
     let entry = unsafe { &mut *entry };
+    let direction = entry.direction();
+    let set_flags = set_flags(direction)?;
     let idle = now.saturating_sub(entry.last_seen_ns);
     if idle > idle_timeout(config, key.proto, entry.flags) {
         return None;
@@ -84,10 +136,16 @@ pub fn lookup<F: Ip>(
     if new_flags != 0 {
         entry.flags |= new_flags;
     }
+    let hop = HopCache {
+        at: &mut entry.next_hop,
+        stale: refreshed,
+    };
     Some(Hit {
         value: entry,
+        direction,
         new_flags,
         refreshed,
+        hop,
     })
 }
 
@@ -126,7 +184,7 @@ pub fn claim<F: Ip>(
     {
         return true;
     }
-    if lookup(config, key, now, 0).is_some() {
+    if lookup(config, key, now, |_| Some(0)).is_some() {
         return false;
     }
     F::conntrack().insert(key, value, 0).is_ok()

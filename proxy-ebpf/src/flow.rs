@@ -32,19 +32,19 @@ pub enum Verdict<F: Family> {
     Drop(Counter),
     /// Answer with a TCP RST or ICMP port unreachable.
     Reject(Counter),
-    /// Rewrite to the given tuple and send it on.
-    Forward(Rewrite<F>, Counter),
+    /// Rewrite to the given tuple and send it on (by the flow's cached next
+    /// hop when it has one).
+    Forward(Rewrite<F>, Counter, Option<conntrack::HopCache>),
 }
 
 #[inline(always)]
-fn key_of<F: Ip>(pkt: &Packet<F>, direction: CtDirection) -> CtKeyOf<F> {
+fn key_of<F: Ip>(pkt: &Packet<F>) -> CtKeyOf<F> {
     CtKeyOf::new(
         pkt.saddr_be,
         pkt.daddr_be,
         pkt.sport_be,
         pkt.dport_be,
         pkt.proto,
-        direction,
     )
 }
 
@@ -85,11 +85,13 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, now: u64, hook: u8) -> Verdi
     let Some(config) = config::get() else {
         return Verdict::Pass;
     };
-    if let Some(out) = reply(config, pkt, now) {
-        return Verdict::Forward(out, Counter::ReplyNat);
+    // One lookup finds either half of a live flow: its own tuple.
+    let hit = lookup_own(config, pkt, now, None);
+    if let Some(hit) = hit.as_ref().filter(|h| h.direction == CtDirection::Reply) {
+        let out = reverse(config, pkt, hit, now);
+        return Verdict::Forward(out, Counter::ReplyNat, Some(hit.hop));
     }
-
-    if let Some(hit) = lookup_half(config, pkt, CtDirection::Forward, now, 0) {
+    if let Some(hit) = hit {
         let flow = hit.value;
         // The entry as it was before this packet: a SYN that itself carries
         // a FIN or RST does not reopen its own flow.
@@ -121,7 +123,7 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, now: u64, hook: u8) -> Verdi
                             CtDirection::Reply,
                         );
                     }
-                    return Verdict::Forward(out, Counter::Established);
+                    return Verdict::Forward(out, Counter::Established, Some(hit.hop));
                 }
                 _ => crate::stats::count(Counter::Rebalanced),
             }
@@ -148,20 +150,29 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, now: u64, hook: u8) -> Verdi
     }
 }
 
-/// The live entry of `pkt`'s own tuple in `direction`, recording the flags
-/// the packet sets (`extra` and a FIN or RST). The key is built in scratch
-/// memory: two 40-byte IPv6 keys on the stack would not fit beside the rest.
+/// The live entry of `pkt`'s own tuple (of either half, or `only` the one
+/// given), recording the flags the packet sets: a FIN or RST, and on a
+/// reply that a reply was seen. The key is built in scratch memory: two
+/// 40-byte IPv6 keys on the stack would not fit beside the rest.
 #[inline(always)]
-fn lookup_half<F: Ip>(
+fn lookup_own<F: Ip>(
     config: &DatapathConfig,
     pkt: &Packet<F>,
-    direction: CtDirection,
     now: u64,
-    extra: u16,
+    only: Option<CtDirection>,
 ) -> Option<conntrack::Hit<F>> {
     let key = &mut F::scratch()?.key;
-    *key = key_of(pkt, direction);
-    conntrack::lookup(config, key, now, extra | closing(pkt, direction))
+    *key = key_of(pkt);
+    conntrack::lookup(config, key, now, |direction| {
+        if only.is_some_and(|o| o != direction) {
+            return None;
+        }
+        let seen = match direction {
+            CtDirection::Forward => 0,
+            CtDirection::Reply => ct::SEEN_REPLY,
+        };
+        Some(seen | closing(pkt, direction))
+    })
 }
 
 /// Where and when a packet arrived.
@@ -175,7 +186,18 @@ pub struct Arrival {
 /// A reply of a translated flow, rewritten; `None` for anything else.
 #[inline(always)]
 pub fn reply<F: Ip>(config: &DatapathConfig, pkt: &Packet<F>, now: u64) -> Option<Rewrite<F>> {
-    let hit = lookup_half(config, pkt, CtDirection::Reply, now, ct::SEEN_REPLY)?;
+    let hit = lookup_own(config, pkt, now, Some(CtDirection::Reply))?;
+    Some(reverse(config, pkt, &hit, now))
+}
+
+/// A reply, whose entry `hit` was found, rewritten.
+#[inline(always)]
+fn reverse<F: Ip>(
+    config: &DatapathConfig,
+    pkt: &Packet<F>,
+    hit: &conntrack::Hit<F>,
+    now: u64,
+) -> Rewrite<F> {
     // Replies get the frontend back as source and, when masqueraded, the client as destination.
     let reply = hit.value;
     let mut out = unchanged(pkt);
@@ -191,13 +213,13 @@ pub fn reply<F: Ip>(config: &DatapathConfig, pkt: &Packet<F>, now: u64) -> Optio
             &OtherHalf {
                 pkt,
                 out: &out,
-                hit: &hit,
+                hit,
                 now,
             },
             CtDirection::Forward,
         );
     }
-    Some(out)
+    out
 }
 
 /// A packet of a live flow, leaving as `out`, whose entry `hit` was found.
@@ -225,9 +247,13 @@ fn other_half<F: Ip>(config: &DatapathConfig, half: &OtherHalf<F>, direction: Ct
         out.dport_be,
         out.sport_be,
         pkt.proto,
-        direction,
     );
-    if conntrack::lookup(config, key, now, hit.new_flags).is_some() {
+    // An entry of the other kind there would be another flow's, not this
+    // one's to replace (the datapath never lets that happen).
+    let present = conntrack::lookup(config, key, now, |found| {
+        Some(if found == direction { hit.new_flags } else { 0 })
+    });
+    if present.is_some() {
         return;
     }
     // The other half's view of the same packet: a reply entry restores the
@@ -239,6 +265,10 @@ fn other_half<F: Ip>(config: &DatapathConfig, half: &OtherHalf<F>, direction: Ct
     };
     let snat = hit.value.flags & ct::SNAT != 0;
     *value = *hit.value;
+    value.flags = match direction {
+        CtDirection::Reply => value.flags | ct::REPLY,
+        CtDirection::Forward => value.flags & !ct::REPLY,
+    };
     value.nat_addr_be = nat_addr_be;
     value.nat_port_be = nat_port_be;
     value.snat_addr_be = if snat {
@@ -366,11 +396,11 @@ fn new_flow<F: Ip>(
         backend.port_be,
         pkt.sport_be,
         pkt.proto,
-        CtDirection::Reply,
     );
     *value = CtValueOf::<F> {
         nat_addr_be: pkt.daddr_be,
         nat_port_be: pkt.dport_be,
+        flags: ct::REPLY,
         service_id: frontend.service_id,
         backend_id,
         last_seen_ns: now,
@@ -378,14 +408,16 @@ fn new_flow<F: Ip>(
         ..CtValueOf::default()
     };
     // The source a new port is claimed on: the masquerade address, or the
-    // client's own when another live flow's replies already come back on
-    // this flow's reply tuple (the client reached the same endpoint from the
-    // same port through another frontend); as the kernel's NAT, which picks
-    // a unique tuple, this flow then gets a source port of its own.
+    // client's own when another live flow holds this flow's reply tuple
+    // (the client reached the same endpoint from the same port through
+    // another frontend, or the tuple is another flow's own); as the
+    // kernel's NAT, which picks a unique tuple, this flow then gets a
+    // source port of its own.
     let snat_addr_be = if masquerade {
         masquerade_addr
     } else if conntrack::live(config, key, now).is_some_and(|other| {
-        other.flags & ct::SNAT != 0
+        other.flags & ct::REPLY == 0
+            || other.flags & ct::SNAT != 0
             || other.nat_addr_be != pkt.daddr_be
             || other.nat_port_be != pkt.dport_be
     }) {
@@ -398,7 +430,7 @@ fn new_flow<F: Ip>(
     out.daddr_be = backend.addr_be;
     out.dport_be = backend.port_be;
     if snat {
-        value.flags = ct::SNAT;
+        value.flags |= ct::SNAT;
         value.snat_addr_be = pkt.saddr_be;
         value.snat_port_be = pkt.sport_be;
         key.daddr_be = snat_addr_be;
@@ -411,11 +443,12 @@ fn new_flow<F: Ip>(
         conntrack::insert(key, value)?;
     }
     // Now the forward half: the backend, and the source it leaves with.
+    value.flags &= !ct::REPLY;
     value.nat_addr_be = backend.addr_be;
     value.nat_port_be = backend.port_be;
     value.snat_addr_be = if snat { out.saddr_be } else { F::unspecified() };
     value.snat_port_be = if snat { out.sport_be } else { 0 };
-    *key = key_of(pkt, CtDirection::Forward);
+    *key = key_of(pkt);
     conntrack::insert(key, value)?;
     let ids = FlowIds {
         service_id: frontend.service_id,
@@ -423,7 +456,7 @@ fn new_flow<F: Ip>(
         snat,
     };
     crate::monitor::flow(arrival, pkt, &out, &ids);
-    Ok(Verdict::Forward(out, Counter::NewFlow))
+    Ok(Verdict::Forward(out, Counter::NewFlow, None))
 }
 
 #[inline(always)]

@@ -11,7 +11,9 @@ use proxy_common::{
     action::{TC_ACT_OK, XDP_DROP, XDP_TX},
 };
 
-use crate::{flow::Rewrite, frame::Frame, ip::Ip, packet::Packet, stats::count, xdp_nat};
+use crate::{
+    conntrack::HopCache, flow::Rewrite, frame::Frame, ip::Ip, packet::Packet, stats::count, xdp_nat,
+};
 
 /// Asks the FIB where `out` goes; the answer is in `params` (scratch memory:
 /// the query is 64 bytes).
@@ -28,8 +30,8 @@ fn lookup<C: Frame, F: Ip>(
     params.l4_protocol = pkt.proto;
     params.sport = out.sport_be;
     params.dport = out.dport_be;
-    // Only an MTU check reads it; a datagram beyond 64 KiB is a GSO one.
-    params.__bindgen_anon_1.tot_len = pkt.tot_len.min(u16::MAX as u32) as u16;
+    // Only an MTU check reads it.
+    params.__bindgen_anon_1.tot_len = fib_len(pkt);
     params.ifindex = ctx.ifindex();
     F::fib_addrs(params, out.saddr_be, out.daddr_be);
     fib(ctx, params)
@@ -48,13 +50,30 @@ fn fib<C: Frame>(ctx: &C, params: &mut bpf_fib_lookup) -> i64 {
     }
 }
 
-/// TC: redirect to the FIB's next hop, or leave it to the stack when the
-/// route is local, unreachable or the TTL runs out.
+/// The IP total length the FIB's MTU check is asked about.
 #[inline(always)]
-pub fn tc<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>) -> i32 {
+fn fib_len<F: Ip>(pkt: &Packet<F>) -> u16 {
+    // A datagram beyond 64 KiB is a GSO one.
+    pkt.tot_len.min(u16::MAX as u32) as u16
+}
+
+/// TC: redirect to the FIB's next hop (the flow's cached one when `hop`
+/// has it), or leave it to the stack when the route is local, unreachable
+/// or the TTL runs out.
+#[inline(always)]
+pub fn tc<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>, hop: Option<HopCache>) -> i32 {
     if pkt.ttl <= 1 {
         count(Counter::FibPass);
         return TC_ACT_OK;
+    }
+    if let Some(cached) = hop.and_then(|h| h.get(ctx.ifindex(), fib_len(pkt))) {
+        if decrement_ttl(ctx, pkt).is_err() {
+            count(Counter::FibPass);
+            return TC_ACT_OK;
+        }
+        count(Counter::FibRedirect);
+        count(Counter::NextHopCached);
+        return redirect(ctx, cached.out_ifindex, &cached.dmac, &cached.smac);
     }
     let Some(scratch) = F::scratch() else {
         count(Counter::FibPass);
@@ -75,14 +94,28 @@ pub fn tc<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>) -> i32 {
         // SAFETY: a null neighbour means "resolve the packet's own destination".
         return unsafe { bpf_redirect_neigh(params.ifindex, core::ptr::null_mut(), 0, 0) } as i32;
     }
+    if let Some(h) = hop {
+        h.set(
+            ctx.ifindex(),
+            fib_len(pkt),
+            params.ifindex,
+            &params.dmac,
+            &params.smac,
+        );
+    }
+    redirect(ctx, params.ifindex, &params.dmac, &params.smac)
+}
+
+#[inline(always)]
+fn redirect(ctx: &TcContext, ifindex: u32, dmac: &[u8; 6], smac: &[u8; 6]) -> i32 {
     let mut macs = [0u8; 12];
-    macs[..6].copy_from_slice(&params.dmac);
-    macs[6..].copy_from_slice(&params.smac);
+    macs[..6].copy_from_slice(dmac);
+    macs[6..].copy_from_slice(smac);
     if ctx.store(0, &macs, 0).is_err() {
         return TC_ACT_OK;
     }
     // SAFETY: helper without preconditions.
-    unsafe { bpf_redirect(params.ifindex, 0) as i32 }
+    unsafe { bpf_redirect(ifindex, 0) as i32 }
 }
 
 #[inline(always)]
@@ -97,22 +130,44 @@ fn decrement_ttl<F: Ip>(ctx: &TcContext, pkt: &Packet<F>) -> Result<(), i64> {
 }
 
 /// XDP: where to send a translated frame when it goes straight back out of
-/// the interface it came in on (the one-armed node): the FIB's next hop.
-/// Anything else is left untouched to TC, which redirects it; translating
-/// here and passing it up would show the stack local source addresses on
-/// an external interface, which it drops as martians.
+/// the interface it came in on (the one-armed node): the FIB's next hop (the
+/// flow's cached one when `hop` has it). Anything else is left untouched to
+/// TC, which redirects it; translating here and passing it up would show
+/// the stack local source addresses on an external interface, which it
+/// drops as martians.
 #[inline(always)]
 pub fn xdp_next_hop<F: Ip>(
     ctx: &XdpContext,
     pkt: &Packet<F>,
     out: &Rewrite<F>,
+    hop: Option<HopCache>,
 ) -> Option<([u8; 6], [u8; 6])> {
     if pkt.ttl <= 1 {
         return None;
     }
+    let ifindex = ctx.ifindex();
+    if let Some(cached) = hop.and_then(|h| h.get(ifindex, fib_len(pkt))) {
+        if cached.out_ifindex != ifindex {
+            return None;
+        }
+        count(Counter::NextHopCached);
+        return Some((cached.dmac, cached.smac));
+    }
     let params = &mut F::scratch()?.fib;
     let ret = lookup(ctx, pkt, out, params);
-    if ret as u32 != BPF_FIB_LKUP_RET_SUCCESS || params.ifindex != ctx.ifindex() {
+    if ret as u32 != BPF_FIB_LKUP_RET_SUCCESS {
+        return None;
+    }
+    if let Some(h) = hop {
+        h.set(
+            ifindex,
+            fib_len(pkt),
+            params.ifindex,
+            &params.dmac,
+            &params.smac,
+        );
+    }
+    if params.ifindex != ifindex {
         return None;
     }
     Some((params.dmac, params.smac))

@@ -173,10 +173,10 @@ fn xdp_packet<F: Ip>(ctx: &XdpContext) -> i32 {
             monitor::dropped(kind::DROP, hook::XDP, ifindex, pkt, reason);
             XDP_DROP
         }
-        Verdict::Forward(out, counter) => {
+        Verdict::Forward(out, counter, hop) => {
             count(Counter::Packets);
             count(counter);
-            let Some(next_hop) = forward::xdp_next_hop(ctx, pkt, &out) else {
+            let Some(next_hop) = forward::xdp_next_hop(ctx, pkt, &out, hop) else {
                 // TC finds the conntrack state this run created and finishes the job.
                 count(Counter::XdpPass);
                 return XDP_PASS;
@@ -257,14 +257,14 @@ fn tc_packet<F: Ip>(ctx: &TcContext, hook: u8) -> i32 {
             monitor::dropped(kind::REJECT, hook, ifindex, pkt, reason);
             REJECT
         }
-        Verdict::Forward(out, counter) => {
+        Verdict::Forward(out, counter, hop) => {
             count(counter);
             if let Err(reason) = nat::apply(ctx, pkt, &out) {
                 count(reason);
                 monitor::dropped(kind::DROP, hook, ifindex, pkt, reason);
                 return TC_ACT_SHOT;
             }
-            forward::tc(ctx, pkt, &out)
+            forward::tc(ctx, pkt, &out, hop)
         }
     }
 }

@@ -2,6 +2,7 @@
 //! testbed's node namespace.
 
 use std::{
+    ffi::OsString,
     fmt::Write as _,
     fs,
     net::{Ipv4Addr, SocketAddr},
@@ -106,8 +107,15 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// `mode` as our configuration names it (`ebpf`, `nftables`, `iptables`).
-    pub fn start(ns: &str, mode: &str, manifests: &Path, work: &Path) -> anyhow::Result<Self> {
+    /// `mode` as our configuration names it (`ebpf`, `nftables`, `iptables`);
+    /// the socket hooks attached to `socket_lb_cgroup` when given, else off.
+    pub fn start(
+        ns: &str,
+        mode: &str,
+        manifests: &Path,
+        work: &Path,
+        socket_lb_cgroup: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         let log = work.join(format!("agent-{ns}.log"));
         // The mode goes in the file: with --config, upstream (and we) ignore
         // the flags the file could set, --proxy-mode among them.
@@ -118,13 +126,21 @@ impl Agent {
                 "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\nclusterCIDR: 198.18.1.0/24\n"
             ),
         )?;
+        let mut socket_lb = vec![OsString::from("--ebpf-socket-lb=false")];
+        if let Some(cgroup) = socket_lb_cgroup {
+            socket_lb = vec![
+                "--ebpf-socket-lb=true".into(),
+                "--ebpf-socket-lb-cgroup-path".into(),
+                cgroup.into(),
+            ];
+        }
         let child = Command::new("ip")
             .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_proxy-agent")])
             .args(["--hostname-override", "node-a", "--manifests"])
             .arg(manifests)
             .arg("--config")
             .arg(&config)
-            .arg("--ebpf-socket-lb=false")
+            .args(socket_lb)
             .arg(format!(
                 "--ebpf-state-dir={}",
                 work.join(format!("state-{ns}")).display()

@@ -10,8 +10,13 @@
 //! rotating order. Datapaths: `raw` (no agent: the clients go to a server
 //! pod's address, routed by the node), our `ebpf` mode (TC from pods, XDP
 //! from outside; socket hooks off: they would attach to the root cgroup),
-//! and the agent's `nftables`, `iptables-legacy` and `iptables-nft` modes
-//! (upstream's rules; the iptables backend as kubelet's hint chain picks it).
+//! `ebpf-socket` (the same agent with its socket hooks on a cgroup the bench
+//! creates; the "pod" client is a hostNetwork process: a thread in the node
+//! namespace while the bench process is in that cgroup, so connect() itself
+//! goes to a backend and no packet is translated; outside clients go through
+//! XDP as for `ebpf`), and the agent's `nftables`, `iptables-legacy` and
+//! `iptables-nft` modes (upstream's rules; the iptables backend as kubelet's
+//! hint chain picks it).
 //!
 //! Per round and datapath: short connections from the pod to the ClusterIP
 //! (connect, a small HTTP request, the reply to EOF, close; rate, p50, p99)
@@ -26,7 +31,7 @@
 //!
 //! `cargo xtask bench e2e`, or `cargo bench -p proxy-agent --bench end_to_end`
 //! (root). `E2E_SCALES` (default 1,1000,10000,50000), `E2E_DATAPATHS`
-//! (default raw,ebpf,nftables,iptables-legacy), `E2E_RULES_MAX` (the most
+//! (default raw,ebpf,ebpf-socket,nftables,iptables-legacy), `E2E_RULES_MAX` (the most
 //! services a rule mode is started with; default 50000), `E2E_ROUNDS` (3),
 //! `E2E_CONNECTIONS` (1000 per round and client), `E2E_STREAM_MS` (1000, the
 //! bulk and UDP runs), `E2E_CHANGES` (10 per scale), `E2E_REPORT` (the
@@ -52,7 +57,8 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use testbed::{Cni, NODE_EXTERNAL_IP, Testbed, netns};
+use proxy_agent::modes::ebpf::sockets::{join_cgroup, own_cgroup};
+use testbed::{Cni, NODE_EXTERNAL_IP, Testbed, cgroup::TestCgroup, netns};
 
 use agent::{Agent, NODE_PORT, UDP_SERVICE_PORT};
 use workloads::{TCP_PORT, UDP_PORT};
@@ -85,24 +91,28 @@ pub struct Datapath {
     mode: Option<&'static str>,
     /// The iptables backend kubelet's hint chain names, for iptables mode.
     iptables_hint: Option<&'static str>,
+    /// The agent's socket hooks serve the client (a hostNetwork process).
+    socket_lb: bool,
 }
 
 impl Datapath {
     fn parse(name: &str) -> anyhow::Result<Self> {
-        let (mode, iptables_hint) = match name {
-            "raw" => (None, None),
-            "ebpf" => (Some("ebpf"), None),
-            "nftables" => (Some("nftables"), None),
-            "iptables-legacy" => (Some("iptables"), Some("iptables-legacy")),
-            "iptables-nft" => (Some("iptables"), Some("iptables-nft")),
+        let (mode, iptables_hint, socket_lb) = match name {
+            "raw" => (None, None, false),
+            "ebpf" => (Some("ebpf"), None, false),
+            "ebpf-socket" => (Some("ebpf"), None, true),
+            "nftables" => (Some("nftables"), None, false),
+            "iptables-legacy" => (Some("iptables"), Some("iptables-legacy"), false),
+            "iptables-nft" => (Some("iptables"), Some("iptables-nft"), false),
             other => bail!(
-                "E2E_DATAPATHS: unknown datapath {other:?} (raw, ebpf, nftables, iptables-legacy, iptables-nft)"
+                "E2E_DATAPATHS: unknown datapath {other:?} (raw, ebpf, ebpf-socket, nftables, iptables-legacy, iptables-nft)"
             ),
         };
         Ok(Self {
             name: name.to_owned(),
             mode,
             iptables_hint,
+            socket_lb,
         })
     }
 
@@ -147,11 +157,33 @@ struct Bed {
     tb: Testbed,
     agent: Option<Agent>,
     udp_received: Arc<AtomicU64>,
+    /// Where the socket hooks attach, for a socket-level datapath.
+    cgroup: Option<TestCgroup>,
 }
 
 impl Bed {
+    /// The namespace of the client that goes to the ClusterIP: the client
+    /// pod's, or the node's for a hostNetwork client.
     fn client_ns(&self) -> String {
-        self.tb.pod("client").ns.clone()
+        if self.cgroup.is_some() {
+            self.tb.node_ns.clone()
+        } else {
+            self.tb.pod("client").ns.clone()
+        }
+    }
+
+    /// Runs `work` as the ClusterIP client: for a socket-level datapath,
+    /// with this whole process in the hooks' cgroup meanwhile (a cgroup
+    /// holds processes, not threads; nothing else of the bench runs then).
+    fn as_client<T>(&self, work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+        let Some(cgroup) = &self.cgroup else {
+            return work();
+        };
+        let home = own_cgroup(&testbed::cgroup::cgroup2_root()?)?;
+        join_cgroup(&cgroup.path)?;
+        let result = work();
+        join_cgroup(&home)?;
+        result
     }
 
     fn server(&self) -> Ipv4Addr {
@@ -203,10 +235,13 @@ fn run() -> anyhow::Result<()> {
     if scales.iter().any(|n| !(1..=65_000).contains(n)) {
         bail!("E2E_SCALES: 1 to 65,000 services (one /16 of cluster IPs)");
     }
-    let datapaths = env_list("E2E_DATAPATHS", "raw,ebpf,nftables,iptables-legacy")
-        .iter()
-        .map(|d| Datapath::parse(d))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let datapaths = env_list(
+        "E2E_DATAPATHS",
+        "raw,ebpf,ebpf-socket,nftables,iptables-legacy",
+    )
+    .iter()
+    .map(|d| Datapath::parse(d))
+    .collect::<anyhow::Result<Vec<_>>>()?;
     if !datapaths.iter().any(Datapath::is_raw) {
         bail!("E2E_DATAPATHS must hold raw: every figure is a ratio to it");
     }
@@ -245,11 +280,16 @@ fn run() -> anyhow::Result<()> {
             )
             .with_context(|| format!("creating kubelet's hint chain with {binary}"))?;
         }
+        let cgroup = match dp.socket_lb {
+            true => Some(TestCgroup::new("e2e-socket-lb")?),
+            false => None,
+        };
         beds.push(Bed {
             dp: dp.clone(),
             tb,
             agent: None,
             udp_received,
+            cgroup,
         });
     }
     let ips =
@@ -287,7 +327,9 @@ fn run() -> anyhow::Result<()> {
         // neighbour resolution and cold caches.
         for (bed, out) in beds.iter().zip(&row) {
             if out.skipped.is_none() {
-                workloads::connections(&bed.client_ns(), bed.cluster_target(n), 100)?;
+                bed.as_client(|| {
+                    workloads::connections(&bed.client_ns(), bed.cluster_target(n), 100)
+                })?;
                 workloads::connections(&bed.tb.external_ns, bed.node_port_target(), 100)?;
             }
         }
@@ -350,19 +392,29 @@ fn start_agent(bed: &Bed, n: usize, manifests: &Path, work: &Path) -> anyhow::Re
     let t = Instant::now();
     // A new agent per scale, in a namespace it may share with the previous
     // one's rules: as on a node, the new one replaces them.
-    let mut agent = Agent::start(&bed.tb.node_ns, mode, manifests, work)?;
+    let cgroup = bed
+        .cgroup
+        .as_ref()
+        .map(TestCgroup::seen_from_other_mount_namespaces);
+    let mut agent = Agent::start(&bed.tb.node_ns, mode, manifests, work, cgroup.as_deref())?;
     let probes = [
-        (bed.client_ns(), bed.cluster_target(n)),
-        (bed.tb.external_ns.clone(), bed.node_port_target()),
+        (bed.client_ns(), bed.cluster_target(n), true),
+        (bed.tb.external_ns.clone(), bed.node_port_target(), false),
     ];
-    for (ns, target) in probes {
+    for (ns, target, from_client) in probes {
         loop {
             if !agent.alive() {
                 bail!("the {} agent exited:\n{}", bed.dp.name, agent.log_text());
             }
-            let ok = netns::run_in(&ns, move || {
-                workloads::one_request(target, Duration::from_millis(50)).is_ok()
-            })?;
+            let probe = || {
+                netns::run_in(&ns, move || {
+                    workloads::one_request(target, Duration::from_millis(50)).is_ok()
+                })
+            };
+            let ok = match from_client {
+                true => bed.as_client(probe)?,
+                false => probe()?,
+            };
             if ok {
                 break;
             }
@@ -428,14 +480,18 @@ fn measure(bed: &Bed, n: usize, s: &Settings) -> anyhow::Result<Sample> {
             percentile(&lat, 0.99),
         ))
     };
-    let (conn_rate, conn_p50_us, conn_p99_us) =
-        rate_and_tail(&client, bed.cluster_target(n)).context("connections from the pod")?;
+    let (conn_rate, conn_p50_us, conn_p99_us) = bed
+        .as_client(|| rate_and_tail(&client, bed.cluster_target(n)))
+        .context("connections from the pod")?;
     let (node_port_rate, node_port_p50_us, node_port_p99_us) =
         rate_and_tail(&bed.tb.external_ns, bed.node_port_target())
             .context("connections from outside")?;
-    let bulk_bps = workloads::bulk(&client, bed.cluster_target(n), s.stream).context("bulk TCP")?;
-    let udp =
-        workloads::udp(&client, bed.udp_target(n), s.stream, &bed.udp_received).context("UDP")?;
+    let bulk_bps = bed
+        .as_client(|| workloads::bulk(&client, bed.cluster_target(n), s.stream))
+        .context("bulk TCP")?;
+    let udp = bed
+        .as_client(|| workloads::udp(&client, bed.udp_target(n), s.stream, &bed.udp_received))
+        .context("UDP")?;
     Ok(Sample {
         conn_rate,
         conn_p50_us,
@@ -468,41 +524,44 @@ fn change_latencies(
     let changes = settings.changes;
     let keep = std::env::var_os("E2E_KEEP_WORK").is_some();
     let new = SERVERS[2];
-    netns::run_in(&bed.client_ns(), move || -> anyhow::Result<Vec<f64>> {
-        let ask = || workloads::one_request(target, Duration::from_millis(500)).map(|(_, s)| s);
-        let mut latencies = Vec::new();
-        for _ in 0..changes {
-            agent::write_target_slice(&dir, n, &with_new)?;
-            let t = Instant::now();
-            if keep {
-                eprintln!("e2e: endpoint added at {}", jiff::Timestamp::now());
-            }
-            while !ask().is_ok_and(|s| s == new) {
-                // Paced: a tight loop of connections (and the servers and
-                // softirq it keeps busy) took both CPUs of these VMs from
-                // the agent, and the figure measured that (76 ms p50 at
-                // 50,000 services unpaced, 5 ms paced).
-                std::thread::sleep(Duration::from_millis(1));
-                if t.elapsed() > Duration::from_secs(120) {
-                    bail!("no connection reached the new endpoint within 120 s");
+    let client = bed.client_ns();
+    bed.as_client(|| {
+        netns::run_in(&client, move || -> anyhow::Result<Vec<f64>> {
+            let ask = || workloads::one_request(target, Duration::from_millis(500)).map(|(_, s)| s);
+            let mut latencies = Vec::new();
+            for _ in 0..changes {
+                agent::write_target_slice(&dir, n, &with_new)?;
+                let t = Instant::now();
+                if keep {
+                    eprintln!("e2e: endpoint added at {}", jiff::Timestamp::now());
                 }
-            }
-            latencies.push(t.elapsed().as_secs_f64() * 1e3);
-            agent::write_target_slice(&dir, n, &serving)?;
-            let t = Instant::now();
-            let mut streak = 0;
-            while streak < 40 {
-                streak = if ask().is_ok_and(|s| s != new) {
-                    streak + 1
-                } else {
-                    0
-                };
-                if t.elapsed() > Duration::from_secs(120) {
-                    bail!("the removed endpoint was still reached after 120 s");
+                while !ask().is_ok_and(|s| s == new) {
+                    // Paced: a tight loop of connections (and the servers and
+                    // softirq it keeps busy) took both CPUs of these VMs from
+                    // the agent, and the figure measured that (76 ms p50 at
+                    // 50,000 services unpaced, 5 ms paced).
+                    std::thread::sleep(Duration::from_millis(1));
+                    if t.elapsed() > Duration::from_secs(120) {
+                        bail!("no connection reached the new endpoint within 120 s");
+                    }
                 }
+                latencies.push(t.elapsed().as_secs_f64() * 1e3);
+                agent::write_target_slice(&dir, n, &serving)?;
+                let t = Instant::now();
+                let mut streak = 0;
+                while streak < 40 {
+                    streak = if ask().is_ok_and(|s| s != new) {
+                        streak + 1
+                    } else {
+                        0
+                    };
+                    if t.elapsed() > Duration::from_secs(120) {
+                        bail!("the removed endpoint was still reached after 120 s");
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1500));
             }
-            std::thread::sleep(Duration::from_millis(1500));
-        }
-        Ok(latencies)
+            Ok(latencies)
+        })
     })?
 }

@@ -13,7 +13,7 @@ use std::{
 };
 
 use aya::maps::{HashMap, Map, MapData};
-use proxy_common::{CtKey, CtValue, ServiceKey, ServiceValue};
+use proxy_common::{CtDirection, CtKey, CtValue, ServiceKey, ServiceValue};
 use serde_json::Value;
 use testbed::{clients::tcp_connect_outcome, cluster::NodeId};
 
@@ -196,12 +196,12 @@ fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments()
     let entries = conntrack(&pin_dir);
     let client_forward = entries
         .iter()
-        .filter(|(k, _)| k.saddr_be == be(CLIENT) && k.direction == 0)
+        .filter(|(k, v)| k.saddr_be == be(CLIENT) && v.direction() == CtDirection::Forward)
         .count();
     assert_eq!(client_forward, NODEPORT_CONNECTIONS);
     let pod_forward = entries
         .iter()
-        .filter(|(k, _)| k.saddr_be == be(POD_A) && k.direction == 0)
+        .filter(|(k, v)| k.saddr_be == be(POD_A) && v.direction() == CtDirection::Forward)
         .count();
     assert_eq!(pod_forward, CLUSTER_IP_CONNECTIONS);
     let client = CLIENT.to_string();

@@ -21,7 +21,8 @@ use proxy_agent::{
     modes::ebpf::{self, KernelMaps, MapSizes, Programmer, maps::NodeMaps, test_run},
 };
 use proxy_common::{
-    Counter, CtDirection, CtKey, CtKey6, CtValue, CtValue6, DatapathConfig, action::TC_ACT_OK,
+    Counter, CtDirection, CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf, DatapathConfig,
+    Family, action::TC_ACT_OK,
 };
 
 /// The addresses of these scenarios in one family.
@@ -142,14 +143,19 @@ impl Fixture {
 
     /// Deletes the flow's entries of `direction`, as an LRU eviction would.
     fn evict(&mut self, direction: CtDirection) -> usize {
-        fn evict<K: aya::Pod + HasDirection, V: aya::Pod>(
-            ct: &mut HashMap<MapData, K, V>,
+        fn evict<F: Family>(
+            ct: &mut HashMap<MapData, CtKeyOf<F>, CtValueOf<F>>,
             direction: CtDirection,
-        ) -> usize {
-            let doomed: Vec<K> = ct
-                .keys()
+        ) -> usize
+        where
+            CtKeyOf<F>: aya::Pod,
+            CtValueOf<F>: aya::Pod,
+        {
+            let doomed: Vec<CtKeyOf<F>> = ct
+                .iter()
                 .filter_map(Result::ok)
-                .filter(|k| k.direction() == direction as u8)
+                .filter(|(_, v)| v.direction() == direction)
+                .map(|(k, _)| k)
                 .collect();
             for k in &doomed {
                 ct.remove(k).unwrap();
@@ -161,22 +167,6 @@ impl Fixture {
         } else {
             evict(&mut self.maps.conntrack, direction)
         }
-    }
-}
-
-trait HasDirection {
-    fn direction(&self) -> u8;
-}
-
-impl HasDirection for CtKey {
-    fn direction(&self) -> u8 {
-        self.direction
-    }
-}
-
-impl HasDirection for CtKey6 {
-    fn direction(&self) -> u8 {
-        self.direction
     }
 }
 

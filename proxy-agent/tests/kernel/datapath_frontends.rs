@@ -123,6 +123,7 @@ pub(crate) const IPV6: Net = Net {
 in_both_families!(
     nodeport_from_outside_through_xdp_is_balanced_masqueraded_and_sent_back_out,
     nodeport_from_outside_through_tc_is_redirected_by_the_fib,
+    established_packets_go_by_their_flows_cached_next_hop_which_the_fib_refreshes,
     external_traffic_policy_local_drops_without_a_local_endpoint_but_pods_short_circuit,
     external_traffic_policy_local_keeps_the_client_address,
     load_balancer_source_ranges_apply_to_lb_ips_only,
@@ -401,6 +402,82 @@ fn nodeport_from_outside_through_tc_is_redirected_by_the_fib(net: &Net) {
                 [Is(Frame::udp(net.node, 30080, net.client, 40000))],
             ),
             counters([(Counter::FibRedirect, 2)]),
+        ],
+    }
+    .run();
+}
+
+/// The peer node's MAC after [`new_peer_mac`].
+const NEW_PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x23];
+
+fn new_peer_mac(peer: IpAddr) {
+    ip(&format!(
+        "neigh replace {peer} lladdr {} dev ext0 nud permanent",
+        mac_str(NEW_PEER_MAC)
+    ));
+}
+
+fn established_packets_go_by_their_flows_cached_next_hop_which_the_fib_refreshes(net: &Net) {
+    let request = |payload: &[u8]| pkt(Frame::udp(net.client, 40000, net.node, 30080), payload);
+    let cached = |n| counters([(Counter::NextHopCached, n)]);
+    Scenario {
+        net,
+        config: standard(net),
+        services: vec![remote(net, Protocol::Udp)],
+        steps: vec![
+            // The new flow asks the FIB; its next packet asks again and fills
+            // the entry's cache; the third goes by the cache.
+            send(Xdp, request(b"a"), XDP_TX, [EthDst(PEER_MAC)]),
+            send(Xdp, request(b"b"), XDP_TX, [EthDst(PEER_MAC)]),
+            cached(0),
+            send(
+                Xdp,
+                request(b"c"),
+                XDP_TX,
+                [
+                    To(net.remote_backend, TARGET),
+                    EthDst(PEER_MAC),
+                    EthSrc(NODE_MAC),
+                    Ttl(63),
+                ],
+            ),
+            cached(1),
+            // TC finds the same entry (the same arrival interface).
+            send(
+                FromNetdev,
+                request(b"d"),
+                TC_ACT_REDIRECT,
+                [To(net.remote_backend, TARGET), EthDst(PEER_MAC), Ttl(63)],
+            ),
+            cached(2),
+            // Longer than any packet the FIB was asked about: its MTU check
+            // is asked again, then the cache knows the length fits.
+            send(
+                Xdp,
+                request(b"a longer payload"),
+                XDP_TX,
+                [EthDst(PEER_MAC)],
+            ),
+            cached(2),
+            send(
+                Xdp,
+                request(b"a longer payload"),
+                XDP_TX,
+                [EthDst(PEER_MAC)],
+            ),
+            cached(3),
+            // The next hop's MAC changes: once the entry's refresh is due
+            // (a second), the FIB is asked again and the flow follows it.
+            Step::Setup(if net.node.is_ipv4() {
+                |_| new_peer_mac(IPV4.peer_node)
+            } else {
+                |_| new_peer_mac(IPV6.peer_node)
+            }),
+            Step::Wait(Duration::from_millis(1100)),
+            send(Xdp, request(b"e"), XDP_TX, [EthDst(NEW_PEER_MAC)]),
+            cached(3),
+            send(Xdp, request(b"f"), XDP_TX, [EthDst(NEW_PEER_MAC)]),
+            cached(4),
         ],
     }
     .run();

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap, IterableMap as _, Map, MapData};
 use proxy_agent::modes::ebpf::introspect::{PinnedMapSet, map_usage};
-use proxy_common::{CtDirection, CtKey, CtValue};
+use proxy_common::{CtKey, CtValue};
 
 use crate::bpffs::BpfFs;
 
@@ -27,7 +27,7 @@ fn a_million_conntrack_entries_are_counted_exactly_within_a_scrapes_budget() {
     let mut map: HashMap<MapData, CtKey, CtValue> =
         Map::from_map_data(data).unwrap().try_into().unwrap();
     for i in 0..ENTRIES {
-        let k = CtKey::new(i.to_be(), 0x0a00_0001, 1234, 80, 6, CtDirection::Forward);
+        let k = CtKey::new(i.to_be(), 0x0a00_0001, 1234, 80, 6);
         map.insert(k, CtValue::default(), 0).unwrap();
     }
     // Counted independently, key by key.

@@ -1,8 +1,9 @@
 //! Starting over a pinned datapath, in the real kernel: maps of this ABI are
-//! taken over as they are; maps of the previous ABIs (version 4, without the
+//! taken over as they are; maps of the previous ABIs (version 5, whose
+//! conntrack keys named the half of the flow, version 4, also without the
 //! SOCKETS map and with an 8 bytes shorter CONFIG, and version 3, whose
 //! CONFIG was 32 bytes shorter) are migrated so an established flow keeps its
-//! backend; an unknown version or a layout that does not match is refused,
+//! backend and its replies their translation; an unknown version or a layout that does not match is refused,
 //! naming what it found, and the pins are left as they were; the IPv6 maps
 //! the affinity pins and the Maglev tables are taken over too. Needs root.
 
@@ -18,14 +19,17 @@ use proxy_agent::{
     cli::packet::{Frame, tcp_flags},
     modes::ebpf::{
         MapSizes, Opened, Programmer, Takeover,
+        family::AgentFamily as _,
         maps::NodeMaps,
-        migrate::{v3, v4},
+        migrate::{v3, v4, v5},
         open_pinned,
         pin::PinLayout,
         test_run,
     },
 };
-use proxy_common::{ABI_VERSION, Counter, CtKey, CtValue, DatapathConfig};
+use proxy_common::{
+    ABI_VERSION, Counter, CtKey, CtKey6, CtValue, DatapathConfig, V4, V6, conntrack::flags,
+};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
@@ -74,6 +78,11 @@ fn error_of(result: anyhow::Result<Opened>) -> String {
 }
 
 #[test]
+fn maps_of_abi_5_are_migrated_and_established_flows_keep_their_backend() {
+    migrates_from(5);
+}
+
+#[test]
 fn maps_of_abi_4_are_migrated_and_established_flows_keep_their_backend() {
     migrates_from(4);
 }
@@ -84,7 +93,8 @@ fn maps_of_abi_3_are_migrated_and_established_flows_keep_their_backend() {
 }
 
 /// Pins of this version, dressed up as `version`'s (its directory, its
-/// CONFIG layout, no SOCKETS map), migrated by the next start.
+/// conntrack and CONFIG layouts, no SOCKETS map before 5), migrated by the
+/// next start.
 fn migrates_from(version: u32) {
     let fs = BpfFs::new();
     let layout = PinLayout::new(root(&fs));
@@ -108,10 +118,21 @@ fn migrates_from(version: u32) {
         root(&fs).join(format!("v{version}")),
     )
     .unwrap();
-    std::fs::remove_file(old_dir.join("CONFIG")).unwrap();
-    std::fs::remove_file(old_dir.join("SOCKETS")).unwrap();
+    assert_eq!(to_abi_5_conntrack(&fs, &old_dir), flows);
+    if version == 5 {
+        to_abi_5_conntrack6(&fs, &old_dir);
+    }
     let masquerade_addr_be = u32::from(Ipv4Addr::new(198, 18, 0, 1)).to_be();
-    let expected = if version == 3 {
+    let expected = if version == 5 {
+        let config: Array<MapData, DatapathConfig> =
+            Map::from_map_data(MapData::from_pin(old_dir.join("CONFIG")).unwrap())
+                .unwrap()
+                .try_into()
+                .unwrap();
+        config.get(&0, 0).unwrap()
+    } else if version == 3 {
+        std::fs::remove_file(old_dir.join("CONFIG")).unwrap();
+        std::fs::remove_file(old_dir.join("SOCKETS")).unwrap();
         fs.pin_map_of(&old_dir.join("CONFIG"), "array", 4, 48, 1);
         let mut config: Array<MapData, v3::DatapathConfig> =
             Map::from_map_data(MapData::from_pin(old_dir.join("CONFIG")).unwrap())
@@ -142,6 +163,8 @@ fn migrates_from(version: u32) {
             ..DatapathConfig::default()
         }
     } else {
+        std::fs::remove_file(old_dir.join("CONFIG")).unwrap();
+        std::fs::remove_file(old_dir.join("SOCKETS")).unwrap();
         fs.pin_map_of(&old_dir.join("CONFIG"), "array", 4, 72, 1);
         let mut config: Array<MapData, v4::DatapathConfig> =
             Map::from_map_data(MapData::from_pin(old_dir.join("CONFIG")).unwrap())
@@ -204,6 +227,16 @@ fn migrates_from(version: u32) {
     let next = send(&second, Frame::tcp(CLIENT, 40000, VIP, 80), tcp_flags::ACK);
     assert_eq!(next.dst, backend, "the established flow keeps its backend");
     assert_eq!(counter(&second, Counter::Established), 1);
+    let answer = send(&second, next.reply(), tcp_flags::ACK);
+    assert_eq!(answer.src, VIP, "its replies are still translated");
+    assert_eq!(counter(&second, Counter::ReplyNat), 2);
+    if version == 5 {
+        let (k, v) = abi_5_reply6();
+        let key = CtKey6::new(k.saddr_be, k.daddr_be, k.sport_be, k.dport_be, k.proto);
+        let migrated = second.maps.v6.conntrack.get(&key, 0).unwrap();
+        assert_eq!(migrated.flags, v.flags | flags::REPLY, "an IPv6 reply half");
+        assert_eq!(migrated.nat_addr_be, v.nat_addr_be);
+    }
     assert_eq!(
         counter(&second, Counter::NewFlow),
         1,
@@ -216,6 +249,89 @@ fn migrates_from(version: u32) {
     let third = open_pinned(&layout, sizes()).unwrap();
     assert_eq!(third.takeover, Takeover::Adopt);
     assert_eq!(conntrack_entries(&third), flows);
+}
+
+/// Replaces the pinned IPv4 conntrack map in `dir` by one of ABI 5's
+/// layout holding the same flows as ABI 5 and older keyed them (the half
+/// in the key, not in the value, no next hop); how many.
+fn to_abi_5_conntrack(fs: &BpfFs, dir: &std::path::Path) -> usize {
+    let path = dir.join("CONNTRACK");
+    let now: HashMap<MapData, CtKey, CtValue> =
+        Map::from_map_data(MapData::from_pin(&path).unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap();
+    let entries: Vec<(CtKey, CtValue)> = now.iter().map(Result::unwrap).collect();
+    drop(now);
+    std::fs::remove_file(&path).unwrap();
+    fs.pin_map_of(&path, "lru_hash", 16, 40, 1024);
+    let mut old: HashMap<MapData, v5::CtKeyOf<V4>, v5::CtValueOf<V4>> =
+        Map::from_map_data(MapData::from_pin(&path).unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap();
+    for (k, v) in entries.iter().copied() {
+        let key = v5::CtKeyOf::<V4> {
+            saddr_be: k.saddr_be,
+            daddr_be: k.daddr_be,
+            sport_be: k.sport_be,
+            dport_be: k.dport_be,
+            proto: k.proto,
+            direction: u8::from(v.flags & flags::REPLY != 0),
+            _pad: [0; 2],
+        };
+        let value = v5::CtValueOf::<V4> {
+            nat_addr_be: v.nat_addr_be,
+            nat_port_be: v.nat_port_be,
+            flags: v.flags & !flags::REPLY,
+            service_id: v.service_id,
+            backend_id: v.backend_id,
+            snat_addr_be: v.snat_addr_be,
+            snat_port_be: v.snat_port_be,
+            _pad: 0,
+            last_seen_ns: v.last_seen_ns,
+            created_ns: v.created_ns,
+        };
+        old.insert(key, value, 0).unwrap();
+    }
+    entries.len()
+}
+
+/// An IPv6 flow's reply half as ABI 5 keyed it.
+fn abi_5_reply6() -> (v5::CtKeyOf<V6>, v5::CtValueOf<V6>) {
+    let ip = |s: &str| V6::to_be(s.parse::<std::net::Ipv6Addr>().unwrap());
+    let key = v5::CtKeyOf::<V6> {
+        saddr_be: ip("2001:db8:2::2"),
+        daddr_be: ip("2001:db8:1::2"),
+        sport_be: 8080u16.to_be(),
+        dport_be: 40000u16.to_be(),
+        proto: 6,
+        direction: 1,
+        _pad: [0; 2],
+    };
+    let value = v5::CtValueOf::<V6> {
+        nat_addr_be: ip("2001:db8:19::10"),
+        nat_port_be: 80u16.to_be(),
+        flags: flags::SEEN_REPLY,
+        last_seen_ns: 1,
+        ..Default::default()
+    };
+    (key, value)
+}
+
+/// Replaces the pinned IPv6 conntrack map in `dir` by one of ABI 5's
+/// layout holding [`abi_5_reply6`].
+fn to_abi_5_conntrack6(fs: &BpfFs, dir: &std::path::Path) {
+    let path = dir.join("CONNTRACK6");
+    std::fs::remove_file(&path).unwrap();
+    fs.pin_map_of(&path, "lru_hash", 40, 64, 1024);
+    let mut old: HashMap<MapData, v5::CtKeyOf<V6>, v5::CtValueOf<V6>> =
+        Map::from_map_data(MapData::from_pin(&path).unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap();
+    let (key, value) = abi_5_reply6();
+    old.insert(key, value, 0).unwrap();
 }
 
 #[test]

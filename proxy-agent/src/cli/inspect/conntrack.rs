@@ -44,7 +44,7 @@ impl Flow {
             SocketAddr::new(F::from_be(addr).into(), u16::from_be(port_be))
         };
         Flow {
-            forward: k.direction == CtDirection::Forward as u8,
+            forward: v.direction() == CtDirection::Forward,
             proto: k.proto,
             source: at(k.saddr_be, k.sport_be),
             destination: at(k.daddr_be, k.dport_be),
@@ -330,7 +330,6 @@ mod tests {
             40000u16.to_be(),
             80u16.to_be(),
             6,
-            CtDirection::Forward,
         );
         let v = CtValue {
             nat_addr_be: be(backend),
@@ -348,11 +347,11 @@ mod tests {
             8080u16.to_be(),
             61000u16.to_be(),
             6,
-            CtDirection::Reply,
         );
         let v = CtValue {
             snat_addr_be: be(client),
             snat_port_be: 40000u16.to_be(),
+            flags: flags::REPLY,
             service_id: 1,
             ..Default::default()
         };
@@ -395,12 +394,11 @@ mod tests {
             8080u16.to_be(),
             61000u16.to_be(),
             6,
-            CtDirection::Reply,
         );
         let v = CtValue6 {
             snat_addr_be: ip("2001:db8:100::2"),
             snat_port_be: 40000u16.to_be(),
-            flags: flags::SNAT,
+            flags: flags::SNAT | flags::REPLY,
             ..Default::default()
         };
         let (client, backend) = client_and_backend(&Flow::of::<V6>(&k, &v));

@@ -14,13 +14,13 @@ use aya::{
     Pod,
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuValues},
 };
-use proxy_common::{DatapathConfig, maps as names};
+use proxy_common::{CtKeyOf, CtValueOf, DatapathConfig, Family, maps as names};
 use tracing::info;
 
 use super::KernelMaps;
 
 /// The versions this agent migrates from.
-const FROM: &[u32] = &[3, 4];
+const FROM: &[u32] = &[3, 4, 5];
 
 pub fn can_migrate(version: u32) -> bool {
     FROM.contains(&version)
@@ -44,21 +44,74 @@ pub fn migrate(
     // Version 3 -> 4: DatapathConfig gained the SYN_SENT, TIME_WAIT and CLOSE
     // timeouts. Version 4 -> 5: DatapathConfig gained the host's netns
     // cookie, Backend's padding became flags (0: none), and the SOCKETS map
-    // appeared (it starts empty: no socket was translated before). Every
-    // other map kept its layout.
+    // appeared (it starts empty: no socket was translated before). Version
+    // 5 -> 6: the conntrack key lost its direction byte (both halves of a
+    // flow in one tuple space, the reply half marked in its value), and the
+    // value gained the next-hop cache (empty until a packet fills it). Maps
+    // added without a bump are copied when the old version has them.
     let mut done = Migrated::default();
     done.entries += copy_hash(old_dir, names::SERVICES, &mut maps.services)?;
     done.entries += copy_hash(old_dir, names::BACKENDS, &mut maps.backends)?;
-    done.conntrack = copy_hash(old_dir, names::CONNTRACK, &mut maps.conntrack)?;
+    done.conntrack = copy_conntrack(old_dir, names::CONNTRACK, &mut maps.conntrack)?;
     done.entries += copy_hash(old_dir, names::IFACES, &mut maps.ifaces)?;
     done.entries += copy_lpm(old_dir, names::LOCAL_POD_CIDRS, &mut maps.local_pod_cidrs)?;
     done.entries += copy_lpm(old_dir, names::SOURCE_RANGES, &mut maps.source_ranges)?;
-    let config = if version == 3 {
-        let old: Array<MapData, v3::DatapathConfig> = open(old_dir, names::CONFIG)?;
-        old.get(&0, 0).context("reading the v3 CONFIG")?.upgrade()
-    } else {
-        let old: Array<MapData, v4::DatapathConfig> = open(old_dir, names::CONFIG)?;
-        old.get(&0, 0).context("reading the v4 CONFIG")?.upgrade()
+    if version >= 5 {
+        done.entries += copy_hash(old_dir, names::SOCKETS, &mut maps.sockets)?;
+        done.entries += copy_if_pinned(old_dir, names::SERVICE_CIDRS, |d, n| {
+            copy_lpm(d, n, &mut maps.service_cidrs)
+        })?;
+        done.entries += copy_if_pinned(old_dir, names::AFFINITY, |d, n| {
+            copy_hash(d, n, &mut maps.affinity)
+        })?;
+        done.entries += copy_if_pinned(old_dir, names::MAGLEV, |d, n| {
+            copy_array(d, n, &mut maps.maglev)
+        })?;
+        done.conntrack += copy_if_pinned(old_dir, names::CONNTRACK6, |d, n| {
+            copy_conntrack(d, n, &mut maps.v6.conntrack)
+        })?;
+        let v6 = &mut maps.v6;
+        done.entries += copy_if_pinned(old_dir, names::SERVICES6, |d, n| {
+            copy_hash(d, n, &mut v6.services)
+        })?;
+        done.entries += copy_if_pinned(old_dir, names::BACKENDS6, |d, n| {
+            copy_hash(d, n, &mut v6.backends)
+        })?;
+        done.entries += copy_if_pinned(old_dir, names::CONFIG6, |d, n| {
+            copy_array(d, n, &mut v6.config)
+        })?;
+        done.entries += copy_if_pinned(old_dir, names::LOCAL_POD_CIDRS6, |d, n| {
+            copy_lpm(d, n, &mut v6.local_pod_cidrs)
+        })?;
+        done.entries += copy_if_pinned(old_dir, names::SERVICE_CIDRS6, |d, n| {
+            copy_lpm(d, n, &mut v6.service_cidrs)
+        })?;
+        done.entries += copy_if_pinned(old_dir, names::SOURCE_RANGES6, |d, n| {
+            copy_lpm(d, n, &mut v6.source_ranges)
+        })?;
+        done.entries += copy_if_pinned(old_dir, names::SOCKETS6, |d, n| {
+            copy_hash(d, n, &mut v6.sockets)
+        })?;
+        done.entries += copy_if_pinned(old_dir, names::AFFINITY6, |d, n| {
+            copy_hash(d, n, &mut v6.affinity)
+        })?;
+        done.entries += copy_if_pinned(old_dir, names::MAGLEV6, |d, n| {
+            copy_array(d, n, &mut v6.maglev)
+        })?;
+    }
+    let config = match version {
+        3 => {
+            let old: Array<MapData, v3::DatapathConfig> = open(old_dir, names::CONFIG)?;
+            old.get(&0, 0).context("reading the v3 CONFIG")?.upgrade()
+        }
+        4 => {
+            let old: Array<MapData, v4::DatapathConfig> = open(old_dir, names::CONFIG)?;
+            old.get(&0, 0).context("reading the v4 CONFIG")?.upgrade()
+        }
+        _ => {
+            let old: Array<MapData, DatapathConfig> = open(old_dir, names::CONFIG)?;
+            old.get(&0, 0).context("reading the CONFIG")?
+        }
     };
     maps.config.set(0, config, 0).context("writing CONFIG")?;
     done.entries += 1;
@@ -98,6 +151,62 @@ fn copy_hash<K: Pod, V: Pod>(
     for entry in from.iter() {
         // An entry deleted while iterating is simply gone.
         let Ok((key, value)) = entry else { continue };
+        into.insert(key, value, 0)
+            .with_context(|| format!("copying {name}"))?;
+        copied += 1;
+    }
+    Ok(copied)
+}
+
+/// Runs `copy` on map `name` when `dir` has it: maps added without an ABI
+/// bump are missing from pins an older agent of the same ABI left.
+fn copy_if_pinned(
+    dir: &Path,
+    name: &str,
+    copy: impl FnOnce(&Path, &str) -> anyhow::Result<usize>,
+) -> anyhow::Result<usize> {
+    if dir.join(name).exists() {
+        copy(dir, name)
+    } else {
+        Ok(0)
+    }
+}
+
+/// Copies the elements both arrays have (the new one may be sized
+/// differently; the agent's first sync rewrites what it needs).
+fn copy_array<V: Pod>(
+    dir: &Path,
+    name: &str,
+    into: &mut Array<MapData, V>,
+) -> anyhow::Result<usize> {
+    let from: Array<MapData, V> = open(dir, name)?;
+    let len = from.len().min(into.len());
+    for index in 0..len {
+        let value = from.get(&index, 0)?;
+        into.set(index, value, 0)
+            .with_context(|| format!("copying {name}"))?;
+    }
+    Ok(len as usize)
+}
+
+/// Copies a conntrack map of ABI 5 or older, whose keys carried the half
+/// of the flow they belong to, into this ABI's single tuple space.
+fn copy_conntrack<F: Family>(
+    dir: &Path,
+    name: &str,
+    into: &mut HashMap<MapData, CtKeyOf<F>, CtValueOf<F>>,
+) -> anyhow::Result<usize>
+where
+    v5::CtKeyOf<F>: Pod,
+    v5::CtValueOf<F>: Pod,
+    CtKeyOf<F>: Pod,
+    CtValueOf<F>: Pod,
+{
+    let from: HashMap<MapData, v5::CtKeyOf<F>, v5::CtValueOf<F>> = open(dir, name)?;
+    let mut copied = 0;
+    for entry in from.iter() {
+        let Ok((key, value)) = entry else { continue };
+        let (key, value) = key.upgrade(value);
         into.insert(key, value, 0)
             .with_context(|| format!("copying {name}"))?;
         copied += 1;
@@ -203,6 +312,85 @@ pub mod v4 {
                 snat_port_max: self.snat_port_max,
                 ..super::DatapathConfig::default()
             }
+        }
+    }
+}
+
+/// The layouts of ABI version 5 that changed in version 6.
+pub mod v5 {
+    use proxy_common::{Family, V4, V6, conntrack::flags};
+
+    #[repr(C)]
+    #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+    pub struct CtKeyOf<F: Family> {
+        pub saddr_be: F::Addr,
+        pub daddr_be: F::Addr,
+        pub sport_be: u16,
+        pub dport_be: u16,
+        pub proto: u8,
+        /// 0: the flow's forward half, 1: its reply half.
+        pub direction: u8,
+        pub _pad: [u8; 2],
+    }
+
+    #[repr(C)]
+    #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+    pub struct CtValueOf<F: Family> {
+        pub nat_addr_be: F::Addr,
+        pub nat_port_be: u16,
+        pub flags: u16,
+        pub service_id: u32,
+        pub backend_id: u32,
+        pub snat_addr_be: F::Addr,
+        pub snat_port_be: u16,
+        pub _pad: u16,
+        pub last_seen_ns: u64,
+        pub created_ns: u64,
+    }
+
+    const _: () = assert!(core::mem::size_of::<CtKeyOf<V4>>() == 16);
+    const _: () = assert!(core::mem::size_of::<CtKeyOf<V6>>() == 40);
+    const _: () = assert!(core::mem::size_of::<CtValueOf<V4>>() == 40);
+    const _: () = assert!(core::mem::size_of::<CtValueOf<V6>>() == 64);
+
+    // SAFETY: plain old data with explicit padding, as the v5 programs wrote it.
+    unsafe impl aya::Pod for CtKeyOf<V4> {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for CtKeyOf<V6> {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for CtValueOf<V4> {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for CtValueOf<V6> {}
+
+    impl<F: Family> CtKeyOf<F> {
+        /// The entry in ABI 6's layout: the same tuple, the half in the
+        /// value, no next hop cached.
+        pub fn upgrade(
+            &self,
+            old: CtValueOf<F>,
+        ) -> (proxy_common::CtKeyOf<F>, proxy_common::CtValueOf<F>) {
+            let key = proxy_common::CtKeyOf::new(
+                self.saddr_be,
+                self.daddr_be,
+                self.sport_be,
+                self.dport_be,
+                self.proto,
+            );
+            let reply = if self.direction != 0 { flags::REPLY } else { 0 };
+            let value = proxy_common::CtValueOf {
+                nat_addr_be: old.nat_addr_be,
+                nat_port_be: old.nat_port_be,
+                flags: old.flags | reply,
+                service_id: old.service_id,
+                backend_id: old.backend_id,
+                snat_addr_be: old.snat_addr_be,
+                snat_port_be: old.snat_port_be,
+                _pad: 0,
+                last_seen_ns: old.last_seen_ns,
+                created_ns: old.created_ns,
+                next_hop: Default::default(),
+            };
+            (key, value)
         }
     }
 }

@@ -723,7 +723,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         // keyed by the backend's replies (towards the client, or towards the
         // masquerade address:port), naming the frontend to restore.
         run.stats.flushed_flows += maps.flush_flows(&|k, v| {
-            if k.direction == CtDirection::Forward as u8 {
+            if v.direction() == CtDirection::Forward {
                 forward.contains(&(k.daddr_be, k.dport_be, k.proto, v.backend_id))
             } else {
                 reply.contains(&(

@@ -2,9 +2,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::Ipv4Net;
-use proxy_common::{
-    Backend, CtDirection, CtKey, CtValue, FrontendKind, Scope, ServiceKey, service::flags,
-};
+use proxy_common::{Backend, CtKey, CtValue, FrontendKind, Scope, ServiceKey, service::flags};
 
 use super::*;
 
@@ -12,7 +10,7 @@ use super::*;
 type Programmer = FamilyProgrammer<V4>;
 use crate::model::{DesiredService, Endpoint, Protocol};
 
-type CtTuple = (u32, u32, u16, u16, u8, u8);
+type CtTuple = (u32, u32, u16, u16, u8);
 
 /// In-memory maps that check on every write what the datapath relies on:
 /// a frontend's `count` never exceeds the slots written, every slot names a
@@ -183,14 +181,8 @@ impl ServiceMaps<V4> for FakeMaps {
         matches: &dyn Fn(&CtKey, &CtValue) -> bool,
     ) -> Result<usize, MapError> {
         let before = self.conntrack.len();
-        self.conntrack.retain(|k, v| {
-            let dir = if k.5 == 0 {
-                CtDirection::Forward
-            } else {
-                CtDirection::Reply
-            };
-            !matches(&CtKey::new(k.0, k.1, k.2, k.3, k.4, dir), v)
-        });
+        self.conntrack
+            .retain(|k, v| !matches(&CtKey::new(k.0, k.1, k.2, k.3, k.4), v));
         Ok(before - self.conntrack.len())
     }
 }
@@ -935,17 +927,18 @@ fn removing_a_udp_backend_flushes_its_flows_only() {
         };
         ct_insert(
             &mut maps,
-            (client, vip_be, sport.to_be(), 53u16.to_be(), UDP, 0),
+            (client, vip_be, sport.to_be(), 53u16.to_be(), UDP),
             forward,
         );
         let reply = CtValue {
             nat_addr_be: vip_be,
             nat_port_be: 53u16.to_be(),
+            flags: proxy_common::conntrack::flags::REPLY,
             ..Default::default()
         };
         ct_insert(
             &mut maps,
-            (backend, client, 53u16.to_be(), sport.to_be(), UDP, 1),
+            (backend, client, 53u16.to_be(), sport.to_be(), UDP),
             reply,
         );
     }
@@ -988,7 +981,7 @@ fn removing_a_udp_backend_flushes_masqueraded_node_port_flows() {
         // client -> NODE_A:30080, masqueraded to NODE_A:snat_port towards the backend
         ct_insert(
             &mut maps,
-            (client, be(NODE_A), client_port.to_be(), np, UDP, 0),
+            (client, be(NODE_A), client_port.to_be(), np, UDP),
             CtValue {
                 nat_addr_be: be(addr),
                 nat_port_be: 5353u16.to_be(),
@@ -1002,11 +995,11 @@ fn removing_a_udp_backend_flushes_masqueraded_node_port_flows() {
         // backend -> NODE_A:snat_port, restored to NODE_A:30080 -> client
         ct_insert(
             &mut maps,
-            (be(addr), masq, 5353u16.to_be(), snat_port.to_be(), UDP, 1),
+            (be(addr), masq, 5353u16.to_be(), snat_port.to_be(), UDP),
             CtValue {
                 nat_addr_be: be(NODE_A),
                 nat_port_be: np,
-                flags: proxy_common::conntrack::flags::SNAT,
+                flags: proxy_common::conntrack::flags::SNAT | proxy_common::conntrack::flags::REPLY,
                 snat_addr_be: client,
                 snat_port_be: client_port.to_be(),
                 ..Default::default()
@@ -1042,14 +1035,7 @@ fn a_backend_still_serving_the_other_scope_keeps_its_udp_flows() {
     let client = be([203, 0, 113, 99]);
     ct_insert(
         &mut maps,
-        (
-            client,
-            be(NODE_A),
-            4000u16.to_be(),
-            NODE_PORT.to_be(),
-            UDP,
-            0,
-        ),
+        (client, be(NODE_A), 4000u16.to_be(), NODE_PORT.to_be(), UDP),
         CtValue {
             backend_id: id,
             ..Default::default()
