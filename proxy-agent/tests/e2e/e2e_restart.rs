@@ -8,6 +8,7 @@
 use std::{fs, path::Path, time::Duration};
 
 use crate::{
+    abi5::conntrack_to_abi_5,
     bpffs::BpfFs,
     support::{Agent, sock, wait_for},
 };
@@ -56,41 +57,20 @@ spec:
     .unwrap();
 }
 
-/// Makes the pinned datapath look as an agent of the previous map ABI (4)
-/// left it: its maps under `v4/`, with the 72-byte CONFIG of that version
-/// holding the same settings and no SOCKETS map. The programs keep running
-/// on the maps they hold, exactly as an old agent's would.
+/// Makes the pinned datapath look as an agent of the previous map ABI (5)
+/// left it: its maps under `v5/`, the conntrack maps in that version's layout
+/// (the half of the flow in the key) holding the flows tracked so far. The
+/// programs keep running on the maps they hold, exactly as an old agent's
+/// would.
 fn pin_as_previous_abi(pins: &BpfFs) {
-    use aya::maps::{Array, Map, MapData};
-    use proxy_agent::modes::ebpf::migrate::v4;
-    use proxy_common::{ABI_VERSION, DatapathConfig};
+    use proxy_common::{ABI_VERSION, V4, V6};
 
     let root = pins.dir.join("kube-ebpf-proxy");
-    let open = |path: &Path| Map::from_map_data(MapData::from_pin(path).unwrap()).unwrap();
-    let current = root.join(format!("v{ABI_VERSION}/maps/CONFIG"));
-    let config: Array<MapData, DatapathConfig> = open(&current).try_into().unwrap();
-    let c = config.get(&0, 0).unwrap();
-    fs::rename(root.join(format!("v{ABI_VERSION}")), root.join("v4")).unwrap();
-    fs::remove_file(root.join("v4/maps/SOCKETS")).unwrap();
-    let old = root.join("v4/maps/CONFIG");
-    fs::remove_file(&old).unwrap();
-    pins.pin_map_of(&old, "array", 4, 72, 1);
-    let mut config: Array<MapData, v4::DatapathConfig> = open(&old).try_into().unwrap();
-    let previous = v4::DatapathConfig {
-        tcp_established_ns: c.tcp_established_ns,
-        tcp_closing_ns: c.tcp_closing_ns,
-        udp_ns: c.udp_ns,
-        udp_stream_ns: c.udp_stream_ns,
-        tcp_syn_sent_ns: c.tcp_syn_sent_ns,
-        tcp_time_wait_ns: c.tcp_time_wait_ns,
-        tcp_close_ns: c.tcp_close_ns,
-        masquerade_addr_be: c.masquerade_addr_be,
-        flags: c.flags,
-        snat_port_min: c.snat_port_min,
-        snat_port_max: c.snat_port_max,
-        _pad: 0,
-    };
-    config.set(0, previous, 0).unwrap();
+    fs::rename(root.join(format!("v{ABI_VERSION}")), root.join("v5")).unwrap();
+    let maps = root.join("v5/maps");
+    let flows = conntrack_to_abi_5::<V4>(pins, &maps.join("CONNTRACK"));
+    assert!(flows >= 4 * CONNECTIONS, "{flows} IPv4 flow halves tracked");
+    conntrack_to_abi_5::<V6>(pins, &maps.join("CONNTRACK6"));
 }
 
 fn start(ns: &str, dir: &Path, pins: &BpfFs, run: u32) -> Agent {

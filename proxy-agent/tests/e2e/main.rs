@@ -5,6 +5,8 @@
 //! a mode works. Everything is built in namespaces the tests create, with
 //! addresses from 198.18.0.0/15, and removed on every exit path. Needs root.
 
+#[path = "../shared/abi5.rs"]
+mod abi5;
 #[path = "../shared/bpffs.rs"]
 mod bpffs;
 #[path = "../shared/explain_common.rs"]

@@ -5,6 +5,8 @@
 //! binary's offline form, which does the same in a namespace of its own.
 //! Needs root (CAP_BPF); these tests fail rather than skip without it.
 
+#[path = "../shared/abi5.rs"]
+mod abi5;
 #[path = "../shared/bpffs.rs"]
 mod bpffs;
 #[path = "../shared/explain_common.rs"]

@@ -12,6 +12,7 @@ use std::{net::Ipv4Addr, path::PathBuf};
 use aya::maps::{Array, HashMap, Map, MapData};
 
 use crate::{
+    abi5::conntrack_to_abi_5,
     bpffs::BpfFs,
     tester::{tcp_segment, web_service},
 };
@@ -118,7 +119,10 @@ fn migrates_from(version: u32) {
         root(&fs).join(format!("v{version}")),
     )
     .unwrap();
-    assert_eq!(to_abi_5_conntrack(&fs, &old_dir), flows);
+    assert_eq!(
+        conntrack_to_abi_5::<V4>(&fs, &old_dir.join("CONNTRACK")),
+        flows
+    );
     if version == 5 {
         to_abi_5_conntrack6(&fs, &old_dir);
     }
@@ -249,52 +253,6 @@ fn migrates_from(version: u32) {
     let third = open_pinned(&layout, sizes()).unwrap();
     assert_eq!(third.takeover, Takeover::Adopt);
     assert_eq!(conntrack_entries(&third), flows);
-}
-
-/// Replaces the pinned IPv4 conntrack map in `dir` by one of ABI 5's
-/// layout holding the same flows as ABI 5 and older keyed them (the half
-/// in the key, not in the value, no next hop); how many.
-fn to_abi_5_conntrack(fs: &BpfFs, dir: &std::path::Path) -> usize {
-    let path = dir.join("CONNTRACK");
-    let now: HashMap<MapData, CtKey, CtValue> =
-        Map::from_map_data(MapData::from_pin(&path).unwrap())
-            .unwrap()
-            .try_into()
-            .unwrap();
-    let entries: Vec<(CtKey, CtValue)> = now.iter().map(Result::unwrap).collect();
-    drop(now);
-    std::fs::remove_file(&path).unwrap();
-    fs.pin_map_of(&path, "lru_hash", 16, 40, 1024);
-    let mut old: HashMap<MapData, v5::CtKeyOf<V4>, v5::CtValueOf<V4>> =
-        Map::from_map_data(MapData::from_pin(&path).unwrap())
-            .unwrap()
-            .try_into()
-            .unwrap();
-    for (k, v) in entries.iter().copied() {
-        let key = v5::CtKeyOf::<V4> {
-            saddr_be: k.saddr_be,
-            daddr_be: k.daddr_be,
-            sport_be: k.sport_be,
-            dport_be: k.dport_be,
-            proto: k.proto,
-            direction: u8::from(v.flags & flags::REPLY != 0),
-            _pad: [0; 2],
-        };
-        let value = v5::CtValueOf::<V4> {
-            nat_addr_be: v.nat_addr_be,
-            nat_port_be: v.nat_port_be,
-            flags: v.flags & !flags::REPLY,
-            service_id: v.service_id,
-            backend_id: v.backend_id,
-            snat_addr_be: v.snat_addr_be,
-            snat_port_be: v.snat_port_be,
-            _pad: 0,
-            last_seen_ns: v.last_seen_ns,
-            created_ns: v.created_ns,
-        };
-        old.insert(key, value, 0).unwrap();
-    }
-    entries.len()
 }
 
 /// An IPv6 flow's reply half as ABI 5 keyed it.
