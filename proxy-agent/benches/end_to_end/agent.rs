@@ -1,18 +1,21 @@
-//! The services the bench generates, and the agent that programs them in a
-//! testbed's node namespace.
+//! The services the bench generates, and the agent that programs them on
+//! the node.
 
 use std::{
-    ffi::OsString,
     fmt::Write as _,
-    fs,
+    io::BufRead as _,
     net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
 };
 
 use anyhow::Context as _;
 
-use super::workloads::{TCP_PORT, UDP_PORT};
+use super::{
+    hosts::{Host, Node},
+    worker::die_with_this_process,
+    workloads::{TCP_PORT, UDP_PORT},
+};
 
 pub const SERVICE_PORT: u16 = 80;
 pub const UDP_SERVICE_PORT: u16 = 53;
@@ -33,52 +36,65 @@ fn name(i: usize) -> String {
     format!("svc-{i:05}")
 }
 
-/// `n` services of one TCP port on `servers`, in `dir`; the last one is also
-/// a NodePort and has a UDP port, and its EndpointSlice has a file of its
-/// own ([`write_target_slice`]) so that a change rewrites only it.
-pub fn write_manifests(dir: &Path, n: usize, servers: &[Ipv4Addr]) -> anyhow::Result<()> {
-    fs::create_dir_all(dir)?;
-    let mut services = String::new();
-    let mut slices = String::new();
-    for i in 0..n {
-        let (v, name) = (vip(i), name(i));
-        let last = i == n - 1;
-        let (kind, node_port, udp) = if last {
-            (
-                "NodePort",
-                format!(", nodePort: {NODE_PORT}"),
-                format!(
-                    ", {{name: dns, protocol: UDP, port: {UDP_SERVICE_PORT}, targetPort: {UDP_PORT}}}"
-                ),
-            )
-        } else {
-            ("ClusterIP", String::new(), String::new())
-        };
-        let _ = write!(
-            services,
-            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: bench}}\nspec:\n  type: {kind}\n  clusterIP: {v}\n  clusterIPs: [{v}]\n  ports: [{{name: http, protocol: TCP, port: {SERVICE_PORT}, targetPort: {TCP_PORT}{node_port}}}{udp}]\n"
-        );
-        if !last {
-            slices.push_str(&slice(&name, servers, false));
-        }
-    }
-    fs::write(dir.join("services.yaml"), services)?;
-    fs::write(dir.join("slices.yaml"), slices)?;
-    write_target_slice(dir, n, servers)?;
-    fs::write(
-        dir.join("node.yaml"),
-        "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nspec: {podCIDR: 198.18.1.0/24}\nstatus:\n  addresses: [{type: InternalIP, address: 198.18.100.1}]\n",
-    )?;
-    Ok(())
+/// Where the manifests go on the node, and what they say about it.
+pub struct ManifestsDir<'a> {
+    pub node: &'a Node,
+    pub dir: PathBuf,
 }
 
-/// The target service's EndpointSlice, with `servers` as its endpoints,
-/// written whole to a temporary file and moved into place (one event).
-pub fn write_target_slice(dir: &Path, n: usize, servers: &[Ipv4Addr]) -> anyhow::Result<()> {
-    let tmp = dir.join(".target-slice.tmp");
-    fs::write(&tmp, slice(&name(n - 1), servers, true))?;
-    fs::rename(&tmp, dir.join("target-slice.yaml"))?;
-    Ok(())
+impl ManifestsDir<'_> {
+    fn write(&self, name: &str, content: String) -> anyhow::Result<()> {
+        self.node
+            .host
+            .write_file(&self.dir.join(name), content.as_bytes())
+    }
+
+    /// `n` services of one TCP port on `servers`; the last one is also a
+    /// NodePort and has a UDP port, and its EndpointSlice has a file of its
+    /// own ([`Self::write_target_slice`]) so that a change rewrites only it.
+    pub fn write_all(&self, n: usize, servers: &[Ipv4Addr]) -> anyhow::Result<()> {
+        let mut services = String::new();
+        let mut slices = String::new();
+        for i in 0..n {
+            let (v, name) = (vip(i), name(i));
+            let last = i == n - 1;
+            let (kind, node_port, udp) = if last {
+                (
+                    "NodePort",
+                    format!(", nodePort: {NODE_PORT}"),
+                    format!(
+                        ", {{name: dns, protocol: UDP, port: {UDP_SERVICE_PORT}, targetPort: {UDP_PORT}}}"
+                    ),
+                )
+            } else {
+                ("ClusterIP", String::new(), String::new())
+            };
+            let _ = write!(
+                services,
+                "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: bench}}\nspec:\n  type: {kind}\n  clusterIP: {v}\n  clusterIPs: [{v}]\n  ports: [{{name: http, protocol: TCP, port: {SERVICE_PORT}, targetPort: {TCP_PORT}{node_port}}}{udp}]\n"
+            );
+            if !last {
+                slices.push_str(&slice(&name, servers, false));
+            }
+        }
+        self.write_target_slice(n, servers)?;
+        let node = self.node;
+        self.write(
+            "node.yaml",
+            format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: node-a}}\nspec: {{podCIDR: {}}}\nstatus:\n  addresses: [{{type: InternalIP, address: {}}}]\n",
+                node.cluster_cidr, node.address
+            ),
+        )?;
+        self.write("slices.yaml", slices)?;
+        self.write("services.yaml", services)
+    }
+
+    /// The target service's EndpointSlice, with `servers` as its endpoints,
+    /// written whole and moved into place (one event).
+    pub fn write_target_slice(&self, n: usize, servers: &[Ipv4Addr]) -> anyhow::Result<()> {
+        self.write("target-slice.yaml", slice(&name(n - 1), servers, true))
+    }
 }
 
 fn slice(name: &str, servers: &[Ipv4Addr], udp: bool) -> String {
@@ -100,87 +116,136 @@ fn slice(name: &str, servers: &[Ipv4Addr], udp: bool) -> String {
     )
 }
 
-/// The agent in a node namespace, killed (its rules stay with the namespace) on drop.
+/// The agent on a node, stopped on drop (its datapath stays, as a
+/// kube-proxy's rules do).
 pub struct Agent {
     child: Child,
-    pub log: PathBuf,
+    host: Host,
+    pid: String,
+    log: PathBuf,
 }
 
 impl Agent {
     /// `mode` as our configuration names it (`ebpf`, `nftables`, `iptables`);
-    /// the socket hooks attached to `socket_lb_cgroup` when given, else off.
+    /// the socket hooks attached to `socket_lb_cgroup` (a path on the
+    /// node) when given, else off.
     pub fn start(
-        ns: &str,
+        node: &Node,
         mode: &str,
         manifests: &Path,
-        work: &Path,
-        socket_lb_cgroup: Option<&Path>,
+        socket_lb_cgroup: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let log = work.join(format!("agent-{ns}.log"));
+        let work = Path::new(&node.work);
+        let log = work.join(format!("agent-{mode}.log"));
         // The mode goes in the file: with --config, upstream (and we) ignore
         // the flags the file could set, --proxy-mode among them.
-        let config = work.join(format!("config-{ns}.yaml"));
-        fs::write(
+        let config = work.join(format!("config-{mode}.yaml"));
+        node.host.write_file(
             &config,
             format!(
-                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\nclusterCIDR: 198.18.1.0/24\n"
-            ),
-        )?;
-        let mut socket_lb = vec![OsString::from("--ebpf-socket-lb=false")];
-        if let Some(cgroup) = socket_lb_cgroup {
-            socket_lb = vec![
-                "--ebpf-socket-lb=true".into(),
-                "--ebpf-socket-lb-cgroup-path".into(),
-                cgroup.into(),
-            ];
-        }
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_proxy-agent")])
-            .args(["--hostname-override", "node-a", "--manifests"])
-            .arg(manifests)
-            .arg("--config")
-            .arg(&config)
-            .args(socket_lb)
-            .arg(format!(
-                "--ebpf-state-dir={}",
-                work.join(format!("state-{ns}")).display()
-            ))
-            // At least warn: the check of the mode needs the flags-ignored warning.
-            .env(
-                "RUST_LOG",
-                std::env::var("E2E_AGENT_LOG").unwrap_or_else(|_| "warn".into()),
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\nclusterCIDR: {}\n",
+                node.cluster_cidr
             )
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log)?)
-            .spawn()
-            .context("starting proxy-agent")?;
-        Ok(Self { child, log })
+            .as_bytes(),
+        )?;
+        // At least warn: the check of the mode needs the flags-ignored warning.
+        let rust_log = std::env::var("E2E_AGENT_LOG").unwrap_or_else(|_| "warn".into());
+        let mut args: Vec<String> = vec![
+            "-c".into(),
+            r#"log=$1; shift; echo $$; exec "$@" 2>"$log""#.into(),
+            "sh".into(),
+            log.to_string_lossy().into_owned(),
+            "env".into(),
+            format!("RUST_LOG={rust_log}"),
+            node.agent.clone(),
+            "--hostname-override=node-a".into(),
+            format!("--manifests={}", manifests.display()),
+            format!("--config={}", config.display()),
+            format!("--ebpf-state-dir={}", work.join("state").display()),
+        ];
+        match socket_lb_cgroup {
+            Some(cgroup) => args.extend([
+                "--ebpf-socket-lb=true".into(),
+                format!("--ebpf-socket-lb-cgroup-path={cgroup}"),
+            ]),
+            None => args.push("--ebpf-socket-lb=false".into()),
+        }
+        args.extend(interface_flags(node));
+        args.extend(node.agent_args.iter().cloned());
+        let mut command = node.host.command("sh", &args);
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        die_with_this_process(&mut command);
+        let mut child = command.spawn().context("starting proxy-agent")?;
+        let mut pid = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut pid)?;
+        let pid = pid.trim().to_owned();
+        anyhow::ensure!(
+            pid.parse::<u32>().is_ok(),
+            "starting proxy-agent on {}: no pid ({pid:?})",
+            node.host.describe()
+        );
+        Ok(Self {
+            child,
+            host: node.host.clone(),
+            pid,
+            log,
+        })
     }
 
-    /// Resident memory in MB (`ip netns exec` execs the agent: same pid).
-    pub fn rss_mb(&self) -> Option<f64> {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let kb: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()?;
-        Some(kb / 1024.0)
+    /// The agent's process id on its node.
+    pub fn pid(&self) -> &str {
+        &self.pid
     }
 
+    /// The local end (the agent itself, or the ssh that runs it) is alive.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
     pub fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
+        self.host
+            .output("cat", &[&self.log.to_string_lossy()])
+            .unwrap_or_default()
     }
+}
+
+/// The flags that name the node's interfaces, as its description gives them.
+fn interface_flags(node: &Node) -> Vec<String> {
+    let mut flags = Vec::new();
+    if !node.pod_interfaces.is_empty() {
+        flags.push(format!(
+            "--ebpf-pod-interface-prefixes={}",
+            node.pod_interfaces.join(",")
+        ));
+    }
+    if !node.external_interfaces.is_empty() {
+        flags.push(format!(
+            "--ebpf-external-interfaces={}",
+            node.external_interfaces.join(",")
+        ));
+    }
+    flags
+}
+
+/// Everything any mode left on the node removed (`--cleanup`), so that the
+/// next datapath starts on a bare node.
+pub fn cleanup(node: &Node) -> anyhow::Result<()> {
+    let state = format!(
+        "--ebpf-state-dir={}",
+        Path::new(&node.work).join("state").display()
+    );
+    node.host
+        .output(&node.agent, &["--cleanup", &state])
+        .map(drop)
+        .context("proxy-agent --cleanup")
 }
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        let _ = self.host.output("kill", &[&self.pid]);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

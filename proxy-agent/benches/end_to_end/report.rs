@@ -1,6 +1,6 @@
 //! The Markdown report and its plots.
 
-use std::{fmt::Write as _, fs, path::Path};
+use std::{fmt::Write as _, path::Path};
 
 use super::{Datapath, Outcome, Sample, Settings, common::median};
 
@@ -85,14 +85,15 @@ pub fn render(
     datapaths: &[Datapath],
     outcomes: &[Vec<Outcome>],
     s: &Settings,
+    setup: &str,
+    machine: &str,
 ) -> String {
     let raw = raw_index(datapaths);
     let mut out = String::new();
     let _ = writeln!(out, "# End-to-end benchmark: traffic through a service\n");
     let _ = writeln!(
         out,
-        "`cargo xtask bench e2e`, run on {} ({}). One testbed (node, client pod, server pods, \
-         external client; network namespaces on veths) per datapath, all alive at once. N \
+        "`cargo xtask bench e2e`, the node on {machine} ({}). {setup} N \
          services of one TCP port with two server pods behind each; the clients go to the last \
          one (last by name as well: rule lists walked in order reach it last), which is also a \
          NodePort and has a UDP port. `raw`: no agent, the clients go to a server pod's address, \
@@ -101,10 +102,9 @@ pub fn render(
          reply to EOF, close; one at a time) from the pod to the ClusterIP and as many from \
          outside to the NodePort, one bulk TCP stream from the pod for {} ms, and small UDP \
          datagrams (18-byte payload) from one pod socket for {} ms, counted where the servers \
-         receive them; softirq CPU is /proc/stat's over every CPU during the UDP run, per \
+         receive them; softirq CPU is the node's /proc/stat over every CPU during the UDP run, per \
          datagram received. Ratios are to raw in the same round: the median over rounds, and \
          their range (the run's noise); values are medians over rounds.\n",
-        machine(),
         jiff::Zoned::now().strftime("%Y-%m-%d %H:%M %Z"),
         s.rounds,
         s.connections,
@@ -113,7 +113,7 @@ pub fn render(
     );
     let _ = writeln!(
         out,
-        "Control plane: *start* is the time from the agent's start (a new process per scale) to \
+        "Control plane: *start* is the time from the agent's start (a new process per scale; the median of its starts) to \
          both the ClusterIP and the NodePort answering; *RSS* the agent's resident memory after the rounds; \
          *endpoint change* the time from a third endpoint written into the target service's \
          EndpointSlice (the file moved into place; the agent reads it at once) to the first \
@@ -177,7 +177,7 @@ pub fn render(
         let _ = writeln!(
             out,
             "| agent start to answering | {} |",
-            control(|o| o.start_s.map(|s| format!("{s:.2} s")))
+            control(|o| (!o.start_s.is_empty()).then(|| format!("{:.2} s", median(&o.start_s))))
         );
         let _ = writeln!(
             out,
@@ -211,20 +211,6 @@ pub fn render(
         "![every figure against the number of services](e2e.svg)"
     );
     out
-}
-
-fn machine() -> String {
-    let cpu = fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
-        })
-        .unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{cpus} CPUs ({cpu}), Linux {}", kernel.trim())
 }
 
 /// One panel per figure (ratio to raw), then the start time and the
@@ -267,7 +253,7 @@ pub fn plot(
     plots.push((
         "agent start to answering".into(),
         "seconds",
-        control(|o| o.start_s),
+        control(|o| (!o.start_s.is_empty()).then(|| median(&o.start_s))),
     ));
     plots.push((
         "endpoint change to packets, p50".into(),

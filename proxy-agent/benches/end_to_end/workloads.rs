@@ -1,5 +1,6 @@
-//! What runs through each datapath: the server pods' listeners and the
-//! client's workloads, each returning what it measured.
+//! What runs through each datapath: the servers' listeners and the clients'
+//! workloads, each returning what it measured. They run in a worker
+//! ([`super::worker`]) on the host of their role.
 
 use std::{
     io::{Read as _, Write as _},
@@ -12,7 +13,6 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use testbed::netns;
 
 use super::common;
 
@@ -24,21 +24,16 @@ const BULK: &[u8] = b"BULK\r\n\r\n";
 /// Payload of a small UDP packet (64 bytes on the wire with headers: 18 + 28).
 const UDP_PAYLOAD: [u8; 18] = [0x55; 18];
 
-/// A server pod's listeners: TCP answers a request with its name (or sinks
-/// a bulk transfer and answers with the byte count), UDP counts datagrams
+/// A server's listeners: TCP answers a request with its name (or sinks a
+/// bulk transfer and answers with the byte count), UDP counts datagrams
 /// into `udp_received`.
 pub fn serve(
-    ns: &str,
     name: &str,
     stop: Arc<AtomicBool>,
     udp_received: Arc<AtomicU64>,
 ) -> anyhow::Result<()> {
-    let (tcp, udp) = netns::run_in(ns, || {
-        Ok::<_, std::io::Error>((
-            TcpListener::bind(("0.0.0.0", TCP_PORT))?,
-            UdpSocket::bind(("0.0.0.0", UDP_PORT))?,
-        ))
-    })??;
+    let tcp = TcpListener::bind(("0.0.0.0", TCP_PORT)).context("TCP listener")?;
+    let udp = UdpSocket::bind(("0.0.0.0", UDP_PORT)).context("UDP listener")?;
     let reply = format!(
         "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\nok-{name}",
         name.len() + 3
@@ -107,92 +102,56 @@ pub fn one_request(target: SocketAddr, timeout: Duration) -> anyhow::Result<(Dur
     Ok((t.elapsed(), server))
 }
 
-/// `count` connections, one at a time, from namespace `ns`: the elapsed
-/// time and each connection's latency.
-pub fn connections(
-    ns: &str,
-    target: SocketAddr,
-    count: usize,
-) -> anyhow::Result<(Duration, Vec<Duration>)> {
-    netns::run_in(ns, move || -> anyhow::Result<(Duration, Vec<Duration>)> {
-        let mut latencies = Vec::with_capacity(count);
-        let start = Instant::now();
-        for _ in 0..count {
-            latencies.push(one_request(target, Duration::from_secs(2))?.0);
-        }
-        Ok((start.elapsed(), latencies))
-    })?
+/// `count` connections, one at a time: the elapsed time and each
+/// connection's latency.
+pub fn connections(target: SocketAddr, count: usize) -> anyhow::Result<(Duration, Vec<Duration>)> {
+    let mut latencies = Vec::with_capacity(count);
+    let start = Instant::now();
+    for _ in 0..count {
+        latencies.push(one_request(target, Duration::from_secs(2))?.0);
+    }
+    Ok((start.elapsed(), latencies))
 }
 
 /// One TCP connection sending for `length`: bits per second the server received.
-pub fn bulk(ns: &str, target: SocketAddr, length: Duration) -> anyhow::Result<f64> {
-    netns::run_in(ns, move || -> anyhow::Result<f64> {
-        let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        s.write_all(BULK)?;
-        let chunk = vec![0x42u8; 128 * 1024];
-        let start = Instant::now();
-        while start.elapsed() < length {
-            s.write_all(&chunk)?;
-        }
-        s.shutdown(std::net::Shutdown::Write)?;
-        let mut reply = String::new();
-        s.read_to_string(&mut reply)?;
-        let elapsed = start.elapsed();
-        let received: u64 = reply
-            .strip_prefix("ok ")
-            .and_then(|n| n.trim().parse().ok())
-            .with_context(|| format!("bulk: unexpected reply {reply:?}"))?;
-        Ok(received as f64 * 8.0 / elapsed.as_secs_f64())
-    })?
-}
-
-/// What a UDP run measured.
-pub struct UdpRun {
-    /// Datagrams the servers received per second.
-    pub rate: f64,
-    /// Softirq CPU time over the run per received datagram (every CPU).
-    pub softirq_ns: f64,
-}
-
-/// Small datagrams from one connected socket in `ns` for `length`, as fast
-/// as it can send; `received` counts what the servers got.
-pub fn udp(
-    ns: &str,
-    target: SocketAddr,
-    length: Duration,
-    received: &AtomicU64,
-) -> anyhow::Result<UdpRun> {
-    let before = received.load(Ordering::Relaxed);
-    let softirq_before = softirq_ns()?;
-    let sent_for = netns::run_in(ns, move || -> anyhow::Result<Duration> {
-        let s = UdpSocket::bind(("0.0.0.0", 0))?;
-        s.connect(target)?;
-        let start = Instant::now();
-        while start.elapsed() < length {
-            for _ in 0..64 {
-                // A full socket buffer or an ICMP error from an earlier
-                // packet: the rate counts what arrived.
-                let _ = s.send(&UDP_PAYLOAD);
-            }
-        }
-        Ok(start.elapsed())
-    })??;
-    // What is still in flight lands within a moment.
-    std::thread::sleep(Duration::from_millis(50));
-    let got = received.load(Ordering::Relaxed) - before;
-    let softirq = softirq_ns()? - softirq_before;
-    if got == 0 {
-        bail!("no datagram reached a server");
+pub fn bulk(target: SocketAddr, length: Duration) -> anyhow::Result<f64> {
+    let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(BULK)?;
+    let chunk = vec![0x42u8; 128 * 1024];
+    let start = Instant::now();
+    while start.elapsed() < length {
+        s.write_all(&chunk)?;
     }
-    Ok(UdpRun {
-        rate: got as f64 / sent_for.as_secs_f64(),
-        softirq_ns: softirq as f64 / got as f64,
-    })
+    s.shutdown(std::net::Shutdown::Write)?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply)?;
+    let elapsed = start.elapsed();
+    let received: u64 = reply
+        .strip_prefix("ok ")
+        .and_then(|n| n.trim().parse().ok())
+        .with_context(|| format!("bulk: unexpected reply {reply:?}"))?;
+    Ok(received as f64 * 8.0 / elapsed.as_secs_f64())
+}
+
+/// Small datagrams from one connected socket for `length`, as fast as it
+/// can send (the servers count what arrives): how long it sent.
+pub fn udp(target: SocketAddr, length: Duration) -> anyhow::Result<Duration> {
+    let s = UdpSocket::bind(("0.0.0.0", 0))?;
+    s.connect(target)?;
+    let start = Instant::now();
+    while start.elapsed() < length {
+        for _ in 0..64 {
+            // A full socket buffer or an ICMP error from an earlier
+            // packet: the rate counts what arrived.
+            let _ = s.send(&UDP_PAYLOAD);
+        }
+    }
+    Ok(start.elapsed())
 }
 
 /// Softirq time of every CPU so far, in ns (/proc/stat counts USER_HZ ticks).
-fn softirq_ns() -> anyhow::Result<u64> {
+pub fn softirq_ns() -> anyhow::Result<u64> {
     let stat = std::fs::read_to_string("/proc/stat")?;
     let ticks: u64 = stat
         .lines()

@@ -3,6 +3,10 @@
 //! model, the sync engine and its runner, the API and manifests sources, and
 //! the parts of `--cleanup` checked against fakes. Runs first, to fail early.
 
+// The e2e bench's hosts file, read here as the bench reads it.
+#[allow(dead_code)]
+#[path = "../../benches/end_to_end/hosts.rs"]
+mod bench_hosts;
 #[path = "../shared/http_client.rs"]
 mod http_client;
 #[path = "../shared/http_serve.rs"]
@@ -10,6 +14,7 @@ mod http_serve;
 #[path = "../shared/options_common.rs"]
 mod options_common;
 
+mod bench_hosts_file;
 mod cleanup_fakes;
 mod deploy_manifests;
 mod events_api;

@@ -1,0 +1,244 @@
+//! The workloads' worker: this bench's binary started with `--worker` on a
+//! host (in a namespace of a testbed, or on a real machine over ssh) runs
+//! one command per line read on its standard input and answers each with one
+//! line, `ok …` or `err …`. It exits at the end of its input, so it goes
+//! with the bench whatever ends it.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    net::SocketAddr,
+    process::{Child, ChildStdin, ChildStdout, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use super::{hosts::Host, workloads};
+
+/// A worker this bench started, and the line protocol to it.
+pub struct Worker {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+    pub place: String,
+}
+
+impl Worker {
+    /// Starts a worker on `host`; in `cgroup` (a cgroup v2 directory there,
+    /// joined before anything else) when given.
+    pub fn start(host: &Host, cgroup: Option<&str>) -> anyhow::Result<Self> {
+        let bench = host.bench_binary()?;
+        let mut args = vec!["--worker".to_owned()];
+        if let Some(c) = cgroup {
+            args.extend(["--cgroup".to_owned(), c.to_owned()]);
+        }
+        let mut command = host.command(&bench, &args);
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        die_with_this_process(&mut command);
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting a worker with {}", host.describe()))?;
+        let input = child.stdin.take().expect("piped");
+        let output = BufReader::new(child.stdout.take().expect("piped"));
+        let mut w = Self {
+            child,
+            input,
+            output,
+            place: host.describe(),
+        };
+        w.ask("hello")
+            .with_context(|| format!("the worker {bench} on {}", w.place))?;
+        Ok(w)
+    }
+
+    /// Sends one command: the rest of its `ok` line.
+    pub fn ask(&mut self, command: &str) -> anyhow::Result<String> {
+        writeln!(self.input, "{command}")?;
+        self.input.flush()?;
+        let mut line = String::new();
+        if self.output.read_line(&mut line)? == 0 {
+            bail!("the worker on {} exited during {command:?}", self.place);
+        }
+        let line = line.trim_end();
+        match line.split_once(' ').unwrap_or((line, "")) {
+            ("ok", rest) => Ok(rest.to_owned()),
+            ("err", why) => bail!("{command} on {}: {why}", self.place),
+            _ => bail!("the worker on {} answered {line:?}", self.place),
+        }
+    }
+
+    pub fn ask_num(&mut self, command: &str) -> anyhow::Result<f64> {
+        let reply = self.ask(command)?;
+        reply
+            .trim()
+            .parse()
+            .with_context(|| format!("{command}: not a number: {reply:?}"))
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // The end of its input ends it; a kill for one stuck in a workload.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Local children (the `ip netns exec`, `ssh` or the program itself) are
+/// killed when the bench dies, even by a signal it cannot handle.
+pub fn die_with_this_process(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+/// `--worker [--cgroup DIR]`: serves commands until its input ends.
+pub fn main(args: &[String]) -> anyhow::Result<()> {
+    if let [flag, dir] = args {
+        anyhow::ensure!(flag == "--cgroup", "worker: unknown arguments {args:?}");
+        std::fs::write(std::path::Path::new(dir).join("cgroup.procs"), "0")
+            .with_context(|| format!("joining cgroup {dir}"))?;
+    } else {
+        anyhow::ensure!(args.is_empty(), "worker: unknown arguments {args:?}");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let udp_received = Arc::new(AtomicU64::new(0));
+    let stdout = std::io::stdout();
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let reply = match run(&words, &stop, &udp_received) {
+            Ok(r) => format!("ok {r}"),
+            Err(e) => format!("err {}", format!("{e:#}").replace('\n', " ")),
+        };
+        let mut out = stdout.lock();
+        writeln!(out, "{reply}")?;
+        out.flush()?;
+    }
+    stop.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+fn addr(s: Option<&&str>) -> anyhow::Result<SocketAddr> {
+    s.context("an address is missing")?
+        .parse()
+        .context("not an address")
+}
+
+fn num(s: Option<&&str>) -> anyhow::Result<u64> {
+    s.context("a number is missing")?
+        .parse()
+        .context("not a number")
+}
+
+fn run(words: &[&str], stop: &Arc<AtomicBool>, udp: &Arc<AtomicU64>) -> anyhow::Result<String> {
+    let ms = |i: usize| num(words.get(i)).map(Duration::from_millis);
+    Ok(match words.first().copied() {
+        Some("hello") => String::new(),
+        // serve NAME: the server's listeners, in the background.
+        Some("serve") => {
+            let name = words.get(1).context("serve NAME")?;
+            workloads::serve(name, stop.clone(), udp.clone())?;
+            String::new()
+        }
+        Some("udp-received") => udp.load(Ordering::Relaxed).to_string(),
+        // connections ADDR COUNT: elapsed ns, then each latency in ns.
+        Some("connections") => {
+            let (elapsed, latencies) =
+                workloads::connections(addr(words.get(1))?, num(words.get(2))? as usize)?;
+            let mut reply = elapsed.as_nanos().to_string();
+            for l in latencies {
+                reply.push(' ');
+                reply.push_str(&l.as_nanos().to_string());
+            }
+            reply
+        }
+        Some("bulk") => workloads::bulk(addr(words.get(1))?, ms(2)?)?.to_string(),
+        // udp ADDR MS: how long it sent, in ns.
+        Some("udp") => workloads::udp(addr(words.get(1))?, ms(2)?)?
+            .as_nanos()
+            .to_string(),
+        // request ADDR TIMEOUT_MS: the server that answered.
+        Some("request") => workloads::one_request(addr(words.get(1))?, ms(2)?)?.1,
+        // reach ADDR SERVER TIMEOUT_MS: one attempt a millisecond until
+        // SERVER answers; ns that took.
+        Some("reach") => {
+            let (target, server, limit) = (addr(words.get(1))?, words.get(2), ms(3)?);
+            let server = server.context("reach ADDR SERVER MS")?;
+            let t = Instant::now();
+            let ask = || workloads::one_request(target, Duration::from_millis(500));
+            while !ask().is_ok_and(|(_, s)| s == *server) {
+                // Paced: a tight loop of connections (and the servers and
+                // softirq it keeps busy) took both CPUs of these VMs from
+                // the agent, and the figure measured that (76 ms p50 at
+                // 50,000 services unpaced, 5 ms paced).
+                std::thread::sleep(Duration::from_millis(1));
+                if t.elapsed() > limit {
+                    bail!("no connection reached {server} within {limit:?}");
+                }
+            }
+            t.elapsed().as_nanos().to_string()
+        }
+        // avoid ADDR SERVER STREAK TIMEOUT_MS: until STREAK connections in
+        // a row are answered by another server.
+        Some("avoid") => {
+            let (target, server) = (
+                addr(words.get(1))?,
+                words.get(2).context("avoid ADDR SERVER STREAK MS")?,
+            );
+            let (streak_needed, limit) = (num(words.get(3))?, ms(4)?);
+            let t = Instant::now();
+            let mut streak = 0;
+            while streak < streak_needed {
+                let other = workloads::one_request(target, Duration::from_millis(500))
+                    .is_ok_and(|(_, s)| s != *server);
+                streak = if other { streak + 1 } else { 0 };
+                if t.elapsed() > limit {
+                    bail!("{server} was still reached after {limit:?}");
+                }
+            }
+            String::new()
+        }
+        Some("softirq") => workloads::softirq_ns()?.to_string(),
+        // rss PID: resident memory in KiB.
+        Some("rss") => {
+            let pid = num(words.get(1))?;
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next())
+                .context("no VmRSS")?
+                .to_owned()
+        }
+        Some("machine") => machine(),
+        other => bail!("unknown command {other:?}"),
+    })
+}
+
+/// CPUs, their model and the kernel of the host the worker runs on.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} CPUs ({cpu}), Linux {}", kernel.trim())
+}
