@@ -25,11 +25,12 @@ pub struct Host {
 }
 
 impl Host {
-    pub fn netns(ns: &str) -> Self {
-        Self {
-            run: ["ip", "netns", "exec", ns].map(String::from).to_vec(),
-            bench: None,
-        }
+    /// Namespace `ns` of this machine, reached through the `via` prefix
+    /// (none, or an ssh to this machine to rehearse a remote run).
+    pub fn netns(via: &[String], ns: &str) -> Self {
+        let mut run = via.to_vec();
+        run.extend(["ip", "netns", "exec", ns].map(String::from));
+        Self { run, bench: None }
     }
 
     /// `program args…` run there. ssh hands its remote command to a shell,
@@ -47,9 +48,9 @@ impl Host {
     }
 
     fn through_a_shell(&self) -> bool {
-        Path::new(&self.run[0])
-            .file_name()
-            .is_some_and(|n| n == "ssh")
+        self.run
+            .iter()
+            .any(|w| Path::new(w).file_name().is_some_and(|n| n == "ssh"))
     }
 
     pub fn describe(&self) -> String {

@@ -44,7 +44,9 @@
 //! `E2E_CONNECTIONS` (1000 per round and client), `E2E_STREAM_MS` (1000, the
 //! bulk and UDP runs), `E2E_CHANGES` (10 per scale), `E2E_REPORT` (the
 //! report's path), `E2E_AGENT_LOG` (the agents' RUST_LOG, default warn),
-//! `E2E_KEEP_WORK` (keep the agents' logs and the manifests), `E2E_HOSTS`.
+//! `E2E_KEEP_WORK` (keep the agents' logs and the manifests), `E2E_HOSTS`,
+//! `E2E_REHEARSAL_VIA` (with `E2E_HOSTS=testbed`: a command prefix before
+//! each namespace's, e.g. an ssh to this machine).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -168,10 +170,11 @@ struct Site {
 }
 
 impl Site {
-    fn of_testbed(tb: &Testbed, work: &Path) -> Self {
+    fn of_testbed(tb: &Testbed, work: &Path, via: &[String]) -> Self {
+        let netns = |ns: &str| Host::netns(via, ns);
         Site {
             node: Node {
-                host: Host::netns(&tb.node_ns),
+                host: netns(&tb.node_ns),
                 agent: env!("CARGO_BIN_EXE_proxy-agent").into(),
                 work: work.join(&tb.id).to_string_lossy().into_owned(),
                 address: NODE_EXTERNAL_IP,
@@ -181,12 +184,12 @@ impl Site {
                 agent_args: Vec::new(),
                 socket_lb_cgroup: None,
             },
-            client: Host::netns(&tb.pod("client").ns),
-            external: Host::netns(&tb.external_ns),
+            client: netns(&tb.pod("client").ns),
+            external: netns(&tb.external_ns),
             servers: SERVERS
                 .iter()
                 .map(|s| Server {
-                    host: Host::netns(&tb.pod(s).ns),
+                    host: netns(&tb.pod(s).ns),
                     ip: tb.pod(s).ip,
                 })
                 .collect(),
@@ -265,7 +268,13 @@ impl Bed {
     }
 
     /// A testbed of its own (one datapath's, or shared in a rehearsal).
-    fn testbed(name: &str, work: &Path, socket_lb: bool, shared: bool) -> anyhow::Result<Self> {
+    fn testbed(
+        name: &str,
+        work: &Path,
+        socket_lb: bool,
+        shared: bool,
+        via: &[String],
+    ) -> anyhow::Result<Self> {
         let mut names = vec!["client"];
         names.extend(SERVERS);
         let tb =
@@ -279,7 +288,12 @@ impl Bed {
                 .to_string_lossy()
                 .into_owned()
         });
-        let mut bed = Self::start(name.to_owned(), Site::of_testbed(&tb, work), shared, seen)?;
+        let mut bed = Self::start(
+            name.to_owned(),
+            Site::of_testbed(&tb, work, via),
+            shared,
+            seen,
+        )?;
         bed._cgroup = cgroup;
         bed._testbed = Some(tb);
         Ok(bed)
@@ -481,7 +495,7 @@ fn beds(datapaths: &[Datapath], work: &Path) -> anyhow::Result<(Vec<Bed>, Vec<us
         None | Some("") => {
             let mut beds = Vec::new();
             for dp in datapaths {
-                beds.push(Bed::testbed(&dp.name, work, dp.socket_lb, false)?);
+                beds.push(Bed::testbed(&dp.name, work, dp.socket_lb, false, &[])?);
             }
             let setup = "One testbed (node, client pod, server pods, external client; network \
                          namespaces on veths) per datapath, all alive at once."
@@ -489,11 +503,22 @@ fn beds(datapaths: &[Datapath], work: &Path) -> anyhow::Result<(Vec<Bed>, Vec<us
             Ok((beds, (0..datapaths.len()).collect(), setup))
         }
         Some("testbed") => {
-            let bed = Bed::testbed("shared", work, socket_lb, true)?;
-            let setup = shared_setup(
+            // E2E_REHEARSAL_VIA: a prefix to each namespace's, e.g. an ssh to
+            // this machine, so that the rehearsal goes through ssh as well.
+            let via: Vec<String> = std::env::var("E2E_REHEARSAL_VIA")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            let bed = Bed::testbed("shared", work, socket_lb, true, &via)?;
+            let through = match via.is_empty() {
+                true => String::new(),
+                false => format!(", reached through `{}`", via.join(" ")),
+            };
+            let setup = shared_setup(&format!(
                 "A rehearsal of the bare-metal run in one testbed (E2E_HOSTS=testbed: network \
-                 namespaces on veths as the machines)",
-            );
+                 namespaces on veths as the machines{through})"
+            ));
             Ok((vec![bed], vec![0; datapaths.len()], setup))
         }
         Some(file) => {
