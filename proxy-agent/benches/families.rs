@@ -88,8 +88,8 @@ fn run() -> anyhow::Result<()> {
     for (family, p) in &plans {
         let name = |n: &str| ServicePortName {
             namespace: "bench".into(),
-            name: format!("{n}-{family}").to_lowercase(),
-            port_name: String::new(),
+            name: format!("{n}-{family}").to_lowercase().into(),
+            port_name: "".into(),
             protocol: Protocol::Tcp,
         };
         services.push(DesiredService::cluster_ip(

@@ -54,7 +54,7 @@ fn state() -> DesiredState {
             .collect();
         let spn = ServicePortName {
             namespace: "bench".into(),
-            name: format!("svc-{i}"),
+            name: format!("svc-{i}").into(),
             port_name: "http".into(),
             protocol: Protocol::Tcp,
         };

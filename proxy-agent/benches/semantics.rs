@@ -124,8 +124,8 @@ fn run() -> anyhow::Result<()> {
         ] {
             let spn = ServicePortName {
                 namespace: "bench".into(),
-                name: format!("{name}-{}", p.name).to_lowercase(),
-                port_name: String::new(),
+                name: format!("{name}-{}", p.name).to_lowercase().into(),
+                port_name: "".into(),
                 protocol: Protocol::Tcp,
             };
             services.push(DesiredService {
@@ -242,7 +242,7 @@ fn table_rebuild() -> anyhow::Result<()> {
         let spn = ServicePortName {
             namespace: "bench".into(),
             name: "hundred".into(),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol: Protocol::Tcp,
         };
         let svc = DesiredService {

@@ -94,7 +94,7 @@ fn run() -> anyhow::Result<()> {
     let name = ServicePortName {
         namespace: "bench".into(),
         name: "web".into(),
-        port_name: String::new(),
+        port_name: "".into(),
         protocol: Protocol::Tcp,
     };
     let svc = DesiredService::cluster_ip(

@@ -64,8 +64,8 @@ impl ApiEvents {
             Regarding::Service(nn) => ObjectReference {
                 kind: Some("Service".into()),
                 api_version: Some("v1".into()),
-                namespace: Some(nn.namespace.clone()),
-                name: Some(nn.name.clone()),
+                namespace: Some(nn.namespace.to_string()),
+                name: Some(nn.name.to_string()),
                 ..ObjectReference::default()
             },
         }

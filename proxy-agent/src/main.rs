@@ -11,8 +11,14 @@ use proxy_agent::{
     startup::{self, Next},
 };
 
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Read by jemalloc itself (the crate's symbol prefix), see `proxy_agent::memory`.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: &[u8] = proxy_agent::memory::MALLOC_CONF;
+
 fn main() -> ExitCode {
-    proxy_agent::memory::one_arena();
     let args: Vec<OsString> = std::env::args_os().collect();
     if let Some(code) = cli::main(&args) {
         return code;

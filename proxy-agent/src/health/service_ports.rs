@@ -207,8 +207,8 @@ pub fn answer(name: &NamespacedName, local_endpoints: usize, proxy_healthy: bool
     };
     let body = format!(
         "{{\n\t\"service\": {{\n\t\t\"namespace\": {},\n\t\t\"name\": {}\n\t}},\n\t\"localEndpoints\": {local_endpoints},\n\t\"serviceProxyHealthy\": {proxy_healthy}\n}}",
-        serde_json::Value::from(name.namespace.as_str()),
-        serde_json::Value::from(name.name.as_str()),
+        serde_json::Value::from(&*name.namespace),
+        serde_json::Value::from(&*name.name),
     );
     let weight = local_endpoints.to_string();
     httpserve::respond(

@@ -242,5 +242,7 @@ pub fn service_ports(svc: &Service) -> ServicePorts {
     // API validation forbids duplicate name/protocol pairs; manifests might not.
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out.dedup_by(|a, b| a.0 == b.0);
+    // Kept for the agent's life: no growth slack (a first push makes room for four).
+    out.shrink_to_fit();
     out
 }

@@ -9,6 +9,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
     time::SystemTime,
 };
 
@@ -31,7 +32,12 @@ impl ServiceChangeTracker {
     /// as upstream's `ServiceChangeTracker.Update`.
     pub fn update(&mut self, svc: &Service) -> bool {
         match service_name(svc) {
-            Some(nn) => self.set(nn, service_ports(svc)),
+            Some(nn) => {
+                let ports = service_ports(svc);
+                // The ports' names share the key's strings.
+                let nn = ports.first().map_or(nn, |(spn, _)| spn.service());
+                self.set(nn, ports)
+            }
             None => self.has_pending(),
         }
     }
@@ -66,7 +72,8 @@ impl ServiceChangeTracker {
     /// Applies the pending changes; returns the services added, changed or removed.
     pub fn apply(&mut self) -> BTreeSet<NamespacedName> {
         let mut changed = BTreeSet::new();
-        for (nn, ports) in self.pending.drain() {
+        // Taken, not drained: a drained map keeps its largest table.
+        for (nn, ports) in std::mem::take(&mut self.pending) {
             if ports.is_empty() {
                 self.applied.remove(&nn);
             } else {
@@ -90,29 +97,32 @@ impl ServiceChangeTracker {
 struct ServiceSlices {
     applied: Slices,
     /// `None` = the slice is to be removed.
-    pending: BTreeMap<String, Option<SliceInfo>>,
-    endpoints: EndpointsByPort,
+    pending: BTreeMap<Arc<str>, Option<SliceInfo>>,
 }
 
 /// A service's slices by name, sorted. Most services have one or two: a
 /// `BTreeMap` allocates a node of eleven entries for the first, 1.3 KB a
 /// service (13 MB of the agent's heap at 10,000 services).
 #[derive(Debug, Default)]
-struct Slices(Vec<(String, SliceInfo)>);
+struct Slices(Vec<(Arc<str>, SliceInfo)>);
 
 impl Slices {
     fn find(&self, name: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(n, _)| n.as_str().cmp(name))
+        self.0.binary_search_by(|(n, _)| (**n).cmp(name))
     }
 
     fn get(&self, name: &str) -> Option<&SliceInfo> {
         self.find(name).ok().map(|i| &self.0[i].1)
     }
 
-    fn insert(&mut self, name: String, info: SliceInfo) {
+    fn insert(&mut self, name: Arc<str>, info: SliceInfo) {
         match self.find(&name) {
             Ok(i) => self.0[i].1 = info,
-            Err(i) => self.0.insert(i, (name, info)),
+            Err(i) => {
+                // No growth slack: a Vec's first push makes room for four.
+                self.0.reserve_exact(1);
+                self.0.insert(i, (name, info))
+            }
         }
     }
 
@@ -138,7 +148,8 @@ pub struct EndpointsChangeTracker {
     services: HashMap<NamespacedName, ServiceSlices>,
     /// Which service each slice was last filed under, so a slice whose
     /// service-name label changes leaves its old service (upstream does not).
-    owners: HashMap<(String, String), NamespacedName>,
+    /// Keyed by the slice's namespace/name, sharing its strings.
+    owners: HashMap<NamespacedName, NamespacedName>,
     pending_services: BTreeSet<NamespacedName>,
     /// `endpoints.kubernetes.io/last-change-trigger-time` of pending slice
     /// updates, for the network programming latency.
@@ -174,7 +185,9 @@ impl EndpointsChangeTracker {
             // Lost its service label or turned FQDN: gone as far as we are concerned.
             return self.delete(&namespace, &name);
         };
-        let key = (namespace, name);
+        // The slice's namespace is its service's: one string for both.
+        debug_assert_eq!(*info.service.namespace, *namespace);
+        let key = NamespacedName::new(info.service.namespace.clone(), name);
         let mut changed = false;
         if let Some(old) = self
             .owners
@@ -182,11 +195,11 @@ impl EndpointsChangeTracker {
             .filter(|old| **old != info.service)
             .cloned()
         {
-            changed |= self.set_pending(old, &key.1, None);
+            changed |= self.set_pending(old, &key.name, None);
         }
         self.owners.insert(key.clone(), info.service.clone());
         let service = info.service.clone();
-        let changed = changed | self.set_pending(service.clone(), &key.1, Some(info));
+        let changed = changed | self.set_pending(service.clone(), &key.name, Some(info));
         if changed && let Some(at) = trigger_time(slice).filter(|t| *t > self.started) {
             let family = match slice.address_type.as_str() {
                 "IPv6" => IpFamily::V6,
@@ -203,10 +216,13 @@ impl EndpointsChangeTracker {
     /// As upstream: a deletion's annotation dates from the slice's last update,
     /// not from the change that removed it, so the service's times are dropped.
     pub fn delete(&mut self, namespace: &str, name: &str) -> bool {
-        match self.owners.remove(&(namespace.to_owned(), name.to_owned())) {
-            Some(owner) => {
+        match self
+            .owners
+            .remove_entry(&NamespacedName::new(namespace, name))
+        {
+            Some((key, owner)) => {
                 self.trigger_times.remove(&owner);
-                self.set_pending(owner, name, None)
+                self.set_pending(owner, &key.name, None)
             }
             None => false,
         }
@@ -223,18 +239,18 @@ impl EndpointsChangeTracker {
     fn set_pending(
         &mut self,
         service: NamespacedName,
-        slice: &str,
+        slice: &Arc<str>,
         info: Option<SliceInfo>,
     ) -> bool {
         let entry = self.services.entry(service.clone()).or_default();
-        let current = match entry.pending.get(slice) {
+        let current = match entry.pending.get(&**slice) {
             Some(pending) => pending.as_ref(),
             None => entry.applied.get(slice),
         };
         if current == info.as_ref() {
             return false;
         }
-        entry.pending.insert(slice.to_owned(), info);
+        entry.pending.insert(slice.clone(), info);
         self.pending_services.insert(service);
         true
     }
@@ -250,15 +266,16 @@ impl EndpointsChangeTracker {
             let Some(entry) = self.services.get_mut(&service) else {
                 continue;
             };
+            // Not kept between syncs (a third copy of every endpoint):
+            // merged again before and after, only for the services changed.
+            let before = endpoints_by_port(entry.applied.values(), &self.node_name);
             for (name, info) in std::mem::take(&mut entry.pending) {
                 match info {
                     Some(info) => entry.applied.insert(name, info),
                     None => entry.applied.remove(&name),
                 }
             }
-            let endpoints = endpoints_by_port(entry.applied.values(), &self.node_name);
-            if endpoints != entry.endpoints {
-                entry.endpoints = endpoints;
+            if endpoints_by_port(entry.applied.values(), &self.node_name) != before {
                 changed.insert(service.clone());
             }
             if entry.applied.is_empty() {
@@ -268,8 +285,11 @@ impl EndpointsChangeTracker {
         changed
     }
 
-    pub fn endpoints(&self, service: &NamespacedName) -> Option<&EndpointsByPort> {
-        self.services.get(service).map(|s| &s.endpoints)
+    /// The service's endpoints per port, merged from its applied slices.
+    pub fn endpoints(&self, service: &NamespacedName) -> Option<EndpointsByPort> {
+        self.services
+            .get(service)
+            .map(|s| endpoints_by_port(s.applied.values(), &self.node_name))
     }
 }
 

@@ -70,14 +70,17 @@ impl IpFamily {
     }
 }
 
+/// Names are shared, not copied: the trackers, the desired state and each
+/// mode's programmer key their maps by them, and a copy of every string per
+/// map held about 40 MB at 50,000 services.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NamespacedName {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
 }
 
 impl NamespacedName {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         NamespacedName {
             namespace: namespace.into(),
             name: name.into(),
@@ -97,14 +100,18 @@ impl fmt::Display for NamespacedName {
 /// `BTreeMap<ServicePortName, _>` be range-scanned per service.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePortName {
-    pub namespace: String,
-    pub name: String,
-    pub port_name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    pub port_name: Arc<str>,
     pub protocol: Protocol,
 }
 
 impl ServicePortName {
-    pub fn new(service: &NamespacedName, port_name: impl Into<String>, protocol: Protocol) -> Self {
+    pub fn new(
+        service: &NamespacedName,
+        port_name: impl Into<Arc<str>>,
+        protocol: Protocol,
+    ) -> Self {
         ServicePortName {
             namespace: service.namespace.clone(),
             name: service.name.clone(),
@@ -123,7 +130,7 @@ impl ServicePortName {
 
     /// The smallest key of `service`, for range scans.
     pub(crate) fn first_of(service: &NamespacedName) -> Self {
-        ServicePortName::new(service, String::new(), Protocol::Tcp)
+        ServicePortName::new(service, "", Protocol::Tcp)
     }
 }
 

@@ -55,7 +55,7 @@ fn spn(name: &str, protocol: Protocol) -> ServicePortName {
     ServicePortName {
         namespace: "e2e".into(),
         name: name.into(),
-        port_name: protocol.to_string(),
+        port_name: protocol.to_string().into(),
         protocol,
     }
 }

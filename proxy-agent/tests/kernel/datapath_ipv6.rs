@@ -29,7 +29,7 @@ fn port_name(name: &str, protocol: Protocol) -> ServicePortName {
     ServicePortName {
         namespace: "default".into(),
         name: name.into(),
-        port_name: protocol.to_string(),
+        port_name: protocol.to_string().into(),
         protocol,
     }
 }

@@ -66,7 +66,7 @@ fn services(net: &Net, backends: &[IpAddr]) -> Vec<DesiredService> {
         let name = ServicePortName {
             namespace: "default".into(),
             name: name.into(),
-            port_name: protocol.to_string(),
+            port_name: protocol.to_string().into(),
             protocol,
         };
         DesiredService::cluster_ip(name, vec![vip], port, eps)

@@ -279,7 +279,7 @@ impl Spec {
         let name = ServicePortName {
             namespace: "fuzz".into(),
             name: self.name.into(),
-            port_name: self.protocol.to_string(),
+            port_name: self.protocol.to_string().into(),
             protocol: self.protocol,
         };
         let endpoints: Vec<Endpoint> = self

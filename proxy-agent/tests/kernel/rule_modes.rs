@@ -161,7 +161,7 @@ fn the_model_becomes_upstreams_tables_and_stale_chains_go() {
 
         // A service goes: its chains are emptied now, deleted by a sync a second later.
         let mut fewer = s.clone();
-        fewer.services.retain(|k, _| k.name != "web");
+        fewer.services.retain(|k, _| &*k.name != "web");
         proxier.sync(&fewer, &full).expect("the sync without web");
         let after = nft(&["list", "table", "ip", "kube-proxy"]);
         assert!(!after.contains("198.19.0.10 . tcp"), "{after}");
@@ -371,7 +371,7 @@ fn the_model_becomes_upstreams_iptables_chains_and_stale_chains_go() {
 
         // A service goes: its chains go with it.
         let mut fewer = s.clone();
-        fewer.services.retain(|k, _| k.name != "web");
+        fewer.services.retain(|k, _| &*k.name != "web");
         proxier.sync(&fewer, &full).expect("the sync without web");
         let after = iptables_save("nat");
         assert!(!after.contains("ns1/web:p80"), "{after}");
@@ -424,7 +424,7 @@ fn a_partial_nftables_sync_touches_only_the_changed_service_ports() {
         let web = next
             .services
             .keys()
-            .find(|k| k.name == "web")
+            .find(|k| &*k.name == "web")
             .unwrap()
             .clone();
         next.services
@@ -435,7 +435,7 @@ fn a_partial_nftables_sync_touches_only_the_changed_service_ports() {
         let empty = next
             .services
             .keys()
-            .find(|k| k.name == "empty")
+            .find(|k| &*k.name == "empty")
             .unwrap()
             .clone();
         next.services.remove(&empty);
@@ -588,7 +588,7 @@ fn a_partial_iptables_sync_rewrites_only_the_changed_ports_chains() {
         let web = next
             .services
             .keys()
-            .find(|k| k.name == "web")
+            .find(|k| &*k.name == "web")
             .unwrap()
             .clone();
         let old_sep: Vec<String> = before
@@ -600,7 +600,7 @@ fn a_partial_iptables_sync_rewrites_only_the_changed_ports_chains() {
         let empty = next
             .services
             .keys()
-            .find(|k| k.name == "empty")
+            .find(|k| &*k.name == "empty")
             .unwrap()
             .clone();
         next.services.remove(&empty);

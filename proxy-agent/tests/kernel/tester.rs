@@ -431,7 +431,7 @@ pub fn web_service<A: Into<IpAddr> + Copy>(vip: A, backends: &[A], port: u16) ->
     let name = ServicePortName {
         namespace: "default".into(),
         name: "web".into(),
-        port_name: String::new(),
+        port_name: "".into(),
         protocol: Protocol::Tcp,
     };
     let eps = backends

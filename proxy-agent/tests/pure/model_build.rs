@@ -185,7 +185,7 @@ fn externalname_headless_and_ipless_services_get_nothing() {
         json!([ep("10.0.0.1", NODE)]),
     )];
     let state = build_desired_state(&services, &slices, NODE);
-    let names: Vec<&str> = state.services.keys().map(|k| k.name.as_str()).collect();
+    let names: Vec<&str> = state.services.keys().map(|k| &*k.name).collect();
     assert_eq!(names, ["ok"]);
 }
 

@@ -95,7 +95,11 @@ fn endpoints_tracker_reports_only_services_whose_endpoints_changed() {
     assert!(t.update(&slice("s-2", "s", &["10.0.0.1", "10.0.0.2"])));
     assert_eq!(t.apply(), [nn("s")].into());
     assert_eq!(
-        t.endpoints(&nn("s")).unwrap()[&("a".to_string(), Protocol::Tcp)].len(),
+        t.endpoints(&nn("s"))
+            .unwrap()
+            .get("a", Protocol::Tcp)
+            .unwrap()
+            .len(),
         2
     );
 

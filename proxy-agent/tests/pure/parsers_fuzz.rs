@@ -330,7 +330,7 @@ fn mutated_api_objects_never_keep_the_good_ones_from_being_programmed() {
         let good: Vec<_> = desired
             .services
             .values()
-            .filter(|s| s.name.name == "good")
+            .filter(|s| &*s.name.name == "good")
             .collect();
         assert_eq!(good.len(), 1, "case {case}: {bad_service} {bad_slice}");
         assert_eq!(

@@ -82,7 +82,7 @@ fn spn(name: &str) -> ServicePortName {
     ServicePortName {
         namespace: "ns".into(),
         name: name.into(),
-        port_name: String::new(),
+        port_name: "".into(),
         protocol: Protocol::Tcp,
     }
 }

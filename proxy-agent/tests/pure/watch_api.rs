@@ -679,7 +679,7 @@ impl Proxier for StateRecorder {
                     .iter()
                     .map(|e| e.ip.to_string())
                     .collect();
-                (spn.name.clone(), ips)
+                (spn.name.to_string(), ips)
             })
             .collect();
         self.0.lock().unwrap().push(programmed);

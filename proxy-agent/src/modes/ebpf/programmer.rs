@@ -15,6 +15,7 @@ mod frontends;
 mod ids;
 mod maglev_tables;
 mod markers;
+mod small_set;
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet, hash_map::Entry},
@@ -28,11 +29,13 @@ use proxy_common::{
 
 use self::{
     frontends::{
-        EndpointSet, WantedFrontend, has_endpoint_on, wanted_frontends, wanted_source_ranges,
+        EndpointSet, PerSet, WantedFrontend, has_endpoint_on, wanted_frontends,
+        wanted_source_ranges,
     },
     ids::Ids,
     maglev_tables::MaglevTables,
     markers::ClusterIpMarkers,
+    small_set::SmallSet,
 };
 use super::family::AgentFamily;
 use super::maps::{MapError, ServiceMaps};
@@ -100,7 +103,7 @@ pub struct FamilyProgrammer<F: AgentFamily> {
     /// UDP backends that left a frontend since [`Programmer::take_gone_udp`].
     gone_udp: Vec<GoneUdp>,
     frontends: HashMap<ServiceKeyOf<F>, Frontend>,
-    by_service: HashMap<ServicePortName, BTreeSet<ServiceKeyOf<F>>>,
+    by_service: HashMap<ServicePortName, SmallSet<ServiceKeyOf<F>>>,
     backends: HashMap<BackendOf<F>, BackendId>,
     backend_by_id: HashMap<BackendId, BackendOf<F>>,
     /// How many slots name each backend.
@@ -120,7 +123,7 @@ pub struct FamilyProgrammer<F: AgentFamily> {
     /// numbers its slots alike, so they can share a Maglev table.
     /// Per service port, so that one port's entries are found without a
     /// walk over every port's (that walk made a sync quadratic).
-    set_slots: HashMap<ServicePortName, HashMap<EndpointSet, Vec<BackendId>>>,
+    set_slots: HashMap<ServicePortName, PerSet<Vec<BackendId>>>,
     maglev: MaglevTables,
 }
 
@@ -283,7 +286,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             for key in owned.iter().filter(|k| keep.is_none_or(|w| !w.contains(k))) {
                 self.remove_frontend(*key, maps, &mut run)?;
             }
-            if self.by_service.get(spn).is_none_or(BTreeSet::is_empty) {
+            if self.by_service.get(spn).is_none_or(SmallSet::is_empty) {
                 self.release_service(spn, maps, &mut run)?;
             }
             // No frontend names the tables of sets no longer balanced by one.
@@ -396,7 +399,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 }
                 let set = f.endpoints;
                 // Adopted frontends bring the slots a previous agent gave them.
-                let known = self.set_slots.get(spn).and_then(|sets| sets.get(&set));
+                let known = self.set_slots.get(spn).and_then(|sets| sets.get(set));
                 let current = known.cloned().unwrap_or_else(|| {
                     wanted
                         .iter()
@@ -448,7 +451,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
 
         self.remove_source_ranges(service_id, &ranges, maps, run)?;
         if let Some(known) = self.set_slots.get_mut(spn) {
-            known.retain(|set, _| sets.contains_key(set));
+            known.retain(|set| sets.contains_key(&set));
         }
         Ok(wanted.iter().map(|f| f.key).collect())
     }

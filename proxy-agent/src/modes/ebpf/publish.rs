@@ -102,9 +102,9 @@ pub fn published_names(
             let svc = by_name.get(name).copied();
             PublishedService {
                 id,
-                namespace: name.namespace.clone(),
-                name: name.name.clone(),
-                port_name: name.port_name.clone(),
+                namespace: name.namespace.to_string(),
+                name: name.name.to_string(),
+                port_name: name.port_name.to_string(),
                 protocol: name.protocol.to_string(),
                 internal_traffic_policy: policy(svc.is_some_and(|s| s.internal_policy_local)),
                 external_traffic_policy: policy(svc.is_some_and(|s| s.external_policy_local)),

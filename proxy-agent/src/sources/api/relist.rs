@@ -76,7 +76,7 @@ impl Kind for ServiceCidrKind {
         SourceEvent::ServiceCidrApplied(Box::new(obj))
     }
     fn deleted(key: NamespacedName) -> SourceEvent {
-        SourceEvent::ServiceCidrDeleted(key.name)
+        SourceEvent::ServiceCidrDeleted(key.name.to_string())
     }
     /// Nothing waits for them: until they are listed, the configured ones apply.
     fn synced() -> Option<SourceEvent> {

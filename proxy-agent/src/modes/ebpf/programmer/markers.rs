@@ -1,8 +1,8 @@
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use proxy_common::{ServiceKeyOf, ServiceValue, service::flags};
 
-use super::SyncStats;
+use super::{SyncStats, small_set::SmallSet};
 use crate::modes::ebpf::{
     family::AgentFamily,
     maps::{MapError, ServiceMaps},
@@ -13,7 +13,7 @@ use crate::modes::ebpf::{
 #[derive(Debug)]
 pub(super) struct ClusterIpMarkers<F: AgentFamily> {
     /// VIP -> the ClusterIP frontends on it.
-    users: HashMap<F::Addr, BTreeSet<ServiceKeyOf<F>>>,
+    users: HashMap<F::Addr, SmallSet<ServiceKeyOf<F>>>,
     written: HashSet<F::Addr>,
     /// Markers found in adopted maps that no frontend uses: deleted by the next sync.
     unused: Vec<F::Addr>,

@@ -210,7 +210,7 @@ fn spn(name: &str, protocol: Protocol) -> ServicePortName {
     ServicePortName {
         namespace: "default".into(),
         name: name.into(),
-        port_name: String::new(),
+        port_name: "".into(),
         protocol,
     }
 }
