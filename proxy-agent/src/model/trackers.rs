@@ -7,8 +7,9 @@
 //!
 //! [`apply`]: ServiceChangeTracker::apply
 
+use foldhash::{HashMap, HashMapExt as _};
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     sync::Arc,
     time::SystemTime,
 };

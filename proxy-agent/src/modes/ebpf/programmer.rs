@@ -17,8 +17,9 @@ mod maglev_tables;
 mod markers;
 mod small_set;
 
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use std::{
-    collections::{BTreeSet, HashMap, HashSet, hash_map::Entry},
+    collections::{BTreeSet, hash_map::Entry},
     net::SocketAddr,
 };
 

@@ -3,7 +3,8 @@
 //! writes what differs, and backends and services keep their ids (established
 //! flows name them).
 
-use std::collections::{BTreeMap, HashMap};
+use foldhash::HashMap;
+use std::collections::BTreeMap;
 
 use proxy_common::{
     BackendId, BackendOf, FrontendKind, ServiceKeyOf, ServiceValue, V4, maglev::MAGLEV_SLOT,

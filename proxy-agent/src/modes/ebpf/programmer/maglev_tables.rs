@@ -2,7 +2,8 @@
 //! endpoint set of a service port that asks for Maglev, each written by
 //! rewriting only the array elements whose buckets changed.
 
-use std::collections::{BTreeSet, HashMap};
+use foldhash::{HashMap, HashMapExt as _};
+use std::collections::BTreeSet;
 
 use proxy_common::{
     ServiceValue,

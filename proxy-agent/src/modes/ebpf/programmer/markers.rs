@@ -1,5 +1,4 @@
-use std::collections::{HashMap, HashSet};
-
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use proxy_common::{ServiceKeyOf, ServiceValue, service::flags};
 
 use super::{SyncStats, small_set::SmallSet};
