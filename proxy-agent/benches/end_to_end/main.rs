@@ -378,10 +378,14 @@ impl Bed {
     /// pod) and the NodePort (from outside) answer: the seconds that took.
     fn start_agent(&mut self, dp: &Datapath, n: usize) -> anyhow::Result<f64> {
         let mode = dp.mode.expect("not raw");
-        let t = Instant::now();
         let cgroup = self.socket_lb_cgroup.clone().filter(|_| dp.socket_lb);
         let manifests = self.manifests(n).dir;
         let mut agent = Agent::start(&self.site.node, mode, &manifests, cgroup.as_deref())?;
+        // From the agent's pid, printed just before it execs: writing its
+        // configuration and (on real machines) ssh's set-up are not its start.
+        // Through ssh the line arrives half a round trip late, well under a
+        // millisecond on a LAN.
+        let t = Instant::now();
         let probes = [
             (true, self.cluster_target(dp, n)),
             (false, self.node_port_target(dp)),

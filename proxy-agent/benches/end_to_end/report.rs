@@ -113,7 +113,7 @@ pub fn render(
     );
     let _ = writeln!(
         out,
-        "Control plane: *start* is the time from the agent's start (a new process per scale; the median of its starts) to \
+        "Control plane: *start* is the time from the agent's start (a new process per scale, timed from its pid; the median of its starts) to \
          both the ClusterIP and the NodePort answering; *RSS* the agent's resident memory after the rounds; \
          *endpoint change* the time from a third endpoint written into the target service's \
          EndpointSlice (the file moved into place; the agent reads it at once) to the first \
