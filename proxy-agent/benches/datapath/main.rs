@@ -667,6 +667,15 @@ impl Tier {
         for (i, c) in Counter::ALL.iter().enumerate() {
             let want = if counted.contains(c) { runs } else { 0 };
             let got = after[i] - before[i];
+            // An established packet uses its flow's cached next hop unless
+            // the cache is due its refresh (once a second) or empty.
+            let sometimes = *c == Counter::NextHopCached && counted.contains(&Counter::Established);
+            if sometimes {
+                if got > runs {
+                    wrong.push(format!("{} +{got} (expected at most +{runs})", c.name()));
+                }
+                continue;
+            }
             if got != want {
                 wrong.push(format!("{} +{got} (expected +{want})", c.name()));
             }
