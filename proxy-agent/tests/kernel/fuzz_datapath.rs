@@ -1056,13 +1056,18 @@ struct Parsed {
     ihl: usize,
     l4_off: usize,
     csum_off: usize,
+    /// Frame offset past the L4 bytes the datapath reads (ports, checksum;
+    /// SCTP: the first chunk's header).
+    l4_end: usize,
     tcp_flags: u8,
     ttl: u8,
     tot_len: usize,
     version: u8,
 }
 
-/// SCTP: the datapath parses its common header and first chunk header.
+/// SCTP: the datapath parses its common header and first chunk header. No
+/// SCTP service exists in this world, so an SCTP packet is either passed on
+/// untouched or, to a cluster IP (no port of it serves SCTP), rejected.
 const SCTP: u8 = 132;
 const SCTP_L4_NEED: usize = 12 + 4;
 
@@ -1082,23 +1087,7 @@ impl Shape {
         }
         let ip = &pkt[ETH_HLEN..];
         let proto = ip[9];
-        if proto == SCTP {
-            // Parsed (ports, first chunk) but not modelled here (the SCTP
-            // datapath has its own exact tests): a truncated one may be
-            // dropped as malformed, a whole one passes as other protocols.
-            let ihl = (ip[0] & 0x0f) as usize * 4;
-            let first_fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff == 0;
-            let tot_len = u16::from_be_bytes([ip[2], ip[3]]) as usize;
-            let need = ihl + SCTP_L4_NEED;
-            if first_fragment
-                && ihl >= IPV4_HLEN
-                && (pkt.len() < ETH_HLEN + need || (tot_len != 0 && tot_len < need))
-            {
-                return Shape::L4Truncated;
-            }
-            return Shape::NotTcpUdp;
-        }
-        if proto != proto::TCP && proto != proto::UDP {
+        if proto != proto::TCP && proto != proto::UDP && proto != SCTP {
             return Shape::NotTcpUdp;
         }
         if u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff != 0 {
@@ -1109,8 +1098,15 @@ impl Shape {
             return Shape::BadIhl;
         }
         let l4_off = ETH_HLEN + ihl;
-        let csum_off = l4_off + if proto == proto::TCP { 16 } else { 6 };
-        if pkt.len() < csum_off + 2 {
+        // SCTP's checksum is a CRC the datapath never rewrites (no SCTP
+        // service exists in this world); what it needs is the common header
+        // and the first chunk's header.
+        let (csum_off, l4_end) = match proto {
+            proto::TCP => (l4_off + 16, l4_off + 18),
+            proto::UDP => (l4_off + 6, l4_off + 8),
+            _ => (l4_off + 8, l4_off + SCTP_L4_NEED),
+        };
+        if pkt.len() < l4_end {
             return Shape::L4Truncated;
         }
         let l4 = &pkt[l4_off..];
@@ -1125,6 +1121,7 @@ impl Shape {
             ihl,
             l4_off,
             csum_off,
+            l4_end,
             tcp_flags: if proto == proto::TCP { l4[13] } else { 0 },
             ttl: ip[8],
             tot_len: u16::from_be_bytes([ip[2], ip[3]]) as usize,
@@ -1208,7 +1205,7 @@ impl Parsed {
 
     /// Whether the L4 checksum covers a well-defined range of the frame.
     fn l4_sane(&self, pkt: &[u8]) -> bool {
-        self.tot_len >= self.csum_off + 2 - ETH_HLEN && ETH_HLEN + self.tot_len <= pkt.len()
+        self.tot_len >= self.l4_end - ETH_HLEN && ETH_HLEN + self.tot_len <= pkt.len()
     }
 
     fn l4_valid(&self, pkt: &[u8]) -> bool {
@@ -1228,7 +1225,7 @@ impl Parsed {
     /// version 4, or a total length (0: BIG TCP, unknown) too short for the
     /// IP header and the L4 ports and checksum.
     fn header_unfit(&self) -> bool {
-        self.version != 4 || (self.tot_len != 0 && self.tot_len < self.csum_off + 2 - ETH_HLEN)
+        self.version != 4 || (self.tot_len != 0 && self.tot_len < self.l4_end - ETH_HLEN)
     }
 
     /// Why the kernel's IPv4 input (ip_rcv) would drop this packet, if it would.
@@ -2322,4 +2319,52 @@ fn regression_truncated_ipv6_sctp_may_be_dropped() {
     whole.extend_from_slice(&[0, 0]);
     whole[18..20].copy_from_slice(&16u16.to_be_bytes());
     assert!(!Shape::of(&whole).malformed());
+}
+
+/// Found by the fuzzer in CI (tc_from_netdev #19213, tc_from_pod #19514):
+/// SCTP to port 80 of a cluster IP whose ports serve only TCP and UDP is
+/// rejected, as upstream's `cluster-ips` reject rule does for any protocol;
+/// the oracle once required every SCTP packet to pass untouched. Elsewhere
+/// SCTP still passes untouched.
+#[test]
+fn regression_sctp_to_an_unserved_cluster_ip_port_is_rejected() {
+    let fx = Fixture::new(1 << 12, SPECS);
+    let world = World::new();
+    let mut oracle = Oracle::new(&world);
+    let to = |dst: Ipv4Addr| {
+        Frame {
+            src: Ipv4Addr::new(198, 18, 9, 9).into(),
+            dst: dst.into(),
+            sport: 40039,
+            dport: 80,
+            proto: proto::SCTP,
+        }
+        .build(&[])
+    };
+    let to_vip = to(EMPTY_VIP);
+    let elsewhere = to(Ipv4Addr::new(198, 18, 200, 1));
+    for (index, hook) in [Hook::FromPod, Hook::FromNetdev, Hook::Xdp]
+        .into_iter()
+        .enumerate()
+    {
+        for pkt in [&to_vip, &elsewhere] {
+            oracle.run(&fx, hook, index as u64, Class::ToFrontend, pkt);
+        }
+    }
+    let violations: Vec<String> = oracle.violations.iter().map(|v| v.what.clone()).collect();
+    assert!(violations.is_empty(), "{violations:#?}");
+    let r = |k| oracle.stats.results.get(&k).copied().unwrap_or(0);
+    // tc_from_pod, tc_from_netdev, and tc_from_netdev after XDP_PASS.
+    assert_eq!(
+        r(Judged::Rejected)
+            + oracle
+                .stats
+                .followup_results
+                .get(&Judged::Rejected)
+                .copied()
+                .unwrap_or(0),
+        3
+    );
+    // XDP passes both up; TC passes the one for no cluster IP.
+    assert_eq!(r(Judged::Passed), 4);
 }
