@@ -115,9 +115,10 @@ pub fn render(
         out,
         "Control plane: *start* is the time from the agent's start (a new process per scale, timed from its pid; the median of its starts) to \
          both the ClusterIP and the NodePort answering; *RSS* the agent's resident memory after the rounds; \
-         *endpoint change* the time from a third endpoint written into the target service's \
-         EndpointSlice (the file moved into place; the agent reads it at once) to the first \
-         connection from the pod that reaches it (one attempt per millisecond), {} times per scale, \
+         *endpoint change* the time from the target service's endpoints replaced by a third \
+         server in its EndpointSlice (the file moved into place; the agent reads it at once) to \
+         the first connection from the pod that reaches it (one attempt per millisecond: the \
+         first after the change does), {} times per scale, \
          each change alone (1.5 s after the previous one took effect: upstream's default \
          minSyncPeriod is 1 s). p99 of {} changes is their maximum; a change that comes within a \
          second of the periodic sync (syncPeriod, 30 s) waits for minSyncPeriod, as upstream's.\n",

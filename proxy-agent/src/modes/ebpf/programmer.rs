@@ -196,6 +196,11 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         self.service_ids.iter().map(|(name, id)| (name, *id))
     }
 
+    /// The id of `name` in this family, if it is programmed.
+    pub fn programmed_service_id(&self, name: &ServicePortName) -> Option<u32> {
+        self.service_ids.get(name).copied()
+    }
+
     /// Every backend in this family's `BACKENDS` map, by id.
     pub fn backend_ids(&self) -> impl Iterator<Item = (BackendId, &BackendOf<F>)> {
         self.backend_by_id.iter().map(|(id, b)| (*id, b))

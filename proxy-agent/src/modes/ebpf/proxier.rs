@@ -242,6 +242,7 @@ impl Proxier for EbpfProxier {
     type Error = MapError;
 
     fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), MapError> {
+        let started = Instant::now();
         if self.adopting {
             self.adopt(desired)?;
         }
@@ -252,23 +253,25 @@ impl Proxier for EbpfProxier {
             self.programmer
                 .sync_changed(desired, &changes.changed, &mut self.maps)?
         };
-        self.conntrack_fill.check(&self.maps);
-        self.publish_names(desired, changes);
         self.end_stale_udp_sockets();
         if !changes.full && changes.changed.is_empty() {
             debug!("datapath synced: no service changed");
-            return Ok(());
+        } else {
+            info!(
+                full = changes.full,
+                changed = changes.changed.len(),
+                frontends = stats.frontends,
+                backends = stats.backends,
+                writes = stats.writes,
+                deletes = stats.deletes,
+                flushed_flows = stats.flushed_flows,
+                took = ?started.elapsed(),
+                "datapath synced"
+            );
         }
-        info!(
-            full = changes.full,
-            changed = changes.changed.len(),
-            frontends = stats.frontends,
-            backends = stats.backends,
-            writes = stats.writes,
-            deletes = stats.deletes,
-            flushed_flows = stats.flushed_flows,
-            "datapath synced"
-        );
+        // Bookkeeping after the datapath is current: neither delays a change.
+        self.conntrack_fill.check(&self.maps);
+        self.publish_names(desired, changes);
         Ok(())
     }
 }

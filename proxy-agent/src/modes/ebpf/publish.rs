@@ -4,11 +4,13 @@
 //! warning; the datapath keeps serving.
 
 use std::{
-    collections::HashMap,
     net::IpAddr,
     path::PathBuf,
+    sync::Arc,
     time::{SystemTime, UNIX_EPOCH},
 };
+
+use foldhash::{HashMap, HashMapExt};
 
 use proxy_common::{ABI_VERSION, V4, V6};
 use tracing::{info, warn};
@@ -22,45 +24,45 @@ use super::{
 };
 use crate::model::{DesiredService, DesiredState, Endpoint, ServicePortName, SessionAffinity};
 
-/// Writes the names file of one agent, on a thread of its own: at 50,000
-/// services the file is megabytes of JSON, and the sync that changed the
-/// maps (already written) should not wait for it. Only the newest names
-/// are written when several are waiting.
+/// Writes the names file of one agent, on a thread of its own. The sync
+/// only takes a snapshot of the ids and names (copies of ids and shared
+/// names, a few milliseconds at 50,000 services); turning it into megabytes
+/// of JSON (about 100 ms there) would hold the next sync back. Only the
+/// newest snapshot is written when several are waiting.
 #[derive(Debug)]
 pub struct NamesPublisher {
-    node: String,
-    pin_root: String,
-    writer: std::sync::mpsc::Sender<PublishedNames>,
+    writer: std::sync::mpsc::Sender<NamesSnapshot>,
 }
 
 impl NamesPublisher {
     pub fn new(dir: PathBuf, node: String, pin_root: String) -> Self {
-        let (writer, pending) = std::sync::mpsc::channel::<PublishedNames>();
+        let (writer, pending) = std::sync::mpsc::channel::<NamesSnapshot>();
         std::thread::Builder::new()
             .name("names-writer".into())
-            .spawn(move || write_loop(&dir, &pending))
+            .spawn(move || write_loop(&dir, &node, &pin_root, &pending))
             .expect("spawning the names writer thread");
-        Self {
-            node,
-            pin_root,
-            writer,
-        }
+        Self { writer }
     }
 
     pub fn publish(&mut self, programmer: &Programmer, desired: &DesiredState) {
-        let names = published_names(programmer, desired, &self.node, &self.pin_root);
         // The writer ends only with the process.
-        let _ = self.writer.send(names);
+        let _ = self.writer.send(NamesSnapshot::take(programmer, desired));
     }
 }
 
-fn write_loop(dir: &std::path::Path, pending: &std::sync::mpsc::Receiver<PublishedNames>) {
+fn write_loop(
+    dir: &std::path::Path,
+    node: &str,
+    pin_root: &str,
+    pending: &std::sync::mpsc::Receiver<NamesSnapshot>,
+) {
     // Whether the last write failed (warned once until one succeeds).
     let mut failing = false;
-    while let Ok(mut names) = pending.recv() {
+    while let Ok(mut snapshot) = pending.recv() {
         while let Ok(newer) = pending.try_recv() {
-            names = newer;
+            snapshot = newer;
         }
+        let names = snapshot.into_names(node, pin_root);
         let written = write_names(dir, &names);
         drop(names);
         // Megabytes of JSON and names at 50,000 services, in this thread's arena.
@@ -85,84 +87,167 @@ fn write_loop(dir: &std::path::Path, pending: &std::sync::mpsc::Receiver<Publish
     }
 }
 
-/// What every id of `programmer` stands for, with the endpoints' state from `desired`.
-pub fn published_names(
-    programmer: &Programmer,
-    desired: &DesiredState,
-    node: &str,
-    pin_root: &str,
-) -> PublishedNames {
-    let policy = |local: bool| if local { "Local" } else { "Cluster" }.to_owned();
-    // By hash: a BTreeMap lookup per id compared names byte by byte (most of
-    // the 130 ms this took at 50,000 services).
-    let by_name: HashMap<&ServicePortName, &DesiredService> = desired.services.iter().collect();
-    let mut services: Vec<PublishedService> = programmer
-        .service_ids()
-        .map(|(name, id)| {
-            let svc = by_name.get(name).copied();
-            PublishedService {
-                id,
-                namespace: name.namespace.to_string(),
-                name: name.name.to_string(),
-                port_name: name.port_name.to_string(),
-                protocol: name.protocol.to_string(),
-                internal_traffic_policy: policy(svc.is_some_and(|s| s.internal_policy_local)),
-                external_traffic_policy: policy(svc.is_some_and(|s| s.external_policy_local)),
-                session_affinity: match svc.map(|s| &s.session_affinity) {
-                    Some(SessionAffinity::ClientIp { .. }) => "ClientIP",
-                    _ => "None",
-                }
-                .to_owned(),
-            }
-        })
-        .collect();
-    services.sort_by_key(|s| s.id);
+/// What the names file is made of, as the sync leaves the programmer.
+#[derive(Debug, Default)]
+pub struct NamesSnapshot {
+    written_unix_ms: u64,
+    services: Vec<ServiceIdName>,
+    backends: Vec<(u32, IpAddr, u16, u8)>,
+    /// Every endpoint of every service, for the backends' state.
+    endpoints: Vec<((IpAddr, u16, u8), EndpointState)>,
+}
 
-    let mut endpoints: HashMap<(IpAddr, u16, u8), &Endpoint> = HashMap::new();
-    for svc in desired.services.values() {
-        let proto = svc.name.protocol.ip_proto();
-        for ep in svc.cluster_endpoints.iter().chain(&svc.local_endpoints) {
-            endpoints.entry((ep.ip, ep.port, proto)).or_insert(ep);
+#[derive(Debug)]
+struct ServiceIdName {
+    id: u32,
+    name: ServicePortName,
+    internal_local: bool,
+    external_local: bool,
+    client_ip_affinity: bool,
+}
+
+#[derive(Debug)]
+struct EndpointState {
+    node: Option<Arc<str>>,
+    ready: bool,
+    serving: bool,
+    terminating: bool,
+    local: bool,
+}
+
+impl NamesSnapshot {
+    /// Walks the desired services once, looking their ids up in the
+    /// programmer (ids of a service the desired state no longer has, which
+    /// a sync does not leave behind, are still named).
+    pub fn take(programmer: &Programmer, desired: &DesiredState) -> Self {
+        let mut services = Vec::with_capacity(desired.services.len());
+        let mut endpoints = Vec::new();
+        for svc in desired.services.values() {
+            for id in [
+                programmer.v4.programmed_service_id(&svc.name),
+                programmer.v6.programmed_service_id(&svc.name),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                services.push(ServiceIdName::of(id, svc.name.clone(), Some(svc)));
+            }
+            let proto = svc.name.protocol.ip_proto();
+            for ep in svc.cluster_endpoints.iter().chain(&svc.local_endpoints) {
+                endpoints.push(((ep.ip, ep.port, proto), EndpointState::of(ep)));
+            }
+        }
+        if services.len() != programmer.service_ids().count() {
+            services.extend(
+                programmer
+                    .service_ids()
+                    .filter(|(name, _)| !desired.services.contains_key(*name))
+                    .map(|(name, id)| ServiceIdName::of(id, name.clone(), None)),
+            );
+        }
+        let v4 = programmer
+            .v4
+            .backend_ids()
+            .map(|(id, b)| (id, IpAddr::from(V4::from_be(b.addr_be)), b.port_be, b.proto));
+        let v6 = programmer
+            .v6
+            .backend_ids()
+            .map(|(id, b)| (id, IpAddr::from(V6::from_be(b.addr_be)), b.port_be, b.proto));
+        NamesSnapshot {
+            written_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            services,
+            backends: v4.chain(v6).collect(),
+            endpoints,
         }
     }
-    let v4 = programmer
-        .v4
-        .backend_ids()
-        .map(|(id, b)| (id, IpAddr::from(V4::from_be(b.addr_be)), b.port_be, b.proto));
-    let v6 = programmer
-        .v6
-        .backend_ids()
-        .map(|(id, b)| (id, IpAddr::from(V6::from_be(b.addr_be)), b.port_be, b.proto));
-    let mut backends: Vec<PublishedBackend> = v4
-        .chain(v6)
-        .map(|(id, address, port_be, proto)| {
-            let port = u16::from_be(port_be);
-            let ep = endpoints.get(&(address, port, proto));
-            PublishedBackend {
-                id,
-                address: address.to_string(),
-                port,
-                protocol: protocol_name(proto).to_owned(),
-                node: ep.and_then(|e| e.node_name.as_deref()).map(str::to_owned),
-                ready: ep.is_some_and(|e| e.ready),
-                serving: ep.is_some_and(|e| e.serving),
-                terminating: ep.is_some_and(|e| e.terminating),
-                local: ep.is_some_and(|e| e.is_local),
-            }
-        })
-        .collect();
-    backends.sort_by_key(|b| b.id);
 
-    PublishedNames {
-        format: NAMES_FORMAT,
-        abi: ABI_VERSION,
-        node: node.to_owned(),
-        pin_root: pin_root.to_owned(),
-        written_unix_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
-        services,
-        backends,
+    /// The file's content: services and backends by id, each backend with
+    /// the state of the first endpoint found at its address, port and protocol.
+    pub fn into_names(self, node: &str, pin_root: &str) -> PublishedNames {
+        let policy = |local: bool| if local { "Local" } else { "Cluster" }.to_owned();
+        let mut services: Vec<PublishedService> = self
+            .services
+            .into_iter()
+            .map(|s| PublishedService {
+                id: s.id,
+                namespace: s.name.namespace.to_string(),
+                name: s.name.name.to_string(),
+                port_name: s.name.port_name.to_string(),
+                protocol: s.name.protocol.to_string(),
+                internal_traffic_policy: policy(s.internal_local),
+                external_traffic_policy: policy(s.external_local),
+                session_affinity: if s.client_ip_affinity {
+                    "ClientIP"
+                } else {
+                    "None"
+                }
+                .to_owned(),
+            })
+            .collect();
+        services.sort_by_key(|s| s.id);
+
+        let mut endpoints: HashMap<(IpAddr, u16, u8), EndpointState> =
+            HashMap::with_capacity(self.endpoints.len());
+        for (key, state) in self.endpoints {
+            endpoints.entry(key).or_insert(state);
+        }
+        let mut backends: Vec<PublishedBackend> = self
+            .backends
+            .into_iter()
+            .map(|(id, address, port_be, proto)| {
+                let port = u16::from_be(port_be);
+                let ep = endpoints.get(&(address, port, proto));
+                PublishedBackend {
+                    id,
+                    address: address.to_string(),
+                    port,
+                    protocol: protocol_name(proto).to_owned(),
+                    node: ep.and_then(|e| e.node.as_deref()).map(str::to_owned),
+                    ready: ep.is_some_and(|e| e.ready),
+                    serving: ep.is_some_and(|e| e.serving),
+                    terminating: ep.is_some_and(|e| e.terminating),
+                    local: ep.is_some_and(|e| e.local),
+                }
+            })
+            .collect();
+        backends.sort_by_key(|b| b.id);
+
+        PublishedNames {
+            format: NAMES_FORMAT,
+            abi: ABI_VERSION,
+            node: node.to_owned(),
+            pin_root: pin_root.to_owned(),
+            written_unix_ms: self.written_unix_ms,
+            services,
+            backends,
+        }
+    }
+}
+
+impl ServiceIdName {
+    fn of(id: u32, name: ServicePortName, svc: Option<&DesiredService>) -> Self {
+        ServiceIdName {
+            id,
+            name,
+            internal_local: svc.is_some_and(|s| s.internal_policy_local),
+            external_local: svc.is_some_and(|s| s.external_policy_local),
+            client_ip_affinity: svc
+                .is_some_and(|s| matches!(s.session_affinity, SessionAffinity::ClientIp { .. })),
+        }
+    }
+}
+
+impl EndpointState {
+    fn of(ep: &Endpoint) -> Self {
+        EndpointState {
+            node: ep.node_name.clone(),
+            ready: ep.ready,
+            serving: ep.serving,
+            terminating: ep.terminating,
+            local: ep.is_local,
+        }
     }
 }
 
