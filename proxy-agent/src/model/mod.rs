@@ -15,7 +15,8 @@
 mod build;
 mod construct;
 pub mod desired;
-pub mod node;
+mod interner;
+mod node;
 pub mod service;
 pub mod service_cidrs;
 pub mod slice;
@@ -34,4 +35,4 @@ pub use service::{
 pub use service_cidrs::ServiceCidrs;
 pub use topology::{Categorized, categorize_endpoints};
 pub use trackers::{EndpointsChangeTracker, ServiceChangeTracker};
-pub use types::{Endpoint, IpFamily, NamespacedName, Protocol, ServicePortName};
+pub use types::{Endpoint, IpFamily, NamespacedName, Placement, Protocol, ServicePortName};

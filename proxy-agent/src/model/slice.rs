@@ -9,7 +9,7 @@ use std::{
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::{Endpoint, NamespacedName, Protocol};
+use super::{Endpoint, NamespacedName, Placement, Protocol};
 
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
@@ -44,13 +44,10 @@ pub struct SlicePort {
 pub struct SliceEndpoint {
     /// Upstream only ever uses `addresses[0]`.
     pub ip: IpAddr,
-    pub node_name: Option<Arc<str>>,
-    pub zone: Option<Arc<str>>,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub zone_hints: Arc<[String]>,
-    pub node_hints: Arc<[String]>,
+    pub placement: Arc<Placement>,
 }
 
 /// One slice, reduced. Compared whole to decide whether an update changed anything.
@@ -126,15 +123,18 @@ pub fn slice_info(slice: &EndpointSlice) -> Option<SliceInfo> {
             zone_hints.dedup();
             node_hints.sort();
             node_hints.dedup();
+            let placement = Placement {
+                node_name: ep.node_name.clone(),
+                zone: ep.zone.clone(),
+                zone_hints,
+                node_hints,
+            };
             Some(SliceEndpoint {
                 ip,
-                node_name: ep.node_name.as_deref().map(Arc::from),
-                zone: ep.zone.as_deref().map(Arc::from),
                 ready: cond.and_then(|c| c.ready).unwrap_or(true),
                 serving: cond.and_then(|c| c.serving).unwrap_or(true),
                 terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
-                zone_hints: zone_hints.into(),
-                node_hints: node_hints.into(),
+                placement: placement.shared(),
             })
         })
         .collect();
@@ -164,18 +164,16 @@ pub fn endpoints_by_port<'a>(
                 .entry((port.name.clone(), port.protocol))
                 .or_default();
             for ep in &slice.endpoints {
-                let is_local = !node_name.is_empty() && ep.node_name.as_deref() == Some(node_name);
+                let is_local =
+                    !node_name.is_empty() && ep.placement.node_name.as_deref() == Some(node_name);
                 let endpoint = Endpoint {
                     ip: ep.ip,
                     port: port.port,
                     ready: ep.ready,
                     serving: ep.serving,
                     terminating: ep.terminating,
-                    node_name: ep.node_name.clone(),
-                    zone: ep.zone.clone(),
                     is_local,
-                    zone_hints: ep.zone_hints.clone(),
-                    node_hints: ep.node_hints.clone(),
+                    placement: ep.placement.clone(),
                 };
                 match set.entry((ep.ip, port.port)) {
                     Entry::Vacant(v) => {

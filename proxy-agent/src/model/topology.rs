@@ -116,14 +116,14 @@ fn topology_mode(endpoints: &[Endpoint], node_name: &str, zone: &str) -> Topolog
     let (mut all_zone_hints, mut hinted_for_zone) = (true, false);
     for ep in endpoints.iter().filter(|ep| ep.ready) {
         any_ready = true;
-        if ep.node_hints.is_empty() {
+        if ep.node_hints().is_empty() {
             all_node_hints = false;
-        } else if ep.node_hints.iter().any(|n| n == node_name) {
+        } else if ep.node_hints().iter().any(|n| n == node_name) {
             hinted_for_node = true;
         }
-        if ep.zone_hints.is_empty() {
+        if ep.zone_hints().is_empty() {
             all_zone_hints = false;
-        } else if ep.zone_hints.iter().any(|z| z == zone) {
+        } else if ep.zone_hints().iter().any(|z| z == zone) {
             hinted_for_zone = true;
         }
     }
@@ -141,7 +141,7 @@ fn topology_mode(endpoints: &[Endpoint], node_name: &str, zone: &str) -> Topolog
 fn available(ep: &Endpoint, mode: TopologyMode, node_name: &str, zone: &str) -> bool {
     match mode {
         TopologyMode::None => true,
-        TopologyMode::PreferSameNode => ep.node_hints.iter().any(|n| n == node_name),
-        TopologyMode::PreferSameZone => ep.zone_hints.iter().any(|z| z == zone),
+        TopologyMode::PreferSameNode => ep.node_hints().iter().any(|n| n == node_name),
+        TopologyMode::PreferSameZone => ep.zone_hints().iter().any(|z| z == zone),
     }
 }

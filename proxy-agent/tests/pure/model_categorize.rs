@@ -5,7 +5,7 @@
 //! "hints present" / "hints absent" here.
 
 use proxy_agent::model::{
-    Endpoint, Protocol, ServicePortInfo, SessionAffinity, categorize_endpoints,
+    Endpoint, Placement, Protocol, ServicePortInfo, SessionAffinity, categorize_endpoints,
 };
 
 const NODE: &str = "node-1";
@@ -90,21 +90,14 @@ fn endpoint(e: &E) -> Endpoint {
         ready: e.ready,
         serving: e.serving,
         terminating: e.terminating,
-        node_name: Some(if e.local { NODE } else { "other" }.into()),
-        zone: None,
         is_local: e.local,
-        zone_hints: e
-            .zones
-            .iter()
-            .map(|z| z.to_string())
-            .collect::<Vec<_>>()
-            .into(),
-        node_hints: e
-            .nodes
-            .iter()
-            .map(|z| z.to_string())
-            .collect::<Vec<_>>()
-            .into(),
+        placement: Placement {
+            node_name: Some(if e.local { NODE } else { "other" }.into()),
+            zone: None,
+            zone_hints: e.zones.iter().map(|z| z.to_string()).collect(),
+            node_hints: e.nodes.iter().map(|n| n.to_string()).collect(),
+        }
+        .shared(),
     }
 }
 

@@ -22,7 +22,9 @@ use super::{
         NAMES_FORMAT, PublishedBackend, PublishedNames, PublishedService, write_names,
     },
 };
-use crate::model::{DesiredService, DesiredState, Endpoint, ServicePortName, SessionAffinity};
+use crate::model::{
+    DesiredService, DesiredState, Endpoint, Placement, ServicePortName, SessionAffinity,
+};
 
 /// Writes the names file of one agent, on a thread of its own. The sync
 /// only takes a snapshot of the ids and names (copies of ids and shared
@@ -108,7 +110,7 @@ struct ServiceIdName {
 
 #[derive(Debug)]
 struct EndpointState {
-    node: Option<Arc<str>>,
+    placement: Arc<Placement>,
     ready: bool,
     serving: bool,
     terminating: bool,
@@ -204,7 +206,7 @@ impl NamesSnapshot {
                     address: address.to_string(),
                     port,
                     protocol: protocol_name(proto).to_owned(),
-                    node: ep.and_then(|e| e.node.as_deref()).map(str::to_owned),
+                    node: ep.and_then(|e| e.placement.node_name.clone()),
                     ready: ep.is_some_and(|e| e.ready),
                     serving: ep.is_some_and(|e| e.serving),
                     terminating: ep.is_some_and(|e| e.terminating),
@@ -242,7 +244,7 @@ impl ServiceIdName {
 impl EndpointState {
     fn of(ep: &Endpoint) -> Self {
         EndpointState {
-            node: ep.node_name.clone(),
+            placement: ep.placement.clone(),
             ready: ep.ready,
             serving: ep.serving,
             terminating: ep.terminating,
