@@ -263,6 +263,9 @@ mod tests {
         assert_eq!(ep.node_name(), Some("node-a"));
         assert_eq!(ep.zone(), None);
         let ns = NamespacedName::new(String::from("ns"), "one");
-        assert!(Arc::ptr_eq(&ns.namespace, &NamespacedName::new("ns", "two").namespace));
+        assert!(Arc::ptr_eq(
+            &ns.namespace,
+            &NamespacedName::new("ns", "two").namespace
+        ));
     }
 }

@@ -10,10 +10,11 @@ use crate::model::{DesiredState, NamespacedName, NodeTopology};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
-    #[error("{mode} sync of {changed} service ports failed; next sync will be full")]
+    /// The cause is in the message: the runner logs this error's text alone.
+    #[error("{what} failed: {source}; the next sync will be full")]
     Proxier {
-        mode: &'static str,
-        changed: usize,
+        /// `full sync` or `partial sync of N service ports`.
+        what: String,
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -120,8 +121,11 @@ impl<P: Proxier> Syncer<P> {
             // sync can be sure to catch the backend up.
             self.need_full_sync = true;
             return Err(SyncError::Proxier {
-                mode: if changes.full { "full" } else { "partial" },
-                changed: changes.changed.len(),
+                what: if changes.full {
+                    "full sync".to_owned()
+                } else {
+                    format!("partial sync of {} service ports", changes.changed.len())
+                },
                 source: Box::new(err),
             });
         }

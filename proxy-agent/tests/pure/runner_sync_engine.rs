@@ -156,7 +156,12 @@ async fn partial_syncs_name_changed_ports_and_failure_makes_next_full() {
         SourceEvent::ServiceDeleted(NamespacedName::new("ns", "b")),
     );
     *rec.fail_next.lock().unwrap() = true;
-    assert!(syncer.sync().is_err());
+    let failure = syncer.sync().unwrap_err().to_string();
+    assert_eq!(
+        failure,
+        "partial sync of 1 service ports failed: injected failure; the next sync will be full",
+        "the runner logs this text alone: it carries the cause"
+    );
     assert!(!syncer.desired().services.contains_key(&spn("b")));
     assert_eq!(
         syncer.sync().unwrap(),
