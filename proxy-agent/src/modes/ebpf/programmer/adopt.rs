@@ -109,11 +109,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             for id in &slots {
                 *self.backend_refs.entry(*id).or_default() += 1;
             }
-            self.service_ids.entry(owner.clone()).or_insert(service_id);
-            self.by_service
-                .entry(owner.clone())
-                .or_default()
-                .insert(key);
+            let port = self.ports.entry(owner.clone()).or_default();
+            port.id.get_or_insert(service_id);
+            port.frontends.insert(key);
             if value.is_some_and(|v| v.kind() == FrontendKind::ClusterIp) {
                 self.markers.adopt_user(key);
             }
@@ -134,13 +132,15 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 .entry(*service_id)
                 .or_default()
                 .insert(*range);
-            if !self.service_ids.values().any(|id| id == service_id) {
-                self.service_ids
-                    .insert(placeholder(*service_id, 0), *service_id);
+            if !self.ports.values().any(|port| port.id == Some(*service_id)) {
+                self.ports
+                    .entry(placeholder(*service_id, 0))
+                    .or_default()
+                    .id = Some(*service_id);
             }
         }
         self.service_id_pool
-            .adopt(self.service_ids.values().copied());
+            .adopt(self.ports.values().filter_map(|port| port.id));
         self.markers.note_unused();
         for (id, refs) in &self.backend_refs {
             if *refs > 0 {

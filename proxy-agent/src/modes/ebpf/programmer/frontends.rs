@@ -49,6 +49,10 @@ impl<T> PerSet<T> {
         self.0[set as usize] = Some(value);
     }
 
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+
     pub(super) fn retain(&mut self, mut keep: impl FnMut(EndpointSet) -> bool) {
         for set in EndpointSet::ALL {
             if !keep(set) {

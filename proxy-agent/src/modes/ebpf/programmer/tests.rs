@@ -282,6 +282,62 @@ fn kind(kind: FrontendKind) -> u16 {
     ServiceValue::kind_flags(kind)
 }
 
+/// IPv6 maps that must not be written.
+struct NoV6Writes;
+
+impl ServiceMaps<V6> for NoV6Writes {
+    fn put_backend(&mut self, _: BackendId, _: &BackendOf<V6>) -> Result<(), MapError> {
+        panic!("IPv6 backend written")
+    }
+    fn delete_backend(&mut self, _: BackendId) -> Result<(), MapError> {
+        panic!("IPv6 backend deleted")
+    }
+    fn put_service(&mut self, _: &ServiceKeyOf<V6>, _: &ServiceValue) -> Result<(), MapError> {
+        panic!("IPv6 service written")
+    }
+    fn delete_service(&mut self, _: &ServiceKeyOf<V6>) -> Result<(), MapError> {
+        panic!("IPv6 service deleted")
+    }
+    fn put_source_range(&mut self, _: u32, _: ipnet::Ipv6Net) -> Result<(), MapError> {
+        panic!("IPv6 source range written")
+    }
+    fn delete_source_range(&mut self, _: u32, _: ipnet::Ipv6Net) -> Result<(), MapError> {
+        panic!("IPv6 source range deleted")
+    }
+    fn put_maglev(
+        &mut self,
+        _: u32,
+        _: &proxy_common::maglev::MaglevChunk,
+    ) -> Result<(), MapError> {
+        panic!("IPv6 Maglev table written")
+    }
+    fn flush_flows(
+        &mut self,
+        _: &dyn Fn(&proxy_common::CtKeyOf<V6>, &proxy_common::CtValueOf<V6>) -> bool,
+    ) -> Result<usize, MapError> {
+        Ok(0)
+    }
+}
+
+/// The IPv6 programmer keeps nothing for an IPv4-only port (it once gave
+/// each an id, then a table of 50,000 entries it never gave back).
+#[test]
+fn the_other_family_keeps_nothing_for_a_port() {
+    let eps = vec![ep([198, 18, 1, 2], 8080)];
+    let web = state(vec![service("web", VIP, 80, Protocol::Tcp, eps)]);
+    let mut v6 = FamilyProgrammer::<V6>::new();
+    v6.sync(&web, &mut NoV6Writes).unwrap();
+    assert_eq!(v6.service_ids().count(), 0);
+    assert_eq!(v6.ports.capacity(), 0, "no entry was ever made");
+
+    let mut maps = FakeMaps::default();
+    let mut v4 = Programmer::new();
+    v4.sync(&web, &mut maps).unwrap();
+    assert_eq!(v4.service_ids().count(), 1);
+    v4.sync(&state(vec![]), &mut maps).unwrap();
+    assert!(v4.ports.is_empty(), "a port gone leaves no entry");
+}
+
 #[test]
 fn programs_frontend_slots_and_backends() {
     let mut maps = FakeMaps::default();
