@@ -10,8 +10,12 @@ use std::{
     time::SystemTime,
 };
 
-use k8s_openapi::api::{
-    core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice, networking::v1::ServiceCIDR,
+use k8s_openapi::{
+    api::{
+        core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice,
+        networking::v1::ServiceCIDR,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use serde::de::DeserializeOwned;
 
@@ -105,90 +109,129 @@ fn load_file(
     };
     let text =
         fs::read_to_string(file).map_err(|e| err(None, None, format!("cannot read: {e}")))?;
+    // After a syntax error the stream yields that error forever: the first
+    // error returns.
     for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-        let document = Some(i + 1);
-        let value = <serde_yaml::Value as serde::Deserialize>::deserialize(doc)
-            .map_err(|e| err(document, None, format!("invalid YAML: {e}")))?;
-        if value.is_null() {
-            continue; // an empty document, e.g. a trailing `---`
-        }
-        let is_list = value.get("kind").and_then(|k| k.as_str()) == Some("List");
-        let items = if is_list {
-            value
-                .get("items")
-                .and_then(|i| i.as_sequence())
-                .cloned()
-                .unwrap_or_default()
-        } else {
-            vec![value]
+        let document = i + 1;
+        let objects = match parse_document(doc) {
+            Ok(Some(objects)) => objects,
+            Ok(None) => continue, // an empty document, e.g. a trailing `---`
+            Err(e) => return Err(err(Some(document), e.field, e.message)),
         };
-        for (j, item) in items.into_iter().enumerate() {
-            let prefix = if is_list {
-                format!("items[{j}].")
-            } else {
-                String::new()
-            };
-            let in_doc = |field: Option<String>, message: String| {
-                err(document, field.map(|f| format!("{prefix}{f}")), message)
-            };
-            let kind = item
-                .get("kind")
-                .and_then(|k| k.as_str())
-                .unwrap_or("")
-                .to_owned();
-            let api_version = item
-                .get("apiVersion")
-                .and_then(|k| k.as_str())
-                .unwrap_or("")
-                .to_owned();
-            match (api_version.as_str(), kind.as_str()) {
-                ("v1", "Service") => {
-                    let svc: Service = typed(item).map_err(|(f, m)| in_doc(f, m))?;
-                    validate_service(&svc).map_err(|(f, m)| in_doc(Some(f), m))?;
-                    remember(seen, &kind, &svc.metadata)
-                        .map_err(|m| in_doc(Some("metadata.name".into()), m))?;
-                    out.services.push(svc);
-                }
-                ("discovery.k8s.io/v1", "EndpointSlice") => {
-                    let slice: EndpointSlice = typed(item).map_err(|(f, m)| in_doc(f, m))?;
-                    validate_slice(&slice).map_err(|(f, m)| in_doc(Some(f), m))?;
-                    remember(seen, &kind, &slice.metadata)
-                        .map_err(|m| in_doc(Some("metadata.name".into()), m))?;
-                    out.endpoint_slices.push(slice);
-                }
-                ("v1", "Node") => {
-                    let node: Node = typed(item).map_err(|(f, m)| in_doc(f, m))?;
-                    remember(seen, &kind, &node.metadata)
-                        .map_err(|m| in_doc(Some("metadata.name".into()), m))?;
-                    out.nodes.push(node);
-                }
-                ("networking.k8s.io/v1", "ServiceCIDR") => {
-                    let cidr: ServiceCIDR = typed(item).map_err(|(f, m)| in_doc(f, m))?;
-                    validate_service_cidr(&cidr).map_err(|(f, m)| in_doc(Some(f), m))?;
-                    remember(seen, &kind, &cidr.metadata)
-                        .map_err(|m| in_doc(Some("metadata.name".into()), m))?;
-                    out.service_cidrs.push(cidr);
-                }
-                ("", _) | (_, "") => {
-                    return Err(in_doc(
-                        Some(
-                            if api_version.is_empty() {
-                                "apiVersion"
-                            } else {
-                                "kind"
-                            }
-                            .into(),
-                        ),
-                        "missing; every object needs apiVersion and kind".into(),
-                    ));
-                }
-                _ => {
-                    tracing::debug!(file = %file.display(), %api_version, %kind, "ignoring an object the proxy does not use");
-                }
+        for (prefix, object) in objects {
+            let (kind, meta) = object.kind_and_meta();
+            remember(seen, kind, meta)
+                .map_err(|m| err(Some(document), Some(format!("{prefix}metadata.name")), m))?;
+            match object {
+                Object::Service(svc) => out.services.push(*svc),
+                Object::Slice(slice) => out.endpoint_slices.push(*slice),
+                Object::Node(node) => out.nodes.push(*node),
+                Object::Cidr(cidr) => out.service_cidrs.push(*cidr),
             }
         }
     }
     Ok(())
+}
+
+/// An object the proxy uses, typed and validated.
+/// Boxed: a Node is kilobytes, and a document's objects are collected
+/// before they are kept.
+enum Object {
+    Service(Box<Service>),
+    Slice(Box<EndpointSlice>),
+    Node(Box<Node>),
+    Cidr(Box<ServiceCIDR>),
+}
+
+impl Object {
+    fn kind_and_meta(&self) -> (&'static str, &ObjectMeta) {
+        match self {
+            Object::Service(o) => ("Service", &o.metadata),
+            Object::Slice(o) => ("EndpointSlice", &o.metadata),
+            Object::Node(o) => ("Node", &o.metadata),
+            Object::Cidr(o) => ("ServiceCIDR", &o.metadata),
+        }
+    }
+}
+
+/// Why a document was rejected (its number is the caller's to add).
+struct DocumentError {
+    field: Option<String>,
+    message: String,
+}
+
+/// One document's objects, each with its field prefix in a `kind: List`
+/// (`items[3].`); `None` for an empty document.
+type ParsedDocument = Result<Option<Vec<(String, Object)>>, DocumentError>;
+
+fn parse_document(doc: serde_yaml::Deserializer<'_>) -> ParsedDocument {
+    let reject = |field: Option<String>, message: String| DocumentError { field, message };
+    let value = <serde_yaml::Value as serde::Deserialize>::deserialize(doc)
+        .map_err(|e| reject(None, format!("invalid YAML: {e}")))?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    let is_list = value.get("kind").and_then(|k| k.as_str()) == Some("List");
+    let items = if is_list {
+        value
+            .get("items")
+            .and_then(|i| i.as_sequence())
+            .cloned()
+            .unwrap_or_default()
+    } else {
+        vec![value]
+    };
+    let mut objects = Vec::new();
+    for (j, item) in items.into_iter().enumerate() {
+        let prefix = if is_list {
+            format!("items[{j}].")
+        } else {
+            String::new()
+        };
+        let in_doc = |field: Option<String>, message: String| {
+            reject(field.map(|f| format!("{prefix}{f}")), message)
+        };
+        let kind = item.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+        let api_version = item
+            .get("apiVersion")
+            .and_then(|k| k.as_str())
+            .unwrap_or("");
+        let object = match (api_version, kind) {
+            ("v1", "Service") => {
+                let svc: Service = typed(item).map_err(|(f, m)| in_doc(f, m))?;
+                validate_service(&svc).map_err(|(f, m)| in_doc(Some(f), m))?;
+                Object::Service(Box::new(svc))
+            }
+            ("discovery.k8s.io/v1", "EndpointSlice") => {
+                let slice: EndpointSlice = typed(item).map_err(|(f, m)| in_doc(f, m))?;
+                validate_slice(&slice).map_err(|(f, m)| in_doc(Some(f), m))?;
+                Object::Slice(Box::new(slice))
+            }
+            ("v1", "Node") => Object::Node(Box::new(typed(item).map_err(|(f, m)| in_doc(f, m))?)),
+            ("networking.k8s.io/v1", "ServiceCIDR") => {
+                let cidr: ServiceCIDR = typed(item).map_err(|(f, m)| in_doc(f, m))?;
+                validate_service_cidr(&cidr).map_err(|(f, m)| in_doc(Some(f), m))?;
+                Object::Cidr(Box::new(cidr))
+            }
+            ("", _) | (_, "") => {
+                let field = if api_version.is_empty() {
+                    "apiVersion"
+                } else {
+                    "kind"
+                };
+                return Err(in_doc(
+                    Some(field.into()),
+                    "missing; every object needs apiVersion and kind".into(),
+                ));
+            }
+            _ => {
+                tracing::debug!(%api_version, %kind, "ignoring an object the proxy does not use");
+                continue;
+            }
+        };
+        objects.push((prefix, object));
+    }
+    Ok(Some(objects))
 }
 
 fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, (Option<String>, String)> {
@@ -201,7 +244,7 @@ fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, (Option<Str
 fn remember(
     seen: &mut BTreeSet<(String, String, String)>,
     kind: &str,
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    meta: &ObjectMeta,
 ) -> Result<(), String> {
     let Some(name) = meta.name.clone().filter(|n| !n.is_empty()) else {
         return Err("required".into());
@@ -351,6 +394,8 @@ pub fn events(
         interval: std::time::Duration,
         written: Option<inotify::EventStream<Vec<u8>>>,
         fingerprint: Option<Vec<(PathBuf, u64, SystemTime)>>,
+        /// A listing the poll found changed, not read until it stays so.
+        unsettled: Option<Vec<(PathBuf, u64, SystemTime)>>,
         read: Directory,
         pending: std::collections::VecDeque<SourceEvent>,
     }
@@ -365,6 +410,7 @@ pub fn events(
         interval,
         written,
         fingerprint: None,
+        unsettled: None,
         read: Directory::default(),
         pending: Default::default(),
     };
@@ -373,13 +419,14 @@ pub fn events(
             if let Some(event) = s.pending.pop_front() {
                 return Some((event, s));
             }
-            if s.fingerprint.is_some() {
+            let mut writer_done = s.fingerprint.is_none();
+            if !writer_done {
                 let sleep = tokio::time::sleep(s.interval);
                 match &mut s.written {
                     Some(written) => {
                         tokio::select! {
                             _ = sleep => {}
-                            _ = futures::StreamExt::next(written) => {}
+                            _ = futures::StreamExt::next(written) => writer_done = true,
                         }
                     }
                     None => sleep.await,
@@ -394,8 +441,18 @@ pub fn events(
                 }
             };
             if fingerprint == s.fingerprint {
+                s.unsettled = None;
                 continue;
             }
+            // A change the poll found may be a file still being written (an
+            // `fs::write` truncates first: read then, its objects would be
+            // deleted): read it once it stood still for an interval. A close
+            // or a move into the directory says the writer is done.
+            if !writer_done && s.unsettled != fingerprint {
+                s.unsettled = fingerprint;
+                continue;
+            }
+            s.unsettled = None;
             let listing = fingerprint.clone().unwrap_or_default();
             s.fingerprint = fingerprint;
             match s.read.read(&listing, &s.node_name) {

@@ -304,3 +304,52 @@ fn changes_are_sent_file_by_file() {
     assert_eq!(got[4], ["Service db"]);
     assert_eq!(got[5], ["ServiceDeleted ns/db"]);
 }
+
+/// Files of many documents: each object in file order, errors and
+/// duplicates named by their document's number, whatever the markers look
+/// like.
+#[test]
+fn long_files_keep_their_document_numbers_and_duplicates() {
+    let service = |i: usize| SERVICE.replace("name: web,", &format!("name: web-{i},"));
+    // A leading comment, `--- ` with a comment after it, CRLF markers, a trailing `---`.
+    let mut text = String::from("# generated\n");
+    for i in 1..=1200 {
+        let marker = match i % 3 {
+            0 => "--- # next\n",
+            1 => "---\r\n",
+            _ => "---\n",
+        };
+        text.push_str(marker);
+        text.push_str(&service(i));
+    }
+    text.push_str("---\n");
+    let m = load(&[("many.yaml", &text)]).unwrap();
+    assert_eq!(m.services.len(), 1200);
+    assert!(
+        m.services
+            .iter()
+            .enumerate()
+            .all(|(i, s)| s.metadata.name.as_deref() == Some(format!("web-{}", i + 1).as_str())),
+        "in file order"
+    );
+
+    let bad = text.replacen(
+        &format!("{}---", service(900)),
+        &format!("{}---", service(900).replace("port: 80,", "port: 70000,")),
+        1,
+    );
+    let e = rejection(&[("many.yaml", &bad)]);
+    assert_eq!(
+        (e.document, e.field.as_deref()),
+        (Some(900), Some("spec.ports[0].port")),
+        "{e}"
+    );
+
+    let twice = text.replacen("name: web-1100,", "name: web-3,", 1);
+    let e = rejection(&[("many.yaml", &twice)]);
+    assert_eq!(e.document, Some(1100), "{e}");
+    assert!(e.to_string().contains("defined twice"), "{e}");
+
+    let broken = text.replacen("name: web-700,", "name: [web-700,", 1);
+    assert_eq!(rejection(&[("many.yaml", &broken)]).document, Some(700));
+}
