@@ -353,3 +353,45 @@ fn long_files_keep_their_document_numbers_and_duplicates() {
     let broken = text.replacen("name: web-700,", "name: [web-700,", 1);
     assert_eq!(rejection(&[("many.yaml", &broken)]).document, Some(700));
 }
+
+/// A file truncated and not yet rewritten (an `fs::write` between its
+/// truncation and its write, held open here across a poll) is not read
+/// empty: the poll waits for the change to stand still, and the writer's
+/// close reads the whole file.
+#[test]
+fn a_file_being_rewritten_is_not_read_half_way() {
+    use futures::StreamExt as _;
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("svc.yaml");
+    fs::write(&path, SERVICE).unwrap();
+    block_on(async {
+        let interval = std::time::Duration::from_millis(200);
+        let mut events = Box::pin(manifests::events(
+            dir.path().into(),
+            "node".into(),
+            interval,
+        ));
+        let mut first = Vec::new();
+        while !first.iter().any(|e| describe(e) == "SlicesSynced") {
+            first.push(events.next().await.unwrap());
+        }
+        // Truncated, held open past a poll (shorter than two), then written whole.
+        let mut file = fs::File::create(&path).unwrap();
+        let mut got = Vec::new();
+        // The stream polls only while it is awaited.
+        if let Ok(Some(e)) =
+            tokio::time::timeout(std::time::Duration::from_millis(300), events.next()).await
+        {
+            got.push(describe(&e));
+        }
+        file.write_all(SERVICE.as_bytes()).unwrap();
+        drop(file);
+        while let Ok(Some(e)) =
+            tokio::time::timeout(std::time::Duration::from_millis(1000), events.next()).await
+        {
+            got.push(describe(&e));
+        }
+        assert!(got.is_empty(), "the half-written file was read: {got:?}");
+    });
+}
