@@ -6,7 +6,6 @@
 use std::{
     net::IpAddr,
     path::PathBuf,
-    sync::Arc,
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -22,9 +21,7 @@ use super::{
         NAMES_FORMAT, PublishedBackend, PublishedNames, PublishedService, write_names,
     },
 };
-use crate::model::{
-    DesiredService, DesiredState, Endpoint, Placement, ServicePortName, SessionAffinity,
-};
+use crate::model::{DesiredService, DesiredState, Endpoint, ServicePortName, SessionAffinity};
 
 /// Writes the names file of one agent, on a thread of its own. The sync
 /// only takes a snapshot of the ids and names (copies of ids and shared
@@ -96,7 +93,8 @@ pub struct NamesSnapshot {
     services: Vec<ServiceIdName>,
     backends: Vec<(u32, IpAddr, u16, u8)>,
     /// Every endpoint of every service, for the backends' state.
-    endpoints: Vec<((IpAddr, u16, u8), EndpointState)>,
+    /// (Endpoints are 32 bytes with a shared placement: cheap to copy.)
+    endpoints: Vec<((IpAddr, u16, u8), Endpoint)>,
 }
 
 #[derive(Debug)]
@@ -106,15 +104,6 @@ struct ServiceIdName {
     internal_local: bool,
     external_local: bool,
     client_ip_affinity: bool,
-}
-
-#[derive(Debug)]
-struct EndpointState {
-    placement: Arc<Placement>,
-    ready: bool,
-    serving: bool,
-    terminating: bool,
-    local: bool,
 }
 
 impl NamesSnapshot {
@@ -136,7 +125,7 @@ impl NamesSnapshot {
             }
             let proto = svc.name.protocol.ip_proto();
             for ep in svc.cluster_endpoints.iter().chain(&svc.local_endpoints) {
-                endpoints.push(((ep.ip, ep.port, proto), EndpointState::of(ep)));
+                endpoints.push(((ep.ip, ep.port, proto), ep.clone()));
             }
         }
         if services.len() != programmer.service_ids().count() {
@@ -190,7 +179,7 @@ impl NamesSnapshot {
             .collect();
         services.sort_by_key(|s| s.id);
 
-        let mut endpoints: HashMap<(IpAddr, u16, u8), EndpointState> =
+        let mut endpoints: HashMap<(IpAddr, u16, u8), Endpoint> =
             HashMap::with_capacity(self.endpoints.len());
         for (key, state) in self.endpoints {
             endpoints.entry(key).or_insert(state);
@@ -206,11 +195,11 @@ impl NamesSnapshot {
                     address: address.to_string(),
                     port,
                     protocol: protocol_name(proto).to_owned(),
-                    node: ep.and_then(|e| e.placement.node_name.clone()),
+                    node: ep.and_then(|e| e.node_name()).map(str::to_owned),
                     ready: ep.is_some_and(|e| e.ready),
                     serving: ep.is_some_and(|e| e.serving),
                     terminating: ep.is_some_and(|e| e.terminating),
-                    local: ep.is_some_and(|e| e.local),
+                    local: ep.is_some_and(|e| e.is_local),
                 }
             })
             .collect();
@@ -237,18 +226,6 @@ impl ServiceIdName {
             external_local: svc.is_some_and(|s| s.external_policy_local),
             client_ip_affinity: svc
                 .is_some_and(|s| matches!(s.session_affinity, SessionAffinity::ClientIp { .. })),
-        }
-    }
-}
-
-impl EndpointState {
-    fn of(ep: &Endpoint) -> Self {
-        EndpointState {
-            placement: ep.placement.clone(),
-            ready: ep.ready,
-            serving: ep.serving,
-            terminating: ep.terminating,
-            local: ep.is_local,
         }
     }
 }
