@@ -25,6 +25,12 @@ pub mod flags {
     /// `SERVICE_CIDRS*` hold the cluster's service CIDRs: only then do
     /// packets no service claims pay for their lookup.
     pub const SERVICE_CIDRS: u32 = 1 << 6;
+    /// The node's IPv4 routing depends on a packet's destination and input
+    /// interface alone: new flows may take the next hop cached for their
+    /// destination (`HOPS`).
+    pub const ROUTES_BY_DESTINATION: u32 = 1 << 7;
+    /// The same for IPv6 (`HOPS6`).
+    pub const ROUTES_BY_DESTINATION6: u32 = 1 << 8;
 }
 
 #[repr(C)]

@@ -30,6 +30,11 @@ pub const AFFINITY6: &str = "AFFINITY6";
 /// set at load from the configuration. Added without an ABI bump.
 pub const MAGLEV: &str = "MAGLEV";
 pub const MAGLEV6: &str = "MAGLEV6";
+/// The per-CPU next-hop caches by destination (proxy-ebpf's `hops`): only
+/// the datapath reads and writes them, and they are never pinned (a cache,
+/// whose layout may change from one version to the next).
+pub const HOPS: &str = "HOPS";
+pub const HOPS6: &str = "HOPS6";
 /// Added without an ABI bump (a missing pin is created at load): only
 /// `proxy-agent monitor` reads them.
 pub const MONITOR: &str = "MONITOR";

@@ -9,10 +9,19 @@ use aya_ebpf::{
 use proxy_common::{
     Counter,
     action::{TC_ACT_OK, XDP_DROP, XDP_TX},
+    conntrack::NextHop,
 };
 
 use crate::{
-    conntrack::HopCache, flow::Rewrite, frame::Frame, ip::Ip, packet::Packet, stats::count, xdp_nat,
+    config,
+    conntrack::{HopCache, now_ns},
+    flow::Rewrite,
+    frame::Frame,
+    hops,
+    ip::Ip,
+    packet::Packet,
+    stats::count,
+    xdp_nat,
 };
 
 /// Asks the FIB where `out` goes; the answer is in `params` (scratch memory:
@@ -57,53 +66,116 @@ fn fib_len<F: Ip>(pkt: &Packet<F>) -> u16 {
     pkt.tot_len.min(u16::MAX as u32) as u16
 }
 
-/// TC: redirect to the FIB's next hop (the flow's cached one when `hop`
-/// has it), or leave it to the stack when the route is local, unreachable
-/// or the TTL runs out.
+/// Where a translated packet goes.
+enum Route {
+    /// Out of `ifindex`, to `dmac` from `smac`.
+    Hop {
+        ifindex: u32,
+        dmac: [u8; 6],
+        smac: [u8; 6],
+    },
+    /// Out of `ifindex`, whose neighbour is not resolved yet.
+    Unresolved(u32),
+    /// A local or unreachable destination, or a packet too long for the
+    /// route: the stack's job.
+    Stack,
+}
+
+impl Route {
+    #[inline(always)]
+    fn of(hop: &NextHop) -> Self {
+        Route::Hop {
+            ifindex: hop.out_ifindex,
+            dmac: hop.dmac,
+            smac: hop.smac,
+        }
+    }
+}
+
+/// The route of `out`, arriving on the program's interface: the flow's
+/// cached next hop (`hop`), else the one cached for its destination while
+/// the family's routing depends on nothing else ([`hops`]),
+/// else the FIB's answer, which both caches then keep.
+#[inline(always)]
+fn route<C: Frame, F: Ip>(
+    ctx: &C,
+    pkt: &Packet<F>,
+    out: &Rewrite<F>,
+    hop: Option<HopCache>,
+) -> Route {
+    let ifindex = ctx.ifindex();
+    let len = fib_len(pkt);
+    if let Some(cached) = hop.and_then(|h| h.get(ifindex, len)) {
+        count(Counter::NextHopCached);
+        return Route::of(cached);
+    }
+    let by_destination = config::get().is_some_and(|c| c.flags & F::ROUTES_BY_DESTINATION != 0);
+    let now = if by_destination { now_ns() } else { 0 };
+    if by_destination && let Some(found) = hops::get::<F>(&out.daddr_be, ifindex, len, now) {
+        if let Some(h) = hop {
+            h.set(ifindex, len, found.out_ifindex, &found.dmac, &found.smac);
+        }
+        count(Counter::NextHopCached);
+        return Route::of(&found);
+    }
+    let Some(scratch) = F::scratch() else {
+        return Route::Stack;
+    };
+    let params = &mut scratch.fib;
+    let ret = lookup(ctx, pkt, out, params) as u32;
+    if ret == BPF_FIB_LKUP_RET_NO_NEIGH {
+        return Route::Unresolved(params.ifindex);
+    }
+    if ret != BPF_FIB_LKUP_RET_SUCCESS {
+        return Route::Stack;
+    }
+    if let Some(h) = hop {
+        h.set(ifindex, len, params.ifindex, &params.dmac, &params.smac);
+    }
+    if by_destination {
+        let answer = NextHop {
+            in_ifindex: ifindex,
+            out_ifindex: params.ifindex,
+            dmac: params.dmac,
+            smac: params.smac,
+            fits_len: len,
+            _pad: 0,
+        };
+        hops::set::<F>(&out.daddr_be, &answer, now);
+    }
+    Route::Hop {
+        ifindex: params.ifindex,
+        dmac: params.dmac,
+        smac: params.smac,
+    }
+}
+
+/// TC: redirect to the packet's next hop (see [`route`]), or leave it to
+/// the stack when the route is local, unreachable or the TTL runs out.
 #[inline(always)]
 pub fn tc<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>, hop: Option<HopCache>) -> i32 {
     if pkt.ttl <= 1 {
         count(Counter::FibPass);
         return TC_ACT_OK;
     }
-    if let Some(cached) = hop.and_then(|h| h.get(ctx.ifindex(), fib_len(pkt))) {
-        if decrement_ttl(ctx, pkt).is_err() {
-            count(Counter::FibPass);
-            return TC_ACT_OK;
-        }
-        count(Counter::FibRedirect);
-        count(Counter::NextHopCached);
-        return redirect(ctx, cached.out_ifindex, &cached.dmac, &cached.smac);
-    }
-    let Some(scratch) = F::scratch() else {
-        count(Counter::FibPass);
-        return TC_ACT_OK;
-    };
-    let params = &mut scratch.fib;
-    let ret = lookup(ctx, pkt, out, params) as u32;
-    if ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH {
-        count(Counter::FibPass);
-        return TC_ACT_OK;
-    }
-    if decrement_ttl(ctx, pkt).is_err() {
+    let route = route(ctx, pkt, out, hop);
+    if matches!(route, Route::Stack) || decrement_ttl(ctx, pkt).is_err() {
         count(Counter::FibPass);
         return TC_ACT_OK;
     }
     count(Counter::FibRedirect);
-    if ret == BPF_FIB_LKUP_RET_NO_NEIGH {
+    match route {
+        Route::Hop {
+            ifindex,
+            dmac,
+            smac,
+        } => redirect(ctx, ifindex, &dmac, &smac),
         // SAFETY: a null neighbour means "resolve the packet's own destination".
-        return unsafe { bpf_redirect_neigh(params.ifindex, core::ptr::null_mut(), 0, 0) } as i32;
+        Route::Unresolved(ifindex) => unsafe {
+            bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) as i32
+        },
+        Route::Stack => TC_ACT_OK,
     }
-    if let Some(h) = hop {
-        h.set(
-            ctx.ifindex(),
-            fib_len(pkt),
-            params.ifindex,
-            &params.dmac,
-            &params.smac,
-        );
-    }
-    redirect(ctx, params.ifindex, &params.dmac, &params.smac)
 }
 
 #[inline(always)]
@@ -130,11 +202,10 @@ fn decrement_ttl<F: Ip>(ctx: &TcContext, pkt: &Packet<F>) -> Result<(), i64> {
 }
 
 /// XDP: where to send a translated frame when it goes straight back out of
-/// the interface it came in on (the one-armed node): the FIB's next hop (the
-/// flow's cached one when `hop` has it). Anything else is left untouched to
-/// TC, which redirects it; translating here and passing it up would show
-/// the stack local source addresses on an external interface, which it
-/// drops as martians.
+/// the interface it came in on (the one-armed node): its next hop (see
+/// [`route`]). Anything else is left untouched to TC, which redirects it;
+/// translating here and passing it up would show the stack local source
+/// addresses on an external interface, which it drops as martians.
 #[inline(always)]
 pub fn xdp_next_hop<F: Ip>(
     ctx: &XdpContext,
@@ -145,32 +216,14 @@ pub fn xdp_next_hop<F: Ip>(
     if pkt.ttl <= 1 {
         return None;
     }
-    let ifindex = ctx.ifindex();
-    if let Some(cached) = hop.and_then(|h| h.get(ifindex, fib_len(pkt))) {
-        if cached.out_ifindex != ifindex {
-            return None;
-        }
-        count(Counter::NextHopCached);
-        return Some((cached.dmac, cached.smac));
-    }
-    let params = &mut F::scratch()?.fib;
-    let ret = lookup(ctx, pkt, out, params);
-    if ret as u32 != BPF_FIB_LKUP_RET_SUCCESS {
-        return None;
-    }
-    if let Some(h) = hop {
-        h.set(
+    match route(ctx, pkt, out, hop) {
+        Route::Hop {
             ifindex,
-            fib_len(pkt),
-            params.ifindex,
-            &params.dmac,
-            &params.smac,
-        );
+            dmac,
+            smac,
+        } if ifindex == ctx.ifindex() => Some((dmac, smac)),
+        _ => None,
     }
-    if params.ifindex != ifindex {
-        return None;
-    }
-    Some((params.dmac, params.smac))
 }
 
 /// XDP: rewrites the Ethernet addresses and TTL and sends the frame back out.

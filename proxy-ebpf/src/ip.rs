@@ -5,7 +5,7 @@
 
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_sock_addr},
-    maps::{Array, HashMap, LpmTrie, LruHashMap},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use proxy_common::{
     AffinityKeyOf, AffinityValue, BackendId, BackendOf, Counter, CtKeyOf, CtValueOf,
@@ -18,6 +18,7 @@ use proxy_common::{
 
 use crate::{
     frame::Frame,
+    hops::HopSlot,
     maps,
     packet::{self, ETH_HLEN, Packet},
 };
@@ -65,6 +66,9 @@ pub trait Ip: Family + AddrWords {
     /// The `DatapathConfig` flag that turns this family's CIDR-based
     /// local-traffic detector on.
     const DETECT_LOCAL_BY_CIDR: u32;
+    /// The `DatapathConfig` flag that lets new flows of this family use the
+    /// next hop cached for their destination (`crate::hops`).
+    const ROUTES_BY_DESTINATION: u32;
 
     /// The packet of a frame of this family (see [`crate::packet::parse`]).
     fn parse<C: Frame>(ctx: &C) -> Result<Option<Packet<Self>>, Counter>;
@@ -78,6 +82,7 @@ pub trait Ip: Family + AddrWords {
     fn sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockValueOf<Self>>;
     fn affinity() -> &'static LruHashMap<AffinityKeyOf<Self>, AffinityValue>;
     fn maglev() -> &'static Array<MaglevChunk>;
+    fn hops() -> &'static PerCpuArray<HopSlot<Self>>;
     /// This CPU's scratch space (see [`Scratch`]).
     fn scratch() -> Option<&'static mut Scratch<Self>>;
 
@@ -118,6 +123,7 @@ impl Ip for V4 {
     const ICMP_PROTO: u8 = proto::ICMP;
     const PORT_UNREACHABLE: (u8, u8) = (3, 3);
     const DETECT_LOCAL_BY_CIDR: u32 = config_flags::DETECT_LOCAL_BY_CIDR;
+    const ROUTES_BY_DESTINATION: u32 = config_flags::ROUTES_BY_DESTINATION;
 
     #[inline(always)]
     fn parse<C: Frame>(ctx: &C) -> Result<Option<Packet<Self>>, Counter> {
@@ -160,6 +166,10 @@ impl Ip for V4 {
         &maps::MAGLEV
     }
     #[inline(always)]
+    fn hops() -> &'static PerCpuArray<HopSlot<Self>> {
+        &maps::HOPS
+    }
+    #[inline(always)]
     fn scratch() -> Option<&'static mut Scratch<Self>> {
         // SAFETY: per-CPU memory, and a program run is never preempted by another on its CPU.
         maps::SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
@@ -196,6 +206,7 @@ impl Ip for V6 {
     const ICMP_PROTO: u8 = proto::ICMPV6;
     const PORT_UNREACHABLE: (u8, u8) = (1, 4);
     const DETECT_LOCAL_BY_CIDR: u32 = config_flags::DETECT_LOCAL_BY_CIDR6;
+    const ROUTES_BY_DESTINATION: u32 = config_flags::ROUTES_BY_DESTINATION6;
 
     #[inline(always)]
     fn parse<C: Frame>(ctx: &C) -> Result<Option<Packet<Self>>, Counter> {
@@ -236,6 +247,10 @@ impl Ip for V6 {
     #[inline(always)]
     fn maglev() -> &'static Array<MaglevChunk> {
         &maps::MAGLEV6
+    }
+    #[inline(always)]
+    fn hops() -> &'static PerCpuArray<HopSlot<Self>> {
+        &maps::HOPS6
     }
     #[inline(always)]
     fn scratch() -> Option<&'static mut Scratch<Self>> {

@@ -10,6 +10,7 @@ mod csum;
 mod flow;
 mod forward;
 mod frame;
+mod hops;
 mod ip;
 mod lb;
 mod maps;

@@ -1,4 +1,7 @@
-use crate::ip::Scratch;
+use crate::{
+    hops::{self, HopSlot},
+    ip::Scratch,
+};
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
@@ -95,6 +98,12 @@ pub static MAGLEV6: Array<MaglevChunk> = Array::with_max_entries(MAX_MAGLEV_CHUN
 #[map]
 pub static SOCKETS6: LruHashMap<SockKey6, SockValue6> =
     LruHashMap::with_max_entries(MAX_SOCKETS, 0);
+
+// Per-CPU caches (`hops`), never pinned.
+#[map]
+pub static HOPS: PerCpuArray<HopSlot<V4>> = PerCpuArray::with_max_entries(hops::SLOTS, 0);
+#[map]
+pub static HOPS6: PerCpuArray<HopSlot<V6>> = PerCpuArray::with_max_entries(hops::SLOTS, 0);
 
 // Per-CPU working memory (`ip::Scratch`), not state: nobody reads it across runs.
 #[map]

@@ -68,6 +68,7 @@ use proxy_agent::{
         node::{NodeAddresses, SNAT_PORT_MAX, SNAT_PORT_MIN},
         test_run,
     },
+    sources::host::HostNetwork,
 };
 use proxy_common::{
     Backend, Counter, DatapathConfig, IfaceInfo, ServiceKey, ServiceValue,
@@ -154,7 +155,15 @@ fn run() -> anyhow::Result<()> {
     } else {
         "normal priority (SCHED_FIFO refused)"
     };
-    println!("bench pinned to CPU {cpu} at {policy}, in a throwaway network namespace\n");
+    println!("bench pinned to CPU {cpu} at {policy}, in a throwaway network namespace");
+    println!(
+        "new flows take their destination's cached next hop (proxy-ebpf's hops): {}\n",
+        if shares_next_hops()? {
+            "yes (the namespace routes by destination alone)"
+        } else {
+            "no, every new flow asks the FIB"
+        }
+    );
 
     // One map geometry for every tier, as in production where capacities are
     // configured, not derived from the services: only the contents differ.
@@ -668,8 +677,10 @@ impl Tier {
             let want = if counted.contains(c) { runs } else { 0 };
             let got = after[i] - before[i];
             // An established packet uses its flow's cached next hop unless
-            // the cache is due its refresh (once a second) or empty.
-            let sometimes = *c == Counter::NextHopCached && counted.contains(&Counter::Established);
+            // the cache is due its refresh (once a second) or empty; a new
+            // flow its destination's, when an earlier flow to it left one.
+            let sometimes = *c == Counter::NextHopCached
+                && (counted.contains(&Counter::Established) || counted.contains(&Counter::NewFlow));
             if sometimes {
                 if got > runs {
                     wrong.push(format!("{} +{got} (expected at most +{runs})", c.name()));
@@ -1204,9 +1215,29 @@ fn uname() -> String {
     )
 }
 
+/// Whether the agent would let new flows share their destination's next
+/// hop here (the host source's reading of this namespace's routing), unless
+/// `DATAPATH_HOP_CACHE=off` asks to measure without it.
+fn shares_next_hops() -> anyhow::Result<bool> {
+    if std::env::var("DATAPATH_HOP_CACHE").is_ok_and(|v| v == "off") {
+        return Ok(false);
+    }
+    Ok(HostNetwork::read()
+        .context("reading the bench namespace's routing")?
+        .destination_routing
+        .ipv4)
+}
+
 /// What the agent would compute for this node: detectLocalMode ClusterCIDR,
-/// masquerade to the node address, NodePorts on it, the uplink external.
+/// masquerade to the node address, NodePorts on it, the uplink external,
+/// and new flows sharing their destination's next hop as far as this
+/// namespace's routing rules and routes allow it (the host source's reading).
 fn node_facts(ifaces: Ifaces) -> anyhow::Result<NodeFacts> {
+    let by_destination = if shares_next_hops()? {
+        config::flags::ROUTES_BY_DESTINATION
+    } else {
+        0
+    };
     let addresses = NodeAddresses {
         primary: Some(NODE_IP),
         node_ports: vec![NODE_IP],
@@ -1215,7 +1246,7 @@ fn node_facts(ifaces: Ifaces) -> anyhow::Result<NodeFacts> {
     Ok(NodeFacts {
         config: DatapathConfig {
             masquerade_addr_be: u32::from(NODE_IP).to_be(),
-            flags: config::flags::DETECT_LOCAL_BY_CIDR,
+            flags: config::flags::DETECT_LOCAL_BY_CIDR | by_destination,
             snat_port_min: SNAT_PORT_MIN,
             snat_port_max: SNAT_PORT_MAX,
             ..DatapathConfig::default()

@@ -116,6 +116,7 @@ pub fn prepare(
                 .collect(),
         }],
         default_route_interface: Some("eth0".into()),
+        ..HostNetwork::default()
     };
     desired.node = NodeModel::build(
         &NodeSettings::from_options(&opts),

@@ -241,6 +241,7 @@ mod tests {
                 },
             ],
             default_route_interface: Some("eth0".into()),
+            ..HostNetwork::default()
         })
     }
 

@@ -194,6 +194,7 @@ mod tests {
                 ..HostInterface::default()
             }],
             default_route_interface: Some("eth0".into()),
+            ..HostNetwork::default()
         })
     }
 

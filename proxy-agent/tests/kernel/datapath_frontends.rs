@@ -124,6 +124,8 @@ in_both_families!(
     nodeport_from_outside_through_xdp_is_balanced_masqueraded_and_sent_back_out,
     nodeport_from_outside_through_tc_is_redirected_by_the_fib,
     established_packets_go_by_their_flows_cached_next_hop_which_the_fib_refreshes,
+    new_flows_share_their_destinations_next_hop_while_routing_is_by_destination,
+    new_flows_ask_the_fib_when_routing_may_depend_on_more,
     external_traffic_policy_local_drops_without_a_local_endpoint_but_pods_short_circuit,
     external_traffic_policy_local_keeps_the_client_address,
     load_balancer_source_ranges_apply_to_lb_ips_only,
@@ -478,6 +480,122 @@ fn established_packets_go_by_their_flows_cached_next_hop_which_the_fib_refreshes
             cached(3),
             send(Xdp, request(b"f"), XDP_TX, [EthDst(NEW_PEER_MAC)]),
             cached(4),
+        ],
+    }
+    .run();
+}
+
+/// New flows to the remote backend, each from a client port of its own.
+fn new_flow(net: &Net, client_port: u16) -> In {
+    pkt(Frame::udp(net.client, client_port, net.node, 30080), b"new")
+}
+
+fn new_flows_share_their_destinations_next_hop_while_routing_is_by_destination(net: &Net) {
+    let cached = |n| counters([(Counter::NextHopCached, n)]);
+    let mut config = standard(net);
+    config.flags |= flags::ROUTES_BY_DESTINATION | flags::ROUTES_BY_DESTINATION6;
+    Scenario {
+        net,
+        config,
+        services: vec![remote(net, Protocol::Udp)],
+        steps: vec![
+            // The cache is per CPU: every packet from this one.
+            Step::Setup(|_| stay_on_this_cpu()),
+            // The first flow to the backend asks the FIB; the next new
+            // flows to it (XDP or TC) take the answer from the cache.
+            send(Xdp, new_flow(net, 40000), XDP_TX, [EthDst(PEER_MAC)]),
+            cached(0),
+            send(
+                Xdp,
+                new_flow(net, 40001),
+                XDP_TX,
+                [
+                    To(net.remote_backend, TARGET),
+                    EthDst(PEER_MAC),
+                    EthSrc(NODE_MAC),
+                    Ttl(63),
+                ],
+            ),
+            cached(1),
+            send(
+                FromNetdev,
+                new_flow(net, 40002),
+                TC_ACT_REDIRECT,
+                [To(net.remote_backend, TARGET), EthDst(PEER_MAC), Ttl(63)],
+            ),
+            cached(2),
+            // A new flow's own entry has no hop yet: its next packet fills
+            // it from the destination's.
+            send(Xdp, new_flow(net, 40001), XDP_TX, [EthDst(PEER_MAC)]),
+            cached(3),
+            // Longer than any packet the FIB was asked about: asked again.
+            send(
+                Xdp,
+                pkt(
+                    Frame::udp(net.client, 40003, net.node, 30080),
+                    b"a longer payload than the others",
+                ),
+                XDP_TX,
+                [EthDst(PEER_MAC)],
+            ),
+            cached(3),
+            // The next hop's MAC changes: a second later the FIB is asked
+            // again, and the new flows after that one follow the new answer.
+            Step::Setup(if net.node.is_ipv4() {
+                |_| new_peer_mac(IPV4.peer_node)
+            } else {
+                |_| new_peer_mac(IPV6.peer_node)
+            }),
+            send(Xdp, new_flow(net, 40004), XDP_TX, [EthDst(PEER_MAC)]),
+            cached(4),
+            Step::Wait(Duration::from_millis(1100)),
+            send(Xdp, new_flow(net, 40005), XDP_TX, [EthDst(NEW_PEER_MAC)]),
+            cached(4),
+            send(Xdp, new_flow(net, 40006), XDP_TX, [EthDst(NEW_PEER_MAC)]),
+            cached(5),
+        ],
+    }
+    .run();
+}
+
+/// Pins the calling thread to the CPU it runs on.
+fn stay_on_this_cpu() {
+    // SAFETY: plain syscalls on this thread's own affinity mask.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        assert!(
+            cpu >= 0,
+            "sched_getcpu: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        let done = libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+        assert_eq!(
+            done,
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+fn new_flows_ask_the_fib_when_routing_may_depend_on_more(net: &Net) {
+    Scenario {
+        net,
+        config: standard(net),
+        services: vec![remote(net, Protocol::Udp)],
+        steps: vec![
+            Step::Setup(|_| stay_on_this_cpu()),
+            send(Xdp, new_flow(net, 40000), XDP_TX, [EthDst(PEER_MAC)]),
+            send(Xdp, new_flow(net, 40001), XDP_TX, [EthDst(PEER_MAC)]),
+            send(
+                FromNetdev,
+                new_flow(net, 40002),
+                TC_ACT_REDIRECT,
+                [EthDst(PEER_MAC)],
+            ),
+            counters([(Counter::NextHopCached, 0)]),
         ],
     }
     .run();

@@ -236,6 +236,7 @@ fn build(layout: &Layout) -> anyhow::Result<Sandbox> {
         host: HostNetwork {
             interfaces,
             default_route_interface: Some(ext.into()),
+            ..HostNetwork::default()
         },
         external_ifindex,
         pod_ifindex,

@@ -125,11 +125,14 @@ pub fn load_socket_programs(ebpf: &mut Ebpf) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The per-CPU working memory of the programs (`SCRATCH`, `SCRATCH6`):
-/// no state lives there across packets, so it is never pinned and its
+/// The per-CPU working memory of the programs (`SCRATCH`, `SCRATCH6`) and
+/// their per-CPU next-hop caches (`HOPS`, `HOPS6`): no state the datapath
+/// needs lives there across a restart, so they are never pinned and their
 /// layout may change from one version to the next.
 pub fn is_scratch(map: &str) -> bool {
     map.starts_with("SCRATCH")
+        || map == proxy_common::maps::HOPS
+        || map == proxy_common::maps::HOPS6
 }
 
 /// Every map of the embedded object that is pinned, by name, with its definition.

@@ -31,7 +31,7 @@ use crate::{
         GoDuration, NodePortAddresses, ProxyOptions,
         ebpf::{BpfConntrackParams, LbAlgorithm, conntrack_params},
     },
-    sources::host::{HostInterface, HostNetwork},
+    sources::host::{DestinationRouting, HostInterface, HostNetwork},
 };
 
 /// Source ports of masqueraded flows: above Linux's default ephemeral range
@@ -236,7 +236,10 @@ pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
         tcp_time_wait_ns: DEFAULT_TCP_TIME_WAIT_NS,
         tcp_close_ns: DEFAULT_TCP_CLOSE_NS,
         masquerade_addr_be: primary.map_or(0, |a| u32::from(a).to_be()),
-        flags: masquerade_all | detect_flag | settings.socket_lb.flags(),
+        flags: masquerade_all
+            | detect_flag
+            | settings.socket_lb.flags()
+            | routing_flags(node.host.destination_routing),
         snat_port_min: SNAT_PORT_MIN,
         snat_port_max: SNAT_PORT_MAX,
         _pad: 0,
@@ -269,6 +272,20 @@ impl NodeFacts {
         }
         self
     }
+}
+
+/// The `DatapathConfig` flags that let new flows share a destination's
+/// cached next hop: one per family whose routing allows it.
+fn routing_flags(routing: DestinationRouting) -> u32 {
+    (if routing.ipv4 {
+        flags::ROUTES_BY_DESTINATION
+    } else {
+        0
+    }) | (if routing.ipv6 {
+        flags::ROUTES_BY_DESTINATION6
+    } else {
+        0
+    })
 }
 
 /// The `DatapathConfig` flags of CIDR-based detection: one per family that has a CIDR.

@@ -34,6 +34,7 @@ use netlink_packet_route::{
     address::{AddressAttribute, AddressMessage},
     link::{LinkAttribute, LinkExtentMask, LinkMessage},
     route::{RouteAttribute, RouteHeader, RouteMessage, RouteType},
+    rule::RuleMessage,
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use tokio::{
@@ -44,6 +45,8 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::SourceEvent;
+
+mod routing;
 
 /// How long after a first notification the host is updated: whatever else
 /// arrives meanwhile is part of the same update.
@@ -72,6 +75,18 @@ pub struct HostNetwork {
     pub interfaces: Vec<HostInterface>,
     /// The interface of the IPv4 default route with the lowest metric.
     pub default_route_interface: Option<String>,
+    /// Which families route by destination (and input interface) alone.
+    pub destination_routing: DestinationRouting,
+}
+
+/// Per family: whether a forwarded packet's route depends on its
+/// destination and input interface alone (no rule by source, ports or
+/// protocol, no source-specific or multipath route), so that flows to one
+/// destination may share a cached next hop (proxy-ebpf's `hops`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DestinationRouting {
+    pub ipv4: bool,
+    pub ipv6: bool,
 }
 
 impl HostNetwork {
@@ -85,7 +100,12 @@ impl HostNetwork {
 
     /// The snapshot of `links` with their addresses (in the kernel's order)
     /// and the default route.
-    fn assemble(links: &Links, addresses: &[AddressMessage], routes: &[RouteMessage]) -> Self {
+    fn assemble(
+        links: &Links,
+        addresses: &[AddressMessage],
+        routes: &[RouteMessage],
+        rules: &[RuleMessage],
+    ) -> Self {
         let mut interfaces: BTreeMap<u32, HostInterface> = links
             .iter()
             .map(|(&index, link)| {
@@ -124,6 +144,10 @@ impl HostNetwork {
             default_route_interface: default_route_ifindex(routes)
                 .and_then(|index| Some(links.get(&index)?.name.clone())),
             interfaces: interfaces.into_values().collect(),
+            destination_routing: DestinationRouting {
+                ipv4: routing::by_destination(AddressFamily::Inet, rules, routes),
+                ipv6: routing::by_destination(AddressFamily::Inet6, rules, routes),
+            },
         }
     }
 }
@@ -263,26 +287,38 @@ impl Rtnl {
         Ok(links)
     }
 
-    /// The snapshot of `links` with the addresses and IPv4 routes dumped now.
+    /// The snapshot of `links` with the addresses, routes and routing rules dumped now.
     fn with_addresses_and_routes(&mut self, links: &Links) -> io::Result<HostNetwork> {
-        let get_routes = || {
-            let mut get = RouteMessage::default();
-            get.header.address_family = AddressFamily::Inet;
-            RouteNetlinkMessage::GetRoute(get)
+        let get_routes = |family| {
+            move || {
+                let mut get = RouteMessage::default();
+                get.header.address_family = family;
+                RouteNetlinkMessage::GetRoute(get)
+            }
         };
-        let (mut addresses, mut routes) = (Vec::new(), Vec::new());
-        let answers = self
-            .dump(|| RouteNetlinkMessage::GetAddress(AddressMessage::default()))?
-            .into_iter()
-            .chain(self.dump(get_routes)?);
+        let get_rules = |family| {
+            move || {
+                let mut get = RuleMessage::default();
+                get.header.family = family;
+                RouteNetlinkMessage::GetRule(get)
+            }
+        };
+        let (mut addresses, mut routes, mut rules) = (Vec::new(), Vec::new(), Vec::new());
+        let mut answers =
+            self.dump(|| RouteNetlinkMessage::GetAddress(AddressMessage::default()))?;
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            answers.extend(self.dump(get_routes(family))?);
+            answers.extend(self.dump(get_rules(family))?);
+        }
         for answer in answers {
             match answer {
                 RouteNetlinkMessage::NewAddress(m) => addresses.push(m),
                 RouteNetlinkMessage::NewRoute(m) => routes.push(m),
+                RouteNetlinkMessage::NewRule(m) => rules.push(m),
                 _ => {}
             }
         }
-        Ok(HostNetwork::assemble(links, &addresses, &routes))
+        Ok(HostNetwork::assemble(links, &addresses, &routes, &rules))
     }
 
     /// Sends `request` (with `flags` beside REQUEST and ACK) and waits for
@@ -461,6 +497,8 @@ impl Notifications {
             libc::RTNLGRP_IPV6_IFADDR,
             libc::RTNLGRP_IPV4_ROUTE,
             libc::RTNLGRP_IPV6_ROUTE,
+            libc::RTNLGRP_IPV4_RULE,
+            libc::RTNLGRP_IPV6_RULE,
         ] {
             socket.add_membership(group)?;
         }

@@ -116,7 +116,7 @@ fn assembly_resolves_masters_and_prefers_the_local_address() {
         address(42, vec![AddressAttribute::Address(v4("198.18.0.4"))]),
     ];
     let routes = [route(RouteHeader::RT_TABLE_MAIN, 0, None, 3)];
-    let host = HostNetwork::assemble(&links, &addresses, &routes);
+    let host = HostNetwork::assemble(&links, &addresses, &routes, &[]);
     let iface =
         |name: &str, index, master: Option<&str>, ipv4: &[&str], ipv6: &[&str]| HostInterface {
             name: name.into(),
@@ -140,6 +140,11 @@ fn assembly_resolves_masters_and_prefers_the_local_address() {
                 iface("ghost", 4, None, &[], &[]),
             ],
             default_route_interface: Some("br0".into()),
+            // No rule, one plain route.
+            destination_routing: DestinationRouting {
+                ipv4: true,
+                ipv6: true,
+            },
         }
     );
 }
@@ -311,6 +316,11 @@ fn read_reports_links_addresses_masters_and_the_default_route() {
         let expected = HostNetwork {
             interfaces,
             default_route_interface: Some("hv2".into()),
+            // A fresh namespace's rules, and no multipath route.
+            destination_routing: DestinationRouting {
+                ipv4: true,
+                ipv6: true,
+            },
         };
         assert_eq!(HostNetwork::read().unwrap(), expected);
 
@@ -320,6 +330,58 @@ fn read_reports_links_addresses_masters_and_the_default_route() {
         assert_eq!(host.default_route_interface.as_deref(), Some("hv0"));
         ip("route del default dev hv0");
         assert_eq!(HostNetwork::read().unwrap().default_route_interface, None);
+    });
+}
+
+#[test]
+fn routing_by_source_ports_or_several_paths_is_not_by_destination() {
+    in_fresh_netns(|| {
+        for command in [
+            "link set lo up",
+            "link add hv0 type veth peer name hv1",
+            "addr add 198.18.0.1/24 dev hv0",
+            "addr add 198.18.1.1/24 dev hv1",
+            "link set hv0 up",
+            "link set hv1 up",
+        ] {
+            ip(command);
+        }
+        let routing = || HostNetwork::read().unwrap().destination_routing;
+        let both = DestinationRouting {
+            ipv4: true,
+            ipv6: true,
+        };
+        assert_eq!(routing(), both);
+        // A mark rule: the datapath's queries carry none, the answer stays shared.
+        ip("rule add fwmark 0x4000 lookup 100");
+        assert_eq!(routing(), both);
+        ip("rule add from 198.18.5.0/24 lookup 100");
+        assert_eq!(
+            routing(),
+            DestinationRouting {
+                ipv4: false,
+                ipv6: true
+            }
+        );
+        ip("rule del from 198.18.5.0/24 lookup 100");
+        ip("-6 rule add ipproto tcp lookup 100");
+        assert_eq!(
+            routing(),
+            DestinationRouting {
+                ipv4: true,
+                ipv6: false
+            }
+        );
+        ip("-6 rule del ipproto tcp lookup 100");
+        assert_eq!(routing(), both);
+        ip("route add 198.18.7.0/24 nexthop via 198.18.0.2 dev hv0 nexthop via 198.18.1.2 dev hv1");
+        assert_eq!(
+            routing(),
+            DestinationRouting {
+                ipv4: false,
+                ipv6: true
+            }
+        );
     });
 }
 

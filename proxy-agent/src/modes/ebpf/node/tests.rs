@@ -80,6 +80,7 @@ fn host() -> HostNetwork {
             iface(7, "cali123", None, &[]),
         ],
         default_route_interface: Some("eth1".into()),
+        ..HostNetwork::default()
     }
 }
 
@@ -216,6 +217,27 @@ fn masquerade_all_and_conntrack_timeouts_reach_the_config() {
 }
 
 #[test]
+fn each_family_shares_next_hops_only_while_its_routing_is_by_destination() {
+    let s = settings(DetectLocal::None);
+    let mut h = host();
+    let shares = |h: &HostNetwork| {
+        let c = derive(&s, None, h).config;
+        (
+            c.flags & flags::ROUTES_BY_DESTINATION != 0,
+            c.flags & flags::ROUTES_BY_DESTINATION6 != 0,
+        )
+    };
+    assert_eq!(shares(&h), (false, false));
+    h.destination_routing = DestinationRouting {
+        ipv4: true,
+        ipv6: false,
+    };
+    assert_eq!(shares(&h), (true, false));
+    h.destination_routing.ipv6 = true;
+    assert_eq!(shares(&h), (true, true));
+}
+
+#[test]
 fn primary_ip_prefers_bind_address_then_internal_then_external_then_default_route() {
     let mut s = settings(DetectLocal::None);
     let primary = |s: &Settings, n: Option<&Node>| derive(s, n, &host()).addresses.primary;
@@ -241,6 +263,7 @@ fn no_primary_ip_disables_masquerading() {
     let host = HostNetwork {
         interfaces: vec![iface(1, "lo", None, &["127.0.0.1"])],
         default_route_interface: None,
+        ..HostNetwork::default()
     };
     let facts = derive(&settings(DetectLocal::None), None, &host);
     assert_eq!(facts.addresses.primary, None);
