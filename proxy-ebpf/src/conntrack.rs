@@ -20,6 +20,33 @@ pub fn now_ns() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
+/// The time of one packet, read from the kernel's clock only when first
+/// asked: a packet that touches no flow (most pass-through traffic) never
+/// pays for the helper call.
+pub struct Clock(core::cell::Cell<u64>);
+
+impl Clock {
+    /// A clock not read yet.
+    #[inline(always)]
+    pub fn lazy() -> Self {
+        Clock(core::cell::Cell::new(0))
+    }
+
+    /// A clock already read at `now`.
+    #[inline(always)]
+    pub fn at(now: u64) -> Self {
+        Clock(core::cell::Cell::new(now))
+    }
+
+    #[inline(always)]
+    pub fn now(&self) -> u64 {
+        if self.0.get() == 0 {
+            self.0.set(now_ns());
+        }
+        self.0.get()
+    }
+}
+
 #[inline(always)]
 fn or_default(value: u64, default: u64) -> u64 {
     if value == 0 { default } else { value }
@@ -116,7 +143,7 @@ impl HopCache {
 pub fn lookup<F: Ip>(
     config: &DatapathConfig,
     key: &CtKeyOf<F>,
-    now: u64,
+    clock: &Clock,
     set_flags: impl Fn(CtDirection) -> Option<u16>,
 ) -> Option<Hit<F>> {
     let entry = F::conntrack().get_ptr_mut(key)?;
@@ -124,6 +151,7 @@ pub fn lookup<F: Ip>(
     let entry = unsafe { &mut *entry };
     let direction = entry.direction();
     let set_flags = set_flags(direction)?;
+    let now = clock.now();
     let idle = now.saturating_sub(entry.last_seen_ns);
     if idle > idle_timeout(config, key.proto, entry.flags) {
         return None;
@@ -184,7 +212,7 @@ pub fn claim<F: Ip>(
     {
         return true;
     }
-    if lookup(config, key, now, |_| Some(0)).is_some() {
+    if lookup(config, key, &Clock::at(now), |_| Some(0)).is_some() {
         return false;
     }
     F::conntrack().insert(key, value, 0).is_ok()

@@ -6,11 +6,13 @@ use aya_ebpf::maps::lpm_trie::Key;
 use proxy_common::{
     BackendId, BackendOf, Counter, CtDirection, CtKeyOf, CtValueOf, DatapathConfig, Family, Scope,
     ServiceKeyOf, ServiceValue, SourceRangeOf, backend::flags as backend_flags,
-    conntrack::flags as ct, maglev::flow_hash, service::flags as svc,
+    conntrack::flags as ct, maglev::flow_hash, monitor::hook as monitor_hook,
+    service::flags as svc,
 };
 
 use crate::{
-    config, conntrack,
+    config,
+    conntrack::{self, Clock},
     ip::{Ip, Scratch},
     lb,
     monitor::FlowIds,
@@ -81,14 +83,16 @@ fn opens<F: Ip>(pkt: &Packet<F>) -> bool {
 }
 
 #[inline(always)]
-pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, now: u64, hook: u8) -> Verdict<F> {
+pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
     let Some(config) = config::get() else {
         return Verdict::Pass;
     };
+    let clock = Clock::lazy();
     // One lookup finds either half of a live flow: its own tuple.
-    let hit = lookup_own(config, pkt, now, None);
+    let hit = lookup_own(config, pkt, &clock, None);
+    let now = || clock.now();
     if let Some(hit) = hit.as_ref().filter(|h| h.direction == CtDirection::Reply) {
-        let out = reverse(config, pkt, hit, now);
+        let out = reverse(config, pkt, hit, now());
         return Verdict::Forward(out, Counter::ReplyNat, Some(hit.hop));
     }
     if let Some(hit) = hit {
@@ -118,7 +122,7 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, now: u64, hook: u8) -> Verdi
                                 pkt,
                                 out: &out,
                                 hit: &hit,
-                                now,
+                                now: now(),
                             },
                             CtDirection::Reply,
                         );
@@ -133,20 +137,43 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, now: u64, hook: u8) -> Verdi
     let key = ServiceKeyOf::<F>::frontend(pkt.daddr_be, pkt.dport_be, pkt.proto);
     let frontend = lb::frontend(&key).filter(|f| !f.has(svc::HOST_ONLY));
     let Some(frontend) = frontend else {
-        return if lb::frontend(&ServiceKeyOf::<F>::cluster_ip(pkt.daddr_be))
+        return no_frontend(config, pkt, hook);
+    };
+    let arrival = Arrival {
+        ifindex,
+        now: now(),
+        hook,
+    };
+    match new_flow(config, pkt, &arrival, &frontend) {
+        Ok(v) => v,
+        Err(counter) => Verdict::Drop(counter),
+    }
+}
+
+/// A packet no frontend claims: rejected when its destination is a
+/// cluster IP (an unserved port of it), dropped when it is an unallocated
+/// address of a service CIDR, else passed on. XDP passes rejects on to TC,
+/// which answers them: there the cluster-IP marker matters only inside a
+/// service CIDR, so pass-through traffic pays no lookup for it.
+#[inline(always)]
+fn no_frontend<F: Ip>(config: &DatapathConfig, pkt: &Packet<F>, hook: u8) -> Verdict<F> {
+    let cluster_ip = || {
+        lb::frontend(&ServiceKeyOf::<F>::cluster_ip(pkt.daddr_be))
             .is_some_and(|m| m.has(svc::CLUSTER_IP_MARKER))
-        {
-            Verdict::Reject(Counter::RejectUnknownPort)
-        } else if config::in_service_cidr::<F>(config, pkt.daddr_be) {
+    };
+    if hook == monitor_hook::XDP {
+        return if config::in_service_cidr::<F>(config, pkt.daddr_be) && !cluster_ip() {
             Verdict::Drop(Counter::DropUnallocated)
         } else {
             Verdict::Pass
         };
-    };
-    let arrival = Arrival { ifindex, now, hook };
-    match new_flow(config, pkt, &arrival, &frontend) {
-        Ok(v) => v,
-        Err(counter) => Verdict::Drop(counter),
+    }
+    if cluster_ip() {
+        Verdict::Reject(Counter::RejectUnknownPort)
+    } else if config::in_service_cidr::<F>(config, pkt.daddr_be) {
+        Verdict::Drop(Counter::DropUnallocated)
+    } else {
+        Verdict::Pass
     }
 }
 
@@ -158,12 +185,12 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, now: u64, hook: u8) -> Verdi
 fn lookup_own<F: Ip>(
     config: &DatapathConfig,
     pkt: &Packet<F>,
-    now: u64,
+    clock: &Clock,
     only: Option<CtDirection>,
 ) -> Option<conntrack::Hit<F>> {
     let key = &mut F::scratch()?.key;
     *key = key_of(pkt);
-    conntrack::lookup(config, key, now, |direction| {
+    conntrack::lookup(config, key, clock, |direction| {
         if only.is_some_and(|o| o != direction) {
             return None;
         }
@@ -185,9 +212,10 @@ pub struct Arrival {
 
 /// A reply of a translated flow, rewritten; `None` for anything else.
 #[inline(always)]
-pub fn reply<F: Ip>(config: &DatapathConfig, pkt: &Packet<F>, now: u64) -> Option<Rewrite<F>> {
-    let hit = lookup_own(config, pkt, now, Some(CtDirection::Reply))?;
-    Some(reverse(config, pkt, &hit, now))
+pub fn reply<F: Ip>(config: &DatapathConfig, pkt: &Packet<F>) -> Option<Rewrite<F>> {
+    let clock = Clock::lazy();
+    let hit = lookup_own(config, pkt, &clock, Some(CtDirection::Reply))?;
+    Some(reverse(config, pkt, &hit, clock.now()))
 }
 
 /// A reply, whose entry `hit` was found, rewritten.
@@ -250,7 +278,7 @@ fn other_half<F: Ip>(config: &DatapathConfig, half: &OtherHalf<F>, direction: Ct
     );
     // An entry of the other kind there would be another flow's, not this
     // one's to replace (the datapath never lets that happen).
-    let present = conntrack::lookup(config, key, now, |found| {
+    let present = conntrack::lookup(config, key, &Clock::at(now), |found| {
         Some(if found == direction { hit.new_flags } else { 0 })
     });
     if present.is_some() {

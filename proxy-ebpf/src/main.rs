@@ -77,7 +77,7 @@ fn host_reply<F: Ip>(ctx: &TcContext) -> i32 {
     let Some(config) = config::get() else {
         return TC_ACT_OK;
     };
-    let Some(out) = flow::reply(config, pkt, conntrack::now_ns()) else {
+    let Some(out) = flow::reply(config, pkt) else {
         return TC_ACT_OK;
     };
     count(Counter::HostReply);
@@ -167,7 +167,7 @@ fn xdp_packet<F: Ip>(ctx: &XdpContext) -> i32 {
         }
     };
     let pkt = &pkt;
-    match flow::decide(pkt, ifindex, conntrack::now_ns(), hook::XDP) {
+    match flow::decide(pkt, ifindex, hook::XDP) {
         Verdict::Pass | Verdict::Reject(_) => XDP_PASS,
         Verdict::Drop(reason) => {
             count(reason);
@@ -246,7 +246,7 @@ fn tc_packet<F: Ip>(ctx: &TcContext, hook: u8) -> i32 {
     };
     let pkt = &pkt;
     count(Counter::Packets);
-    match flow::decide(pkt, ifindex, conntrack::now_ns(), hook) {
+    match flow::decide(pkt, ifindex, hook) {
         Verdict::Pass => TC_ACT_OK,
         Verdict::Drop(reason) => {
             count(reason);
