@@ -115,6 +115,12 @@ impl HopCache {
         (hop.fits_len != 0 && hop.in_ifindex == ifindex && len <= hop.fits_len).then_some(hop)
     }
 
+    /// The entry's once-a-second refresh is due: its packet asks the FIB.
+    #[inline(always)]
+    pub fn refresh_due(&self) -> bool {
+        self.stale
+    }
+
     /// Records the FIB's answer for a packet of `len` bytes from `in_ifindex`.
     #[inline(always)]
     pub fn set(&self, in_ifindex: u32, len: u16, out_ifindex: u32, dmac: &[u8; 6], smac: &[u8; 6]) {

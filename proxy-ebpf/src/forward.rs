@@ -93,9 +93,9 @@ impl Route {
 }
 
 /// The route of `out`, arriving on the program's interface: the flow's
-/// cached next hop (`hop`), else the one cached for its destination while
-/// the family's routing depends on nothing else ([`hops`]),
-/// else the FIB's answer, which both caches then keep.
+/// cached next hop (`hop`), else (unless the flow's refresh is due) the one
+/// cached for its destination while the family's routing depends on nothing
+/// else ([`hops`]), else the FIB's answer, which both caches then keep.
 #[inline(always)]
 fn route<C: Frame, F: Ip>(
     ctx: &C,
@@ -111,7 +111,13 @@ fn route<C: Frame, F: Ip>(
     }
     let by_destination = config::get().is_some_and(|c| c.flags & F::ROUTES_BY_DESTINATION != 0);
     let now = if by_destination { now_ns() } else { 0 };
-    if by_destination && let Some(found) = hops::get::<F>(&out.daddr_be, ifindex, len, now) {
+    // A flow refreshing its own cache asks the FIB itself: the destination's
+    // answer may be nearly a second old, and a flow follows a change within one.
+    let refreshing = hop.is_some_and(|h| h.refresh_due());
+    if by_destination
+        && !refreshing
+        && let Some(found) = hops::get::<F>(&out.daddr_be, ifindex, len, now)
+    {
         if let Some(h) = hop {
             h.set(ifindex, len, found.out_ifindex, &found.dmac, &found.smac);
         }

@@ -24,9 +24,8 @@ pub const SLOT_BITS: u32 = 12;
 pub const SLOTS: u32 = 1 << SLOT_BITS;
 
 /// How long a slot's answer is used before the FIB is asked again: route and
-/// neighbour changes reach new flows within this. A flow refreshing its own
-/// cache (once a second) may take a slot's answer too, so with this cache
-/// on a change reaches an established flow within two of these.
+/// neighbour changes reach new flows within this, as they reach a flow's
+/// own cache at its once-a-second refresh (which asks the FIB, not a slot).
 const REFRESH_NS: u64 = proxy_common::conntrack::REFRESH_INTERVAL_NS;
 
 #[repr(C)]

@@ -126,6 +126,7 @@ in_both_families!(
     established_packets_go_by_their_flows_cached_next_hop_which_the_fib_refreshes,
     new_flows_share_their_destinations_next_hop_while_routing_is_by_destination,
     new_flows_ask_the_fib_when_routing_may_depend_on_more,
+    a_flow_refreshing_its_next_hop_asks_the_fib_not_its_destinations_cache,
     external_traffic_policy_local_drops_without_a_local_endpoint_but_pods_short_circuit,
     external_traffic_policy_local_keeps_the_client_address,
     load_balancer_source_ranges_apply_to_lb_ips_only,
@@ -553,6 +554,36 @@ fn new_flows_share_their_destinations_next_hop_while_routing_is_by_destination(n
             cached(4),
             send(Xdp, new_flow(net, 40006), XDP_TX, [EthDst(NEW_PEER_MAC)]),
             cached(5),
+        ],
+    }
+    .run();
+}
+
+fn a_flow_refreshing_its_next_hop_asks_the_fib_not_its_destinations_cache(net: &Net) {
+    let mut config = standard(net);
+    config.flags |= flags::ROUTES_BY_DESTINATION | flags::ROUTES_BY_DESTINATION6;
+    Scenario {
+        net,
+        config,
+        services: vec![remote(net, Protocol::Udp)],
+        steps: vec![
+            Step::Setup(|_| stay_on_this_cpu()),
+            // Flow A, its own cache filled from the destination's.
+            send(Xdp, new_flow(net, 40000), XDP_TX, [EthDst(PEER_MAC)]),
+            send(Xdp, new_flow(net, 40000), XDP_TX, [EthDst(PEER_MAC)]),
+            Step::Wait(Duration::from_millis(1100)),
+            // Flow B asks the FIB: the destination's slot is fresh again,
+            // with the old answer, when the next hop's MAC changes.
+            send(Xdp, new_flow(net, 40001), XDP_TX, [EthDst(PEER_MAC)]),
+            Step::Setup(if net.node.is_ipv4() {
+                |_| new_peer_mac(IPV4.peer_node)
+            } else {
+                |_| new_peer_mac(IPV6.peer_node)
+            }),
+            // A's refresh is due (idle over a second): it asks the FIB.
+            send(Xdp, new_flow(net, 40000), XDP_TX, [EthDst(NEW_PEER_MAC)]),
+            // Which refreshed the slot for the next new flow.
+            send(Xdp, new_flow(net, 40002), XDP_TX, [EthDst(NEW_PEER_MAC)]),
         ],
     }
     .run();
