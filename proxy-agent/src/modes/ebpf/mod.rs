@@ -109,9 +109,10 @@ fn load_object(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyhow::R
     let mut ebpf = loader
         .load(OBJECT)
         .context("loading the eBPF object into the kernel")?;
-    for name in [PROG_FROM_POD, PROG_FROM_NETDEV, PROG_FROM_HOST, PROG_XDP] {
-        load_program(&mut ebpf, name)?;
-    }
+    load_programs(
+        &mut ebpf,
+        &[PROG_FROM_POD, PROG_FROM_NETDEV, PROG_FROM_HOST, PROG_XDP],
+    )?;
     Ok(ebpf)
 }
 
@@ -119,9 +120,43 @@ fn load_object(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyhow::R
 /// their hooks (before Linux 5.18 lacks `bpf_set_retval`, before 5.8
 /// `getpeername`) refuses them: the error says which.
 pub fn load_socket_programs(ebpf: &mut Ebpf) -> anyhow::Result<()> {
-    for name in SOCKET_PROGRAMS {
-        load_program(ebpf, name)?;
+    load_programs(ebpf, &SOCKET_PROGRAMS)
+}
+
+/// Loads the programs `names` of `ebpf`, each verified on a thread of its
+/// own: the verifier runs in the loading thread, and the two large TC
+/// programs alone take most of a second each.
+fn load_programs(ebpf: &mut Ebpf, names: &[&str]) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let programs: Vec<(&str, &mut aya::programs::Program)> = ebpf
+        .programs_mut()
+        .filter(|(name, _)| names.contains(name))
+        .collect();
+    if let Some(missing) = names
+        .iter()
+        .find(|name| !programs.iter().any(|(found, _)| found == *name))
+    {
+        bail!("program {missing} missing from the object");
     }
+    let took = std::thread::scope(|scope| {
+        let loads: Vec<_> = programs
+            .into_iter()
+            .map(|(name, prog)| {
+                scope.spawn(move || {
+                    let started = std::time::Instant::now();
+                    load_program(name, prog).map(|()| (name, started.elapsed()))
+                })
+            })
+            .collect();
+        loads
+            .into_iter()
+            .map(|load| {
+                load.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    tracing::debug!(programs = ?took, took = ?started.elapsed(), "programs verified");
     Ok(())
 }
 
@@ -160,12 +195,9 @@ pub fn object_maps() -> anyhow::Result<std::collections::BTreeMap<String, pin::M
 /// the load (a process-wide signal then goes to another thread; a busy test
 /// binary, its threads running children, failed five attempts in a row
 /// without this), and an interrupted load is tried again.
-fn load_program(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<()> {
+fn load_program(name: &str, prog: &mut aya::programs::Program) -> anyhow::Result<()> {
     const ATTEMPTS: usize = 10;
     for attempt in 1..=ATTEMPTS {
-        let prog = ebpf
-            .program_mut(name)
-            .with_context(|| format!("program {name} missing from the object"))?;
         let _blocked = SignalsBlocked::new();
         let result = match prog {
             aya::programs::Program::SchedClassifier(p) => p.load(),
