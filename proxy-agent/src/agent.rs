@@ -88,7 +88,7 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
     tokio::select! {
         result = engine => result.context("the sync engine stopped")?,
         _ = host.run() => {}
-        _ = running.background => {}
+        err = running.background => failure = Some(err),
         err = serving.servers => failure = Some(err),
         err = config_changed => failure = Some(err),
         _ = sigterm.recv() => info!("SIGTERM: shutting down"),

@@ -2,7 +2,6 @@
 //! the node.
 
 use std::{
-    fmt::Write as _,
     io::BufRead as _,
     net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
@@ -36,84 +35,116 @@ fn name(i: usize) -> String {
     format!("svc-{i:05}")
 }
 
-/// Where the manifests go on the node, and what they say about it.
+/// Endpoints of every service but the target (`E2E_ENDPOINTS`, default 10):
+/// the serving servers, then addresses nobody answers on.
+pub fn endpoints_per_service() -> usize {
+    std::env::var("E2E_ENDPOINTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(10)
+}
+
+/// The `j`th endpoint of service `i` beyond the serving servers: spread over
+/// 198.18.128.0/17 (32,766 addresses, each shared by a few services, as pods
+/// behind several services are).
+fn filler(i: usize, j: usize) -> Ipv4Addr {
+    let per = endpoints_per_service();
+    let offset = ((i * per + j) % 32_766 + 1) as u32;
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + offset)
+}
+
+/// Where the manifests go on the node, and what they say about it. They
+/// are written as JSON lists, the form the API server lists objects in (the
+/// agent reads JSON with serde_json, as its API source does).
 pub struct ManifestsDir<'a> {
     pub node: &'a Node,
     pub dir: PathBuf,
 }
 
 impl ManifestsDir<'_> {
-    fn write(&self, name: &str, content: String) -> anyhow::Result<()> {
+    fn write(&self, name: &str, content: &serde_json::Value) -> anyhow::Result<()> {
         self.node
             .host
-            .write_file(&self.dir.join(name), content.as_bytes())
+            .write_file(&self.dir.join(name), content.to_string().as_bytes())
     }
 
-    /// `n` services of one TCP port on `servers`; the last one is also a
-    /// NodePort and has a UDP port, and its EndpointSlice has a file of its
-    /// own ([`Self::write_target_slice`]) so that a change rewrites only it.
+    /// `n` services of one TCP port; the target (the last) on `servers`,
+    /// the others on [`endpoints_per_service`] endpoints (`servers` first).
+    /// The target is also a NodePort and has a UDP port, and its
+    /// EndpointSlice has a file of its own ([`Self::write_target_slice`]) so
+    /// that a change rewrites only it.
     pub fn write_all(&self, n: usize, servers: &[Ipv4Addr]) -> anyhow::Result<()> {
-        let mut services = String::new();
-        let mut slices = String::new();
+        let per = endpoints_per_service();
+        let mut services = Vec::with_capacity(n);
+        let mut slices = Vec::with_capacity(n);
         for i in 0..n {
-            let (v, name) = (vip(i), name(i));
+            let (v, name) = (vip(i).to_string(), name(i));
             let last = i == n - 1;
-            let (kind, node_port, udp) = if last {
-                (
-                    "NodePort",
-                    format!(", nodePort: {NODE_PORT}"),
-                    format!(
-                        ", {{name: dns, protocol: UDP, port: {UDP_SERVICE_PORT}, targetPort: {UDP_PORT}}}"
-                    ),
-                )
-            } else {
-                ("ClusterIP", String::new(), String::new())
-            };
-            let _ = write!(
-                services,
-                "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: bench}}\nspec:\n  type: {kind}\n  clusterIP: {v}\n  clusterIPs: [{v}]\n  ports: [{{name: http, protocol: TCP, port: {SERVICE_PORT}, targetPort: {TCP_PORT}{node_port}}}{udp}]\n"
-            );
+            let mut ports = vec![serde_json::json!({"name": "http", "protocol": "TCP",
+                "port": SERVICE_PORT, "targetPort": TCP_PORT})];
+            if last {
+                ports[0]["nodePort"] = NODE_PORT.into();
+                ports.push(serde_json::json!({"name": "dns", "protocol": "UDP",
+                    "port": UDP_SERVICE_PORT, "targetPort": UDP_PORT}));
+            }
+            services.push(serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": name, "namespace": "bench"},
+                "spec": {"type": if last { "NodePort" } else { "ClusterIP" },
+                    "clusterIP": v, "clusterIPs": [v], "ports": ports},
+            }));
             if !last {
-                slices.push_str(&slice(&name, servers, false));
+                let endpoints: Vec<Ipv4Addr> = servers
+                    .iter()
+                    .copied()
+                    .chain((0..).map(|j| filler(i, j)))
+                    .take(per.max(servers.len()))
+                    .collect();
+                slices.push(slice(&name, &endpoints, false));
             }
         }
         self.write_target_slice(n, servers)?;
         let node = self.node;
         self.write(
-            "node.yaml",
-            format!(
-                "apiVersion: v1\nkind: Node\nmetadata: {{name: node-a}}\nspec: {{podCIDR: {}}}\nstatus:\n  addresses: [{{type: InternalIP, address: {}}}]\n",
-                node.cluster_cidr, node.address
-            ),
+            "node.json",
+            &serde_json::json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "node-a"}, "spec": {"podCIDR": node.cluster_cidr},
+                "status": {"addresses": [{"type": "InternalIP", "address": node.address.to_string()}]}}),
         )?;
-        self.write("slices.yaml", slices)?;
-        self.write("services.yaml", services)
+        self.write("slices.json", &list(slices))?;
+        self.write("services.json", &list(services))
     }
 
     /// The target service's EndpointSlice, with `servers` as its endpoints,
     /// written whole and moved into place (one event).
     pub fn write_target_slice(&self, n: usize, servers: &[Ipv4Addr]) -> anyhow::Result<()> {
-        self.write("target-slice.yaml", slice(&name(n - 1), servers, true))
+        self.write("target-slice.json", &slice(&name(n - 1), servers, true))
     }
 }
 
-fn slice(name: &str, servers: &[Ipv4Addr], udp: bool) -> String {
-    let endpoints: String = servers
+fn list(items: Vec<serde_json::Value>) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
+fn slice(name: &str, endpoints: &[Ipv4Addr], udp: bool) -> serde_json::Value {
+    let endpoints: Vec<serde_json::Value> = endpoints
         .iter()
         .map(|ip| {
-            format!(
-                "  - addresses: ['{ip}']\n    conditions: {{ready: true}}\n    nodeName: node-a\n"
-            )
+            serde_json::json!({"addresses": [ip.to_string()], "conditions": {"ready": true},
+                "nodeName": "node-a"})
         })
         .collect();
-    let udp = if udp {
-        format!(", {{name: dns, protocol: UDP, port: {UDP_PORT}}}")
-    } else {
-        String::new()
-    };
-    format!(
-        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports: [{{name: http, protocol: TCP, port: {TCP_PORT}}}{udp}]\nendpoints:\n{endpoints}"
-    )
+    let mut ports = vec![serde_json::json!({"name": "http", "protocol": "TCP", "port": TCP_PORT})];
+    if udp {
+        ports.push(serde_json::json!({"name": "dns", "protocol": "UDP", "port": UDP_PORT}));
+    }
+    serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{name}-1"), "namespace": "bench",
+            "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4", "ports": ports, "endpoints": endpoints,
+    })
 }
 
 /// The agent on a node, stopped on drop (its datapath stays, as a
@@ -134,6 +165,7 @@ impl Agent {
         mode: &str,
         manifests: &Path,
         socket_lb_cgroup: Option<&str>,
+        services: usize,
     ) -> anyhow::Result<Self> {
         let work = Path::new(&node.work);
         let log = work.join(format!("agent-{mode}.log"));
@@ -171,6 +203,21 @@ impl Agent {
             None => args.push("--ebpf-socket-lb=false".into()),
         }
         args.extend(interface_flags(node));
+        // Every service port's slots are entries of SERVICES: 50,000 services
+        // of 10 endpoints need more than the default 262,144.
+        let slots = services * (endpoints_per_service() + 2);
+        if mode == "ebpf"
+            && slots > 262_144
+            && !node
+                .agent_args
+                .iter()
+                .any(|a| a.starts_with("--ebpf-map-size-services"))
+        {
+            args.push(format!(
+                "--ebpf-map-size-services={}",
+                slots.next_power_of_two()
+            ));
+        }
         args.extend(node.agent_args.iter().cloned());
         let mut command = node.host.command("sh", &args);
         command

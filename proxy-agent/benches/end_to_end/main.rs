@@ -14,8 +14,8 @@
 //! `E2E_HOSTS=testbed` rehearses that with one testbed.
 //!
 //! For each scale the agents run on the same generated manifests (N
-//! services of one TCP port on two servers; the last is also a NodePort and
-//! has a UDP port), then every round measures every datapath in a rotating
+//! services of one TCP port, `E2E_ENDPOINTS` endpoints each, as JSON lists;
+//! the last on two servers, also a NodePort with a UDP port), then every round measures every datapath in a rotating
 //! order. Datapaths: `raw` (no agent: the clients go to a server's address,
 //! routed by the node), our `ebpf` mode (TC from pods, XDP from outside;
 //! socket hooks off), `ebpf-socket` (the same agent with its socket hooks on
@@ -42,7 +42,8 @@
 //! (default raw,ebpf,ebpf-socket,nftables,iptables-legacy), `E2E_RULES_MAX` (the most
 //! services a rule mode is started with; default 50000), `E2E_ROUNDS` (3),
 //! `E2E_CONNECTIONS` (1000 per round and client), `E2E_STREAM_MS` (1000, the
-//! bulk and UDP runs), `E2E_CHANGES` (10 per scale), `E2E_REPORT` (the
+//! bulk and UDP runs), `E2E_CHANGES` (10 per scale), `E2E_ENDPOINTS` (10
+//! per service but the target), `E2E_REPORT` (the
 //! report's path), `E2E_AGENT_LOG` (the agents' RUST_LOG, default warn),
 //! `E2E_KEEP_WORK` (keep the agents' logs and the manifests), `E2E_HOSTS`,
 //! `E2E_REHEARSAL_VIA` (with `E2E_HOSTS=testbed`: a command prefix before
@@ -380,7 +381,7 @@ impl Bed {
         let mode = dp.mode.expect("not raw");
         let cgroup = self.socket_lb_cgroup.clone().filter(|_| dp.socket_lb);
         let manifests = self.manifests(n).dir;
-        let mut agent = Agent::start(&self.site.node, mode, &manifests, cgroup.as_deref())?;
+        let mut agent = Agent::start(&self.site.node, mode, &manifests, cgroup.as_deref(), n)?;
         // From the agent's pid, printed just before it execs: writing its
         // configuration and (on real machines) ssh's set-up are not its start.
         // Through ssh the line arrives half a round trip late, well under a

@@ -94,9 +94,10 @@ pub fn render(
     let _ = writeln!(
         out,
         "`cargo xtask bench e2e`, the node on {machine} ({}). {setup} N \
-         services of one TCP port with two server pods behind each; the clients go to the last \
-         one (last by name as well: rule lists walked in order reach it last), which is also a \
-         NodePort and has a UDP port. `raw`: no agent, the clients go to a server pod's address, \
+         services of one TCP port with {} endpoints behind each (written as JSON lists, the form \
+         the API server lists them in); the clients go to the last one (last by name as well: \
+         rule lists walked in order reach it last), which has two server pods behind it, is also \
+         a NodePort and has a UDP port. `raw`: no agent, the clients go to a server pod's address, \
          routed by the same node. {} rounds, the datapaths measured in a rotating order within \
          each; per round and datapath: {} short connections (connect, a small HTTP request, the \
          reply to EOF, close; one at a time) from the pod to the ClusterIP and as many from \
@@ -106,6 +107,7 @@ pub fn render(
          datagram received. Ratios are to raw in the same round: the median over rounds, and \
          their range (the run's noise); values are medians over rounds.\n",
         jiff::Zoned::now().strftime("%Y-%m-%d %H:%M %Z"),
+        super::agent::endpoints_per_service(),
         s.rounds,
         s.connections,
         s.stream.as_millis(),

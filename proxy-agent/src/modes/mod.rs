@@ -67,8 +67,9 @@ pub struct Running {
     pub families: Vec<crate::model::IpFamily>,
     /// The mode's own metrics, collected at each scrape.
     pub metrics: Option<Box<dyn prometheus_client::collector::Collector>>,
-    /// Work beside the syncs (keeping programs attached); runs until the agent stops.
-    pub background: BoxFuture<'static, ()>,
+    /// Work beside the syncs (keeping programs attached); runs until the
+    /// agent stops, or returns why the mode cannot go on.
+    pub background: BoxFuture<'static, anyhow::Error>,
     /// Runs once when the agent stops.
     pub stop: Box<dyn FnOnce() + Send>,
 }

@@ -320,6 +320,9 @@ fn scene(xdp_mode: &str) -> Scene {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    for agent in &scene.agents {
+        agent.wait_programs_attached();
+    }
     scene
 }
 

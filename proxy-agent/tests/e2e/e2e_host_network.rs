@@ -157,6 +157,11 @@ impl Scene {
             dir,
             _bpffs: bpffs,
         };
+        // The socket hooks serve before the packet programs are verified:
+        // the first sync's report says when those are attached too.
+        for agent in &scene.agents {
+            agent.wait_programs_attached();
+        }
         for id in NodeId::ALL {
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
             loop {

@@ -322,7 +322,7 @@ fn bind_address_hard_fail_stops_the_agent_before_it_touches_the_datapath() {
         ),
         "{log}"
     );
-    assert!(!log.contains("datapath loaded"), "{log}");
+    assert!(!log.contains("maps ready"), "{log}");
     drop(hold_tx);
     holder.join().unwrap();
 }

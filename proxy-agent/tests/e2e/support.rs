@@ -87,6 +87,21 @@ impl Agent {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits for the ebpf agent's first sync to report its packet programs
+    /// verified and attached (traffic through one interface can pass
+    /// before the attachments to the others are logged).
+    pub fn wait_programs_attached(&self) {
+        wait_for(
+            Duration::from_secs(30),
+            "the packet programs attached",
+            || {
+                self.log_text()
+                    .contains("packet programs verified and attached")
+                    .then_some(())
+            },
+        );
+    }
+
     /// The exit status once the agent has exited on its own.
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
         self.child.as_mut()?.try_wait().unwrap()

@@ -35,7 +35,7 @@ use proxy_common::{
 
 use crate::tester::{
     Datapath, In, Out::*, Step, counters, ifindex, in_both_families, ip, mac_str, pkt, rst, send,
-    syn, with_ttl,
+    stay_on_this_cpu, syn, with_ttl,
 };
 use Hook::{FromNetdev, FromPod, Xdp};
 
@@ -587,28 +587,6 @@ fn a_flow_refreshing_its_next_hop_asks_the_fib_not_its_destinations_cache(net: &
         ],
     }
     .run();
-}
-
-/// Pins the calling thread to the CPU it runs on.
-fn stay_on_this_cpu() {
-    // SAFETY: plain syscalls on this thread's own affinity mask.
-    unsafe {
-        let cpu = libc::sched_getcpu();
-        assert!(
-            cpu >= 0,
-            "sched_getcpu: {}",
-            std::io::Error::last_os_error()
-        );
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        let done = libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
-        assert_eq!(
-            done,
-            0,
-            "sched_setaffinity: {}",
-            std::io::Error::last_os_error()
-        );
-    }
 }
 
 fn new_flows_ask_the_fib_when_routing_may_depend_on_more(net: &Net) {

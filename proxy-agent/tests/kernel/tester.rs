@@ -478,3 +478,25 @@ macro_rules! in_both_families {
     };
 }
 pub(crate) use in_both_families;
+
+/// Pins the calling thread to the CPU it runs on.
+pub fn stay_on_this_cpu() {
+    // SAFETY: plain syscalls on this thread's own affinity mask.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        assert!(
+            cpu >= 0,
+            "sched_getcpu: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        let done = libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+        assert_eq!(
+            done,
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}

@@ -395,3 +395,51 @@ fn a_file_being_rewritten_is_not_read_half_way() {
         assert!(got.is_empty(), "the half-written file was read: {got:?}");
     });
 }
+
+fn to_json(yaml: &str) -> serde_json::Value {
+    serde_yaml::from_str(yaml).unwrap()
+}
+
+/// JSON files take serde_json's path (as API lists arrive), not the YAML
+/// parser's: the same objects and the same rejections, naming the same
+/// document and field.
+#[test]
+fn json_files_give_the_objects_and_rejections_yaml_gives() {
+    let node = "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\n";
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List",
+        "items": [to_json(SERVICE), to_json(SLICE)]});
+    // Two documents in one file: a stream of JSON values.
+    let stream = format!("{}\n{}", to_json(node), list);
+    let from_json = load(&[("all.json", &stream)]).unwrap();
+    let from_yaml = load(&[("all.yaml", &format!("{node}---\n{SERVICE}---\n{SLICE}"))]).unwrap();
+    assert_eq!(from_json.services, from_yaml.services);
+    assert_eq!(from_json.endpoint_slices, from_yaml.endpoint_slices);
+    assert_eq!(from_json.nodes, from_yaml.nodes);
+    assert_eq!(from_json.services.len(), 1);
+
+    let bad_type = to_json(&SERVICE.replace("port: 80,", "port: eighty,"));
+    let e = rejection(&[("svc.json", &bad_type.to_string())]);
+    assert_eq!(e.field.as_deref(), Some("spec.ports[0].port"), "{e}");
+    assert!(e.file.ends_with("svc.json"));
+
+    let bad_item = serde_json::json!({"apiVersion": "v1", "kind": "List",
+        "items": [to_json(SLICE), to_json(&SERVICE.replace("198.19.0.1", "198.19.0.300"))]});
+    let e = rejection(&[("list.json", &bad_item.to_string())]);
+    assert_eq!(e.field.as_deref(), Some("items[1].spec.clusterIP"), "{e}");
+
+    let e = rejection(&[("two.json", &format!("{}\n{{\"kind\": [", to_json(node)))]);
+    assert_eq!(e.document, Some(2), "{e}");
+    assert!(e.to_string().contains("invalid JSON"), "{e}");
+
+    let missing = to_json(&SERVICE.replace("apiVersion: v1\n", ""));
+    let e = rejection(&[("x.json", &missing.to_string())]);
+    assert_eq!(e.field.as_deref(), Some("apiVersion"), "{e}");
+
+    let twice = format!("{}\n{}", to_json(SERVICE), to_json(SERVICE));
+    let e = rejection(&[("twice.json", &twice)]);
+    assert_eq!(
+        (e.document, e.field.as_deref()),
+        (Some(2), Some("metadata.name")),
+        "{e}"
+    );
+}

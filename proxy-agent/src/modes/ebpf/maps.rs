@@ -32,6 +32,8 @@ pub enum MapError {
         #[source]
         source: aya::maps::MapError,
     },
+    #[error("the packet programs could not be loaded: {0}")]
+    ProgramsNotLoaded(String),
     #[error("too many backends ({count}): a frontend addresses at most 65534 slots")]
     TooManyBackends { count: usize },
     #[error("no service id left for another service port")]

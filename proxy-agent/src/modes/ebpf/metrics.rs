@@ -56,6 +56,19 @@ impl std::fmt::Debug for DatapathMetrics {
     }
 }
 
+/// The datapath's metrics once its programs are loaded (set then), none before.
+#[derive(Debug)]
+pub struct Deferred(pub std::sync::Arc<std::sync::OnceLock<DatapathMetrics>>);
+
+impl Collector for Deferred {
+    fn encode(&self, encoder: DescriptorEncoder) -> std::fmt::Result {
+        match self.0.get() {
+            Some(metrics) => metrics.encode(encoder),
+            None => Ok(()),
+        }
+    }
+}
+
 impl DatapathMetrics {
     /// The maps of every program in `ebpf`, by the kernel's ids (so pinned
     /// and unpinned datapaths alike).

@@ -16,6 +16,7 @@ mod object;
 pub mod pin;
 pub mod probe;
 mod programmer;
+mod programs_ready;
 mod proxier;
 pub mod publish;
 mod run;
@@ -69,23 +70,25 @@ pub fn load() -> anyhow::Result<Ebpf> {
 
 /// Loads the embedded object into the kernel without attaching anything.
 pub fn load_with(sizes: MapSizes) -> anyhow::Result<Ebpf> {
-    load_object(sizes, None)
+    let mut ebpf = create_maps(sizes, None)?;
+    load_packet_programs(&mut ebpf)?;
+    Ok(ebpf)
 }
 
-/// Like [`load_with`], with every map taken from (or, when absent, created
-/// and pinned at) `maps_dir/NAME`.
-pub fn load_pinned(sizes: MapSizes, maps_dir: &std::path::Path) -> anyhow::Result<Ebpf> {
-    std::fs::create_dir_all(maps_dir)
-        .with_context(|| format!("creating the pin directory {}", maps_dir.display()))?;
-    load_object(sizes, Some(maps_dir))
-}
-
-fn load_object(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyhow::Result<Ebpf> {
+/// The embedded object with its maps created (or, with `maps_dir`, taken
+/// from `maps_dir/NAME` and, when absent, created and pinned there) and its
+/// programs not yet verified: [`load_packet_programs`] does that, and the
+/// maps can be filled meanwhile.
+pub fn create_maps(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyhow::Result<Ebpf> {
     use proxy_common::maps as names;
     if OBJECT.is_empty() {
         bail!(
             "this binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; rebuild without it"
         );
+    }
+    if let Some(dir) = maps_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the pin directory {}", dir.display()))?;
     }
     let mut loader = EbpfLoader::new();
     loader
@@ -106,14 +109,18 @@ fn load_object(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyhow::R
             loader.map_pin_path(name, dir.join(name));
         }
     }
-    let mut ebpf = loader
+    loader
         .load(OBJECT)
-        .context("loading the eBPF object into the kernel")?;
+        .context("loading the eBPF object into the kernel")
+}
+
+/// Verifies and loads the packet programs (TC and XDP) of an object from
+/// [`create_maps`].
+pub fn load_packet_programs(ebpf: &mut Ebpf) -> anyhow::Result<()> {
     load_programs(
-        &mut ebpf,
+        ebpf,
         &[PROG_FROM_POD, PROG_FROM_NETDEV, PROG_FROM_HOST, PROG_XDP],
-    )?;
-    Ok(ebpf)
+    )
 }
 
 /// Loads the socket-level balancing programs. A kernel without one of

@@ -5,6 +5,7 @@ use proxy_common::{V4, V6};
 
 use tracing::{debug, info, warn};
 
+use super::programs_ready::ProgramsReady;
 use super::{
     EbpfNodeSettings, KernelMaps, MapError, NodeFacts, NodeProgrammer, Programmer, node_facts,
     publish::NamesPublisher, stale_sockets,
@@ -31,6 +32,9 @@ pub struct EbpfProxier {
     /// Whether the names were published since the last change.
     names_current: bool,
     names_published_at: Option<Instant>,
+    /// Until the first sync has waited for them: the packet programs being
+    /// verified.
+    programs: Option<ProgramsReady>,
 }
 
 /// How often the conntrack table's fill is measured (a walk of its keys).
@@ -109,6 +113,7 @@ impl EbpfProxier {
             names: None,
             names_current: false,
             names_published_at: None,
+            programs: None,
         })
     }
 
@@ -130,12 +135,20 @@ impl EbpfProxier {
             names: None,
             names_current: false,
             names_published_at: None,
+            programs: None,
         }
     }
 
     /// Publishes what the maps' ids stand for after every sync that changed them.
     pub fn publishing_names(mut self, publisher: NamesPublisher) -> Self {
         self.names = Some(publisher);
+        self
+    }
+
+    /// The first sync writes the maps, then waits for `programs` to be
+    /// attached before it reports done.
+    pub fn waiting_for(mut self, programs: ProgramsReady) -> Self {
+        self.programs = Some(programs);
         self
     }
 
@@ -254,6 +267,15 @@ impl Proxier for EbpfProxier {
                 .sync_changed(desired, &changes.changed, &mut self.maps)?
         };
         self.end_stale_udp_sockets();
+        let took = started.elapsed();
+        if let Some(programs) = self.programs.take() {
+            programs.wait().map_err(MapError::ProgramsNotLoaded)?;
+            info!(
+                maps_written_in = ?took,
+                attached_after = ?started.elapsed(),
+                "first sync: the packet programs verified and attached"
+            );
+        }
         if !changes.full && changes.changed.is_empty() {
             debug!("datapath synced: no service changed");
         } else {
@@ -265,7 +287,7 @@ impl Proxier for EbpfProxier {
                 writes = stats.writes,
                 deletes = stats.deletes,
                 flushed_flows = stats.flushed_flows,
-                took = ?started.elapsed(),
+                took = ?took,
                 "datapath synced"
             );
         }

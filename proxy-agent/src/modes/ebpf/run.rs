@@ -9,12 +9,13 @@ use tracing::{info, warn};
 
 use super::introspect::names::names_path;
 use super::{
-    Attacher, EbpfNodeSettings, EbpfProxier, KernelMaps, MapSizes, cleanup, load_pinned, load_with,
-    migrate,
+    Attacher, EbpfNodeSettings, EbpfProxier, KernelMaps, MapSizes, cleanup, create_maps,
+    load_packet_programs, migrate,
     node::warn_if_snat_ports_overlap,
     object_maps,
     pin::{Found, PinError, PinLayout},
     probe,
+    programs_ready::ProgramsReady,
     publish::NamesPublisher,
     sockets, stats,
 };
@@ -64,16 +65,13 @@ impl Mode for EbpfMode {
             counters,
             pins,
             takeover,
-        } = open(&PinLayout::new(&opts.ebpf.pinning.root), sizes)?;
+        } = open_maps(&PinLayout::new(&opts.ebpf.pinning.root), sizes)?;
         let adopting = takeover != Takeover::Fresh;
         warn_if_snat_ports_overlap();
 
         let mut settings = EbpfNodeSettings::from_options(opts);
-        let mut socket_hooks =
-            sockets::start(&mut ebpf, opts, pins.as_ref(), &mut settings.socket_lb);
+        let socket_hooks = sockets::start(&mut ebpf, opts, pins.as_ref(), &mut settings.socket_lb);
         settings.localhost_node_ports &= socket_hooks.is_some();
-        // After the socket programs loaded: they use maps of their own.
-        let datapath_metrics = super::metrics::DatapathMetrics::of(&ebpf);
         let proxier = if adopting {
             EbpfProxier::adopting(maps, settings.clone())
         } else {
@@ -91,50 +89,165 @@ impl Mode for EbpfMode {
             ?sizes,
             pod_interface_prefixes = ?settings.pod_interface_prefixes,
             xdp = ?opts.ebpf.xdp_mode,
-            "datapath loaded"
+            "maps ready; the packet programs are being verified"
         );
-        let attacher = Arc::new(std::sync::Mutex::new(Attacher::new(
+        // The verifier takes seconds on a small node: the first sync fills
+        // the maps meanwhile, and the programs are attached once verified
+        // (an earlier agent's pinned programs serve until then).
+        let metrics = Arc::new(std::sync::OnceLock::new());
+        let attacher = Arc::new(std::sync::Mutex::new(None));
+        let ready = ProgramsReady::default();
+        let proxier = proxier.waiting_for(ready.clone());
+        let background = attach_once_verified(
             ebpf,
-            opts.ebpf.xdp_mode,
-            pins.clone(),
-        )));
-        let background = keep_attached(attacher.clone(), settings, host.changes);
-        let detach_on_exit = opts.ebpf.pinning.detach_on_exit;
-        let stop = move || {
-            let mut attacher = attacher.lock().unwrap_or_else(|e| e.into_inner());
-            let counters = stats::read(&counters);
-            match pins {
-                Some(pins) if !detach_on_exit => info!(
-                    pin_root = %pins.root().display(),
-                    ?counters,
-                    "datapath left in place: it keeps serving until the next agent takes it over (`--cleanup` removes it)"
-                ),
-                _ => {
-                    if let Some(pins) = pins {
-                        attacher.unpin_links();
-                        if let Some(hooks) = socket_hooks.as_mut() {
-                            hooks.unpin();
-                        }
-                        if let Err(e) = pins.remove_all() {
-                            warn!(error = %e, "removing the pins");
-                        }
-                    }
-                    drop(socket_hooks.take());
-                    // The ids it names are gone with the maps.
-                    let _ = std::fs::remove_file(names_path(&state_dir));
-                    let detached: Vec<&str> = attacher.pod_names().collect();
-                    info!(detached = ?detached, ?counters, "programs detached and maps released");
-                }
-            }
-        };
+            Verified {
+                metrics: metrics.clone(),
+                attacher: attacher.clone(),
+                ready,
+                xdp: opts.ebpf.xdp_mode,
+                pins: pins.clone(),
+            },
+            settings,
+            host.changes,
+        );
+        let stop = stopper(
+            Stopping {
+                attacher,
+                socket_hooks,
+                counters,
+                pins,
+                state_dir,
+            },
+            opts.ebpf.pinning.detach_on_exit,
+        );
         Ok(Running {
             proxier: boxed(proxier),
             // One sync programs both families' maps.
             families: IpFamily::BOTH.to_vec(),
-            metrics: Some(Box::new(datapath_metrics)),
+            metrics: Some(Box::new(super::metrics::Deferred(metrics))),
             background: Box::pin(background),
             stop: Box::new(stop),
         })
+    }
+}
+
+/// Where the verified datapath goes: the metrics, the stop, the first sync.
+struct Verified {
+    metrics: Arc<std::sync::OnceLock<super::metrics::DatapathMetrics>>,
+    attacher: Arc<std::sync::Mutex<Option<Attacher>>>,
+    ready: ProgramsReady,
+    xdp: crate::options::ebpf::XdpMode,
+    pins: Option<PinLayout>,
+}
+
+/// Verifies the packet programs on threads of their own (from now on) and
+/// attaches them to the interfaces there are; the future returned keeps them
+/// attached, and returns only when they cannot be loaded.
+fn attach_once_verified(
+    mut ebpf: aya::Ebpf,
+    verified: Verified,
+    settings: EbpfNodeSettings,
+    host: watch::Receiver<Arc<HostNetwork>>,
+) -> impl std::future::Future<Output = anyhow::Error> + Send + 'static {
+    let started = std::time::Instant::now();
+    let Verified {
+        metrics,
+        attacher,
+        ready,
+        xdp,
+        pins,
+    } = verified;
+    let (first_host, first_settings, first_attacher) =
+        (host.clone(), settings.clone(), attacher.clone());
+    // All on a thread of its own, started now: the first sync waits for it
+    // while blocking the task that polls this future.
+    let (done, loaded) = tokio::sync::oneshot::channel();
+    let on_panic = ready.clone();
+    let load = move || -> anyhow::Result<()> {
+        let loaded = load_packet_programs(&mut ebpf);
+        if let Err(e) = &loaded {
+            ready.set(Err(format!("{e:#}")));
+        }
+        loaded?;
+        info!(took = ?started.elapsed(), "packet programs verified");
+        // After every program loaded: the metrics name the maps they use.
+        let _ = metrics.set(super::metrics::DatapathMetrics::of(&ebpf));
+        let mut first = Attacher::new(ebpf, xdp, pins);
+        let snapshot = first_host.borrow().clone();
+        let pods = first_settings.pod_interfaces(&snapshot);
+        let external = first_settings.interface_roles(&snapshot).external;
+        if let Err(e) = first.reconcile(&pods, &external) {
+            warn!(error = %format!("{e:#}"), "reconciling interfaces");
+        }
+        *first_attacher.lock().unwrap_or_else(|e| e.into_inner()) = Some(first);
+        ready.set(Ok(()));
+        Ok(())
+    };
+    std::thread::Builder::new()
+        .name("verifier".into())
+        .spawn(move || {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load))
+                .unwrap_or_else(|_| {
+                    on_panic.set(Err("the verifier thread panicked".into()));
+                    Err(anyhow::anyhow!("the verifier thread panicked"))
+                });
+            let _ = done.send(outcome);
+        })
+        .expect("spawning the verifier thread");
+    async move {
+        match loaded.await {
+            Ok(Ok(())) => keep_attached(attacher, settings, host).await,
+            Ok(Err(e)) => e,
+            Err(_) => anyhow::anyhow!("the verifier thread ended without an answer"),
+        }
+    }
+}
+
+/// What the agent's stop releases.
+struct Stopping {
+    attacher: Arc<std::sync::Mutex<Option<Attacher>>>,
+    socket_hooks: Option<sockets::SocketHooks>,
+    counters: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+    pins: Option<PinLayout>,
+    state_dir: PathBuf,
+}
+
+fn stopper(stopping: Stopping, detach_on_exit: bool) -> impl FnOnce() + Send {
+    move || {
+        let Stopping {
+            attacher,
+            mut socket_hooks,
+            counters,
+            pins,
+            state_dir,
+        } = stopping;
+        let mut attacher = attacher.lock().unwrap_or_else(|e| e.into_inner());
+        let counters = stats::read(&counters);
+        match pins {
+            Some(pins) if !detach_on_exit => info!(
+                pin_root = %pins.root().display(),
+                ?counters,
+                "datapath left in place: it keeps serving until the next agent takes it over (`--cleanup` removes it)"
+            ),
+            _ => {
+                if let Some(pins) = pins {
+                    if let Some(attacher) = attacher.as_mut() {
+                        attacher.unpin_links();
+                    }
+                    if let Some(hooks) = socket_hooks.as_mut() {
+                        hooks.unpin();
+                    }
+                    if let Err(e) = pins.remove_all() {
+                        warn!(error = %e, "removing the pins");
+                    }
+                }
+                drop(socket_hooks.take());
+                // The ids it names are gone with the maps.
+                let _ = std::fs::remove_file(names_path(&state_dir));
+                let detached: Vec<&str> = attacher.iter().flat_map(|a| a.pod_names()).collect();
+                info!(detached = ?detached, ?counters, "programs detached and maps released");
+            }
+        }
     }
 }
 
@@ -158,9 +271,17 @@ pub struct Opened {
     pub takeover: Takeover,
 }
 
-/// Loads the programs pinned under `layout` (see [`load`]), and migrates the
-/// maps an older ABI version pinned.
+/// Loads the datapath pinned under `layout` (see [`load`]), programs
+/// included, and migrates the maps an older ABI version pinned.
 pub fn open(layout: &PinLayout, sizes: MapSizes) -> anyhow::Result<Opened> {
+    let mut opened = open_maps(layout, sizes)?;
+    load_packet_programs(&mut opened.ebpf)?;
+    Ok(opened)
+}
+
+/// [`open`] without verifying the packet programs: the maps are ready to be
+/// filled while [`load_packet_programs`] runs.
+pub fn open_maps(layout: &PinLayout, sizes: MapSizes) -> anyhow::Result<Opened> {
     let (mut ebpf, pins, takeover) = load(layout, sizes)?;
     let (mut maps, mut counters) = KernelMaps::take(&mut ebpf)?;
     if let Takeover::Migrate { version, dir } = &takeover {
@@ -179,8 +300,9 @@ pub fn open(layout: &PinLayout, sizes: MapSizes) -> anyhow::Result<Opened> {
     })
 }
 
-/// Loads the programs, pinned under `layout` when its root is on a BPF
-/// filesystem (reusing what is pinned there), else unpinned.
+/// Creates the maps, pinned under `layout` when its root is on a BPF
+/// filesystem (reusing what is pinned there), else unpinned; the programs
+/// are left to [`load_packet_programs`].
 pub fn load(
     layout: &PinLayout,
     mut sizes: MapSizes,
@@ -194,7 +316,7 @@ pub fn load(
                 "running without pinned maps: the datapath goes away with the agent, so a restart \
                  cuts established connections, and `proxy-agent explain --online` cannot read it"
             );
-            return Ok((load_with(sizes)?, None, Takeover::Fresh));
+            return Ok((create_maps(sizes, None)?, None, Takeover::Fresh));
         }
         Err(e) => return Err(e.into()),
     };
@@ -225,7 +347,7 @@ pub fn load(
             *size = *pinned;
         }
     }
-    let ebpf = load_pinned(sizes, &layout.maps_dir())?;
+    let ebpf = create_maps(sizes, Some(&layout.maps_dir()))?;
     info!(
         pin_root = %layout.root().display(),
         takeover = ?takeover,
@@ -237,20 +359,23 @@ pub fn load(
 /// Attaches the programs to the pod-facing and external interfaces of every
 /// host snapshot, at once (not at the next sync), retrying failed ones.
 async fn keep_attached(
-    attacher: Arc<std::sync::Mutex<Attacher>>,
+    attacher: Arc<std::sync::Mutex<Option<Attacher>>>,
     settings: EbpfNodeSettings,
     mut host: watch::Receiver<Arc<HostNetwork>>,
-) {
+) -> anyhow::Error {
     loop {
         let snapshot = host.borrow_and_update().clone();
         let pods = settings.pod_interfaces(&snapshot);
         let external = settings.interface_roles(&snapshot).external;
         let complete = {
             let mut attacher = attacher.lock().unwrap_or_else(|e| e.into_inner());
-            attacher.reconcile(&pods, &external).unwrap_or_else(|e| {
-                warn!(error = %format!("{e:#}"), "reconciling interfaces");
-                false
-            })
+            match attacher.as_mut() {
+                Some(attacher) => attacher.reconcile(&pods, &external).unwrap_or_else(|e| {
+                    warn!(error = %format!("{e:#}"), "reconciling interfaces");
+                    false
+                }),
+                None => true,
+            }
         };
         if complete {
             if host.changed().await.is_err() {
