@@ -96,6 +96,7 @@ impl Mode for EbpfMode {
         // (an earlier agent's pinned programs serve until then).
         let metrics = Arc::new(std::sync::OnceLock::new());
         let attacher = Arc::new(std::sync::Mutex::new(None));
+        let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let ready = ProgramsReady::default();
         let proxier = proxier.waiting_for(ready.clone());
         let background = attach_once_verified(
@@ -103,6 +104,7 @@ impl Mode for EbpfMode {
             Verified {
                 metrics: metrics.clone(),
                 attacher: attacher.clone(),
+                stopped: stopped.clone(),
                 ready,
                 xdp: opts.ebpf.xdp_mode,
                 pins: pins.clone(),
@@ -113,6 +115,7 @@ impl Mode for EbpfMode {
         let stop = stopper(
             Stopping {
                 attacher,
+                stopped,
                 socket_hooks,
                 counters,
                 pins,
@@ -135,6 +138,8 @@ impl Mode for EbpfMode {
 struct Verified {
     metrics: Arc<std::sync::OnceLock<super::metrics::DatapathMetrics>>,
     attacher: Arc<std::sync::Mutex<Option<Attacher>>>,
+    /// Set by the stop under the attacher's lock: nothing is attached after it.
+    stopped: Arc<std::sync::atomic::AtomicBool>,
     ready: ProgramsReady,
     xdp: crate::options::ebpf::XdpMode,
     pins: Option<PinLayout>,
@@ -153,6 +158,7 @@ fn attach_once_verified(
     let Verified {
         metrics,
         attacher,
+        stopped,
         ready,
         xdp,
         pins,
@@ -172,6 +178,11 @@ fn attach_once_verified(
         info!(took = ?started.elapsed(), "packet programs verified");
         // After every program loaded: the metrics name the maps they use.
         let _ = metrics.set(super::metrics::DatapathMetrics::of(&ebpf));
+        let mut slot = first_attacher.lock().unwrap_or_else(|e| e.into_inner());
+        if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+            ready.set(Err("the agent is stopping".into()));
+            return Ok(());
+        }
         let mut first = Attacher::new(ebpf, xdp, pins);
         let snapshot = first_host.borrow().clone();
         let pods = first_settings.pod_interfaces(&snapshot);
@@ -179,7 +190,7 @@ fn attach_once_verified(
         if let Err(e) = first.reconcile(&pods, &external) {
             warn!(error = %format!("{e:#}"), "reconciling interfaces");
         }
-        *first_attacher.lock().unwrap_or_else(|e| e.into_inner()) = Some(first);
+        *slot = Some(first);
         ready.set(Ok(()));
         Ok(())
     };
@@ -206,6 +217,7 @@ fn attach_once_verified(
 /// What the agent's stop releases.
 struct Stopping {
     attacher: Arc<std::sync::Mutex<Option<Attacher>>>,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
     socket_hooks: Option<sockets::SocketHooks>,
     counters: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
     pins: Option<PinLayout>,
@@ -216,12 +228,14 @@ fn stopper(stopping: Stopping, detach_on_exit: bool) -> impl FnOnce() + Send {
     move || {
         let Stopping {
             attacher,
+            stopped,
             mut socket_hooks,
             counters,
             pins,
             state_dir,
         } = stopping;
         let mut attacher = attacher.lock().unwrap_or_else(|e| e.into_inner());
+        stopped.store(true, std::sync::atomic::Ordering::Relaxed);
         let counters = stats::read(&counters);
         match pins {
             Some(pins) if !detach_on_exit => info!(
