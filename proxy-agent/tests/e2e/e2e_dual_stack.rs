@@ -222,6 +222,9 @@ fn dual_stack_end_to_end(xdp_mode: &str, expect_logged: &str) {
     let vip4 = SocketAddr::new(VIP4.parse().unwrap(), 80);
     wait_answers(&client, vip6);
     wait_answers(&client, vip4);
+    // Pods are served once their interface is attached, maybe before the
+    // external one is: the first sync's report comes after both.
+    agent.wait_programs_attached();
     assert!(
         agent.log_text().contains(&format!("xdp={expect_logged}")),
         "the chosen XDP mode is logged\n{}",

@@ -108,8 +108,10 @@ impl Attacher {
         external: &BTreeMap<String, u32>,
     ) -> anyhow::Result<bool> {
         self.failed = 0;
-        self.reconcile_pods(pods)?;
+        // External interfaces first: once a pod's traffic is served, the
+        // node's NodePorts are too (and logged as such).
         self.reconcile_externals(external)?;
+        self.reconcile_pods(pods)?;
         if !self.swept && self.failed == 0 {
             self.sweep_stale_pins();
             self.swept = true;
