@@ -100,6 +100,14 @@ impl Agent {
                     .then_some(())
             },
         );
+        // The first sync reports done only once they are attached.
+        let log = self.log_text();
+        let attached = log.find("attached tc_from").expect("an attachment logged");
+        let synced = log.find("datapath synced").expect("a sync logged");
+        assert!(
+            attached < synced,
+            "the first sync reported done before the programs were attached\n{log}"
+        );
     }
 
     /// The exit status once the agent has exited on its own.
