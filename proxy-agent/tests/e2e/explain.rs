@@ -104,11 +104,15 @@ fn online_explain_answers_from_the_running_agents_pinned_maps() {
     // The agent pins at start-up and programs the services within a second.
     let nodeport = packet("tcp", CLIENT, NODE_A, REMOTE_NODEPORT, "outside");
     // Masquerading needs the node's address, known once the Node object is read.
-    let v = wait_for(
+    wait_for(
         Duration::from_secs(20),
         "the agent's maps to serve the NodePort, masqueraded",
         || once_forwarded(&ns, &pin_dir, &nodeport).filter(|v| v["masqueraded"] == true),
     );
+    // The maps serve before the programs are attached: the first sync's
+    // report comes once they are, and explain names what runs.
+    agent.wait_programs_attached();
+    let v = once_forwarded(&ns, &pin_dir, &nodeport).expect("forwarded once attached");
     let mut pins: Vec<String> = fs::read_dir(&pin_dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

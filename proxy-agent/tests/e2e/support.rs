@@ -238,6 +238,7 @@ impl PinnedScene {
             .identity()
             .map(|_| ())
         });
+        agent.wait_programs_attached();
         // Published right after the sync that programmed the maps.
         wait_for(Duration::from_secs(5), "the names to be published", || {
             state_dir
