@@ -27,7 +27,10 @@ pub struct CtKeyOf<F: Family> {
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
-    pub _pad: [u8; 3],
+    // Two scalars, not `[u8; 3]`: the datapath's key writes stay stores (an
+    // array literal becomes a `memset` call, see proxy-ebpf's `mem`).
+    pub _pad: u8,
+    pub _pad2: u16,
 }
 
 /// An IPv4 flow half (`CONNTRACK`).
@@ -49,7 +52,8 @@ impl<F: Family> CtKeyOf<F> {
             sport_be,
             dport_be,
             proto,
-            _pad: [0; 3],
+            _pad: 0,
+            _pad2: 0,
         }
     }
 }

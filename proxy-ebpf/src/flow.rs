@@ -4,8 +4,8 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use proxy_common::{
-    BackendId, BackendOf, Counter, CtDirection, CtKeyOf, CtValueOf, DatapathConfig, Family, Scope,
-    ServiceKeyOf, ServiceValue, SourceRangeOf, backend::flags as backend_flags,
+    BackendId, BackendOf, Counter, CtDirection, CtKeyOf, DatapathConfig, Family, Scope,
+    ServiceKeyOf, ServiceValue, SourceRangeOf, V4, V6, backend::flags as backend_flags,
     conntrack::flags as ct, maglev::flow_hash, monitor::hook as monitor_hook,
     service::flags as svc,
 };
@@ -292,7 +292,7 @@ fn other_half<F: Ip>(config: &DatapathConfig, half: &OtherHalf<F>, direction: Ct
         CtDirection::Forward => (pkt.saddr_be, pkt.sport_be, pkt.daddr_be, pkt.dport_be),
     };
     let snat = hit.value.flags & ct::SNAT != 0;
-    *value = *hit.value;
+    crate::mem::copy(value, hit.value);
     value.flags = match direction {
         CtDirection::Reply => value.flags | ct::REPLY,
         CtDirection::Forward => value.flags & !ct::REPLY,
@@ -425,16 +425,14 @@ fn new_flow<F: Ip>(
         pkt.sport_be,
         pkt.proto,
     );
-    *value = CtValueOf::<F> {
-        nat_addr_be: pkt.daddr_be,
-        nat_port_be: pkt.dport_be,
-        flags: ct::REPLY,
-        service_id: frontend.service_id,
-        backend_id,
-        last_seen_ns: now,
-        created_ns: now,
-        ..CtValueOf::default()
-    };
+    crate::mem::zero(value);
+    value.nat_addr_be = pkt.daddr_be;
+    value.nat_port_be = pkt.dport_be;
+    value.flags = ct::REPLY;
+    value.service_id = frontend.service_id;
+    value.backend_id = backend_id;
+    value.last_seen_ns = now;
+    value.created_ns = now;
     // The source a new port is claimed on: the masquerade address, or the
     // client's own when another live flow holds this flow's reply tuple
     // (the client reached the same endpoint from the same port through
@@ -463,7 +461,7 @@ fn new_flow<F: Ip>(
         value.snat_port_be = pkt.sport_be;
         key.daddr_be = snat_addr_be;
         out.saddr_be = snat_addr_be;
-        out.sport_be = claim_snat_port(config, key, value, now)?;
+        out.sport_be = claim_snat_port::<F>(now)?;
         if masquerade {
             crate::stats::count(Counter::Masqueraded);
         }
@@ -501,15 +499,43 @@ pub fn source_allowed<F: Ip>(service_id: u32, saddr_be: F::Addr) -> bool {
 
 const SNAT_ATTEMPTS: u32 = 8;
 
-/// Finds a source port whose reply tuple (`key` with that port as its
-/// destination port) no live flow uses, and claims it with `reply`.
+/// Finds a source port whose reply tuple (`Scratch::key` with that port as
+/// its destination port) no live flow uses, and claims it with the reply
+/// entry in `Scratch::value`.
 #[inline(always)]
-fn claim_snat_port<F: Ip>(
-    config: &DatapathConfig,
-    key: &mut CtKeyOf<F>,
-    reply: &CtValueOf<F>,
-    now: u64,
-) -> Result<u16, Counter> {
+fn claim_snat_port<F: Ip>(now: u64) -> Result<u16, Counter> {
+    let port_be = if F::AF == V6::AF {
+        snat_claim_port6(now)
+    } else {
+        snat_claim_port4(now)
+    };
+    match port_be {
+        0 => Err(Counter::DropSnatExhausted),
+        port_be => Ok(port_be as u16),
+    }
+}
+
+// Global functions: the verifier checks the claim (up to eight conntrack
+// lookups and inserts) once, for any state, instead of on every path of
+// the program that opens a masqueraded flow.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn snat_claim_port4(now: u64) -> u32 {
+    claim_port::<V4>(now)
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn snat_claim_port6(now: u64) -> u32 {
+    claim_port::<V6>(now)
+}
+
+/// The claimed port (network order), 0 when every attempt found its tuple taken.
+#[inline(always)]
+fn claim_port<F: Ip>(now: u64) -> u32 {
+    let (Some(config), Some(Scratch { key, value, .. })) = (config::get(), F::scratch()) else {
+        return 0;
+    };
     let (min, max) = if config.snat_port_min == 0 || config.snat_port_max < config.snat_port_min {
         (61000u32, 65535u32)
     } else {
@@ -518,9 +544,9 @@ fn claim_snat_port<F: Ip>(
     let span = max - min + 1;
     for _ in 0..SNAT_ATTEMPTS {
         key.dport_be = ((min + lb::below(span)) as u16).to_be();
-        if conntrack::claim(config, key, reply, now) {
-            return Ok(key.dport_be);
+        if conntrack::claim(config, key, value, now) {
+            return key.dport_be as u32;
         }
     }
-    Err(Counter::DropSnatExhausted)
+    0
 }

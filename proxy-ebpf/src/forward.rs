@@ -33,8 +33,7 @@ fn lookup<C: Frame, F: Ip>(
     out: &Rewrite<F>,
     params: &mut bpf_fib_lookup,
 ) -> i64 {
-    // SAFETY: an all-zero bpf_fib_lookup is a valid input.
-    *params = unsafe { core::mem::zeroed() };
+    crate::mem::zero(params);
     params.family = F::AF as u8;
     params.l4_protocol = pkt.proto;
     params.sport = out.sport_be;

@@ -68,8 +68,8 @@ pub fn set<F: Ip>(daddr_be: &F::Addr, hop: &NextHop, now: u64) {
     let Some(slot) = slot::<F>(daddr_be, hop.in_ifindex) else {
         return;
     };
-    slot.daddr_be = *daddr_be;
+    crate::mem::copy(&mut slot.daddr_be, daddr_be);
     slot.in_ifindex = hop.in_ifindex;
     slot.checked_ns = now;
-    slot.hop = *hop;
+    crate::mem::copy(&mut slot.hop, hop);
 }

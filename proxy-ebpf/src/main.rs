@@ -14,6 +14,7 @@ mod hops;
 mod ip;
 mod lb;
 mod maps;
+mod mem;
 mod monitor;
 mod nat;
 mod packet;

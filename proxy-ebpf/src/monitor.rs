@@ -59,8 +59,7 @@ fn report<F: Ip>(flows: bool, fill: impl Fn(&mut MonitorEventOf<F>)) {
                 return;
             };
             let e = &mut scratch.event;
-            // SAFETY: plain data; every byte is zeroed before the fields are set.
-            unsafe { core::ptr::write_bytes(e as *mut MonitorEventOf<F>, 0, 1) };
+            crate::mem::zero(e);
             fill(e);
             e.time_ns = conntrack::now_ns();
             event = Some(e);

@@ -115,7 +115,7 @@ fn reply_buffer<F: Ip, const N: usize>() -> Result<&'static mut [u8; N], Counter
     let buf = &mut F::scratch().ok_or(Counter::DropRejectFailed)?.reply;
     // SAFETY: N fits in the buffer (checked above at compile time).
     let buf = unsafe { &mut *(buf.as_mut_ptr() as *mut [u8; N]) };
-    buf.fill(0);
+    crate::mem::zero(buf);
     Ok(buf)
 }
 
