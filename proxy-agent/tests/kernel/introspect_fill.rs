@@ -47,3 +47,50 @@ fn a_million_conntrack_entries_are_counted_exactly_within_a_scrapes_budget() {
     let again = map_usage("CONNTRACK", map.map()).unwrap();
     assert_eq!(again.entries, Some(walked), "reading changed nothing");
 }
+
+/// A scrape reuses the last count of the maps while it is younger than
+/// `MAP_COUNT_MAX_AGE`: scrapes in a burst walk the maps once (a burst of
+/// exact counts at 500,000 services kept the agent from finishing its
+/// first sync).
+#[test]
+fn scrapes_in_a_burst_share_one_count_of_the_maps() {
+    use proxy_agent::modes::ebpf::{
+        self, KernelMaps, ServiceMaps,
+        metrics::{DatapathMetrics, MAP_COUNT_MAX_AGE},
+    };
+    use proxy_common::{Backend, V4};
+
+    let mut ebpf = ebpf::load().unwrap();
+    let metrics = DatapathMetrics::of(&ebpf);
+    let mut registry = prometheus_client::registry::Registry::with_prefix("kubeproxy");
+    registry.register_collector(Box::new(metrics));
+    let backends = || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(r#"kubeproxy_ebpf_map_entries{map="BACKENDS"} "#))
+            .map(|v| v.parse::<u64>().unwrap())
+            .unwrap()
+    };
+    let (mut maps, _stats) = KernelMaps::take(&mut ebpf).unwrap();
+    let put = |maps: &mut KernelMaps, id: u32| {
+        let backend = Backend {
+            addr_be: (0xc612_0001 + id).to_be(),
+            port_be: 80u16.to_be(),
+            proto: 6,
+            flags: 0,
+        };
+        ServiceMaps::<V4>::put_backend(maps, id, &backend).unwrap()
+    };
+    put(&mut maps, 1);
+    assert_eq!(backends(), 1);
+    // The count is at most this old from here on.
+    let started = Instant::now();
+    put(&mut maps, 2);
+    let second = backends();
+    if started.elapsed() < MAP_COUNT_MAX_AGE {
+        assert_eq!(second, 1, "a scrape right after another counted again");
+    }
+    std::thread::sleep(MAP_COUNT_MAX_AGE.saturating_sub(started.elapsed()));
+    assert_eq!(backends(), 2, "an old count was served past its age");
+}
