@@ -19,6 +19,8 @@ use super::{
 pub const SERVICE_PORT: u16 = 80;
 pub const UDP_SERVICE_PORT: u16 = 53;
 pub const NODE_PORT: u16 = 30080;
+/// The agents serve their metrics on the node's address at upstream's default port.
+pub const METRICS_PORT: u16 = 10249;
 
 /// The ClusterIP of service `i` (198.19.0.0/16 holds 65,536).
 pub fn vip(i: usize) -> Ipv4Addr {
@@ -175,8 +177,8 @@ impl Agent {
         node.host.write_file(
             &config,
             format!(
-                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\nclusterCIDR: {}\n",
-                node.cluster_cidr
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\nclusterCIDR: {}\nmetricsBindAddress: {}:{METRICS_PORT}\n",
+                node.cluster_cidr, node.address
             )
             .as_bytes(),
         )?;

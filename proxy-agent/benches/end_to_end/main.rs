@@ -61,13 +61,13 @@ mod workloads;
 use std::{
     net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context as _, bail};
 use testbed::{Cni, NODE_EXTERNAL_IP, Testbed, cgroup::TestCgroup};
 
-use agent::{Agent, ManifestsDir, NODE_PORT, UDP_SERVICE_PORT};
+use agent::{Agent, METRICS_PORT, ManifestsDir, NODE_PORT, UDP_SERVICE_PORT};
 use hosts::{Host, HostsFile, Node, Server};
 use worker::Worker;
 use workloads::{TCP_PORT, UDP_PORT};
@@ -387,11 +387,28 @@ impl Bed {
         // Through ssh the line arrives half a round trip late, well under a
         // millisecond on a LAN.
         let t = Instant::now();
+        let t_wall = SystemTime::now();
+        // Both frontends answering, and the first sync (every service, not
+        // just the target, which may be written early) reported done: its
+        // time is the one the agent's metrics give (its clock; this one's on
+        // the testbed, NTP's on real machines), so the metrics are asked
+        // only every 100 ms (a scrape is work the starting agent does too).
+        let metrics = SocketAddr::from((self.site.node.address, METRICS_PORT));
         let probes = [
-            (true, self.cluster_target(dp, n)),
-            (false, self.node_port_target(dp)),
+            (
+                true,
+                format!("request {} 50", self.cluster_target(dp, n)),
+                10,
+            ),
+            (
+                false,
+                format!("request {} 50", self.node_port_target(dp)),
+                10,
+            ),
+            (false, format!("synced {metrics} 50"), 100),
         ];
-        for (from_client, target) in probes {
+        let (mut synced_at, mut answered) = (None, 0.0);
+        for (from_client, probe, pause_ms) in probes {
             loop {
                 if !agent.alive() {
                     bail!("the {} agent exited:\n{}", dp.name, agent.log_text());
@@ -400,7 +417,12 @@ impl Bed {
                     true => self.client(dp),
                     false => &mut self.workers.external,
                 };
-                if worker.ask(&format!("request {target} 50")).is_ok() {
+                if let Ok(answer) = worker.ask(&probe) {
+                    if probe.starts_with("synced") {
+                        synced_at = Some(answer.parse::<f64>().context("the sync time")?);
+                    } else {
+                        answered = t.elapsed().as_secs_f64();
+                    }
                     break;
                 }
                 if t.elapsed() > Duration::from_secs(1800) {
@@ -410,11 +432,13 @@ impl Bed {
                     );
                 }
                 // A SYN the node drops costs the whole connect timeout: with
-                // these two the start time is known to about 60 ms.
-                std::thread::sleep(Duration::from_millis(10));
+                // these two the answering time is known to about 60 ms.
+                std::thread::sleep(Duration::from_millis(pause_ms));
             }
         }
-        let started = t.elapsed().as_secs_f64();
+        let since_epoch = t_wall.duration_since(SystemTime::UNIX_EPOCH)?.as_secs_f64();
+        let synced = synced_at.map_or(0.0, |at| at - since_epoch);
+        let started = answered.max(synced);
         let log = agent.log_text();
         if log.contains("are ignored") {
             bail!("the {} agent ignored its mode:\n{log}", dp.name);

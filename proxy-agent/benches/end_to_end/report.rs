@@ -116,7 +116,9 @@ pub fn render(
     let _ = writeln!(
         out,
         "Control plane: *start* is the time from the agent's start (a new process per scale, timed from its pid; the median of its starts) to \
-         both the ClusterIP and the NodePort answering; *RSS* the agent's resident memory after the rounds; \
+         every service programmed: the later of the target's ClusterIP and the NodePort answering and the \
+         end of the first sync (all services), as the agent's `kubeproxy_sync_proxy_rules_last_timestamp_seconds` \
+         gives it; *RSS* the agent's resident memory after the rounds; \
          *endpoint change* the time from the target service's endpoints replaced by a third \
          server in its EndpointSlice (the file moved into place; the agent reads it at once) to \
          the first connection from the pod that reaches it (one attempt per millisecond: the \
@@ -179,7 +181,7 @@ pub fn render(
             |f: fn(&Outcome) -> Option<String>| cells(&|_, o| f(o).unwrap_or_else(|| "—".into()));
         let _ = writeln!(
             out,
-            "| agent start to answering | {} |",
+            "| agent start to all programmed | {} |",
             control(|o| (!o.start_s.is_empty()).then(|| format!("{:.2} s", median(&o.start_s))))
         );
         let _ = writeln!(
@@ -254,7 +256,7 @@ pub fn plot(
             .collect()
     };
     plots.push((
-        "agent start to answering".into(),
+        "agent start to all programmed".into(),
         "seconds",
         control(|o| (!o.start_s.is_empty()).then(|| median(&o.start_s))),
     ));

@@ -172,6 +172,9 @@ fn run(words: &[&str], stop: &Arc<AtomicBool>, udp: &Arc<AtomicU64>) -> anyhow::
             .to_string(),
         // request ADDR TIMEOUT_MS: the server that answered.
         Some("request") => workloads::one_request(addr(words.get(1))?, ms(2)?)?.1,
+        // synced METRICS_ADDR TIMEOUT_MS: when the proxy's last sync finished
+        // (seconds since the epoch), an error before its first.
+        Some("synced") => workloads::last_sync(addr(words.get(1))?, ms(2)?)?.to_string(),
         // reach ADDR SERVER TIMEOUT_MS: one attempt a millisecond until
         // SERVER answers; ns that took.
         Some("reach") => {

@@ -102,6 +102,36 @@ pub fn one_request(target: SocketAddr, timeout: Duration) -> anyhow::Result<(Dur
     Ok((t.elapsed(), server))
 }
 
+/// When the proxy whose metrics are at `metrics` finished its last sync
+/// (seconds since the epoch, its clock), or an error before its first:
+/// upstream's `kubeproxy_sync_proxy_rules_last_timestamp_seconds` is set
+/// after each one, and the first is the whole state (every service), not
+/// only the services written first. (`/healthz` cannot tell: upstream marks
+/// it updated when the sync loop starts.) The latest of the families'.
+pub fn last_sync(metrics: SocketAddr, timeout: Duration) -> anyhow::Result<f64> {
+    let mut s = TcpStream::connect_timeout(&metrics, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")?;
+    let mut reply = Vec::with_capacity(16 << 10);
+    s.read_to_end(&mut reply)?;
+    let text = String::from_utf8_lossy(&reply);
+    // One sample per IP family the proxy serves.
+    let syncs = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("kubeproxy_sync_proxy_rules_last_timestamp_seconds"))
+        .filter(|rest| rest.starts_with(['{', ' ']))
+        .map(|rest| {
+            let value = rest.rsplit(' ').next().unwrap_or_default();
+            value.parse::<f64>().context("the sync timestamp")
+        })
+        .collect::<anyhow::Result<Vec<f64>>>()?;
+    match syncs.iter().copied().reduce(f64::max) {
+        Some(latest) if syncs.iter().all(|t| *t > 0.0) => Ok(latest),
+        Some(_) => bail!("a family has not synced yet"),
+        None => bail!("no sync timestamp in the metrics at {metrics}"),
+    }
+}
+
 /// `count` connections, one at a time: the elapsed time and each
 /// connection's latency.
 pub fn connections(target: SocketAddr, count: usize) -> anyhow::Result<(Duration, Vec<Duration>)> {
