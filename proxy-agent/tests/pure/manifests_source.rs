@@ -443,3 +443,48 @@ fn json_files_give_the_objects_and_rejections_yaml_gives() {
         "{e}"
     );
 }
+
+/// A long `kind: List` is typed on several threads: its objects keep the
+/// list's order, and a rejection names the first bad item, as when the
+/// items were read one by one.
+#[test]
+fn a_long_json_list_keeps_its_order_and_names_its_first_bad_item() {
+    let service = |i: usize, ip: &str| {
+        to_json(
+            &SERVICE
+                .replace("name: web,", &format!("name: web-{i},"))
+                .replace("198.19.0.1", ip),
+        )
+    };
+    let items: Vec<_> = (0..5000)
+        .map(|i| service(i, &format!("198.19.{}.{}", i / 250, i % 250)))
+        .collect();
+    let list = |items: &[serde_json::Value]| {
+        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+    };
+    let loaded = load(&[("list.json", &list(&items))]).unwrap();
+    let names: Vec<String> = loaded
+        .services
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    let expected: Vec<String> = (0..5000).map(|i| format!("web-{i}")).collect();
+    assert_eq!(names, expected);
+
+    let mut bad = items.clone();
+    bad[3700] = service(3700, "198.19.0.300");
+    bad[4900] = service(4900, "198.19.0.301");
+    let e = rejection(&[("list.json", &list(&bad))]);
+    assert_eq!(
+        e.field.as_deref(),
+        Some("items[3700].spec.clusterIP"),
+        "{e}"
+    );
+    bad[1200] = service(1200, "198.19.0.302");
+    let e = rejection(&[("list.json", &list(&bad))]);
+    assert_eq!(
+        e.field.as_deref(),
+        Some("items[1200].spec.clusterIP"),
+        "{e}"
+    );
+}
