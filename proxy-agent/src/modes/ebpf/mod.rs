@@ -131,8 +131,8 @@ pub fn load_socket_programs(ebpf: &mut Ebpf) -> anyhow::Result<()> {
 }
 
 /// Loads the programs `names` of `ebpf`, each verified on a thread of its
-/// own: the verifier runs in the loading thread, and the two large TC
-/// programs alone take about a second each.
+/// own: the verifier runs in the loading thread (about 0.15 s for each of
+/// the three large programs on a small node).
 fn load_programs(ebpf: &mut Ebpf, names: &[&str]) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let programs: Vec<(&str, &mut aya::programs::Program)> = ebpf

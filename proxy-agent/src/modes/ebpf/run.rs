@@ -91,8 +91,8 @@ impl Mode for EbpfMode {
             xdp = ?opts.ebpf.xdp_mode,
             "maps ready; the packet programs are being verified"
         );
-        // The verifier takes seconds on a small node: the first sync fills
-        // the maps meanwhile, and the programs are attached once verified
+        // The verifier takes about half a second on a small node: the first
+        // sync fills the maps meanwhile, and the programs are attached once verified
         // (an earlier agent's pinned programs serve until then).
         let metrics = Arc::new(std::sync::OnceLock::new());
         let attacher = Arc::new(std::sync::Mutex::new(None));
