@@ -517,7 +517,9 @@ fn claim_snat_port<F: Ip>(now: u64) -> Result<u16, Counter> {
 
 // Global functions: the verifier checks the claim (up to eight conntrack
 // lookups and inserts) once, for any state, instead of on every path of
-// the program that opens a masqueraded flow.
+// the program that opens a masqueraded flow. They take the scratch key and
+// value from the map themselves (a global function's arguments are
+// scalars); the caller writes the key whole again before reading it.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn snat_claim_port4(now: u64) -> u32 {
