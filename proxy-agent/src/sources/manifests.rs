@@ -263,20 +263,8 @@ fn parse_json_document(doc: &RawValue) -> ParsedDocument {
     // A list's items typed on several threads, in chunks kept in order: the
     // first error is the one of the lowest item, as read one by one.
     let chunk = items.len().div_ceil(threads);
-    let parts: Vec<ParsedDocument> = std::thread::scope(|scope| {
-        let parts: Vec<_> = items
-            .chunks(chunk)
-            .enumerate()
-            .map(|(i, part)| scope.spawn(move || typed(i * chunk, part)))
-            .collect();
-        parts
-            .into_iter()
-            .map(|part| {
-                part.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    });
+    let chunks: Vec<&[&RawValue]> = items.chunks(chunk).collect();
+    let parts = in_order_on_threads(&chunks, threads, |i, part| typed(i * chunk, part));
     let mut objects = Vec::with_capacity(items.len());
     for part in parts {
         objects.extend(part?.unwrap_or_default());
@@ -669,28 +657,41 @@ struct Directory {
 /// Each file of `files` read, in their order; several at once on threads
 /// of their own (a first listing of 50,000 services is seconds of parsing).
 fn read_files(files: &[&(PathBuf, u64, SystemTime)]) -> Vec<Result<Manifests, ManifestError>> {
-    let read = |path: &Path| {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    in_order_on_threads(files, threads, |_, (path, _, _)| {
         let mut objects = Manifests::default();
         load_file(path, &mut objects, &mut BTreeSet::new()).map(|()| objects)
-    };
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(files.len());
+    })
+}
+
+/// `work` done on each of `jobs` (with its index) by up to `threads`
+/// threads, each taking the next job when done with one; the results in
+/// the jobs' order.
+fn in_order_on_threads<J: Sync, R: Send>(
+    jobs: &[J],
+    threads: usize,
+    work: impl Fn(usize, &J) -> R + Sync,
+) -> Vec<R> {
+    let threads = threads.min(jobs.len());
     if threads <= 1 {
-        return files.iter().map(|(path, _, _)| read(path)).collect();
+        return jobs
+            .iter()
+            .enumerate()
+            .map(|(i, job)| work(i, job))
+            .collect();
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut done: Vec<(usize, Result<Manifests, ManifestError>)> = std::thread::scope(|scope| {
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
                     let mut mine = Vec::new();
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some((path, _, _)) = files.get(i) else {
+                        let Some(job) = jobs.get(i) else {
                             return mine;
                         };
-                        mine.push((i, read(path)));
+                        mine.push((i, work(i, job)));
                     }
                 })
             })
@@ -704,7 +705,7 @@ fn read_files(files: &[&(PathBuf, u64, SystemTime)]) -> Vec<Result<Manifests, Ma
             .collect()
     });
     done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, read)| read).collect()
+    done.into_iter().map(|(_, result)| result).collect()
 }
 
 /// The objects of one re-read file and what it holds.
