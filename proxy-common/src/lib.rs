@@ -16,6 +16,7 @@ pub mod maglev;
 pub mod maps;
 pub mod monitor;
 pub mod service;
+pub mod slots;
 pub mod sock;
 pub mod stats;
 
@@ -37,7 +38,7 @@ pub use stats::Counter;
 
 /// Bumped whenever a map type changes layout, so an agent never reuses maps
 /// pinned by an incompatible version.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 /// IP protocol numbers as stored in keys.
 pub mod proto {
@@ -57,7 +58,8 @@ macro_rules! assert_layout {
 }
 
 assert_layout!(ServiceKey, size = 12, align = 4);
-assert_layout!(ServiceValue, size = 12, align = 4);
+assert_layout!(ServiceValue, size = 16, align = 4);
+assert_layout!(slots::SlotPair, size = 8, align = 4);
 assert_layout!(Backend, size = 8, align = 4);
 assert_layout!(CtKey, size = 16, align = 4);
 assert_layout!(CtValue, size = 64, align = 8);

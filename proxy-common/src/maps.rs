@@ -30,6 +30,10 @@ pub const AFFINITY6: &str = "AFFINITY6";
 /// set at load from the configuration. Added without an ABI bump.
 pub const MAGLEV: &str = "MAGLEV";
 pub const MAGLEV6: &str = "MAGLEV6";
+/// Every frontend's backend slots, per family (`proxy_common::slots`); sized
+/// at load from the configuration. ABI 7.
+pub const SLOTS: &str = "SLOTS";
+pub const SLOTS6: &str = "SLOTS6";
 /// The per-CPU next-hop caches by destination (proxy-ebpf's `hops`): only
 /// the datapath reads and writes them, and they are never pinned (a cache,
 /// whose layout may change from one version to the next).
@@ -46,8 +50,10 @@ pub const MONITOR_RINGS: [&str; crate::monitor::MONITOR_SLOTS] = [
     "MONITOR_RING_3",
 ];
 
-/// Frontend slot 0 plus backend slots across all services.
+/// Frontends (slot 0, Maglev references) and cluster-IP markers.
 pub const MAX_SERVICE_ENTRIES: u32 = 262_144;
+/// `SLOTS` elements in the object; the agent sizes the map at load.
+pub const MAX_SLOT_ELEMENTS: u32 = 131_072;
 pub const MAX_BACKENDS: u32 = 131_072;
 pub const MAX_CONNTRACK: u32 = 262_144;
 /// IPv6 flows: half the IPv4 table, whose entries are 2.3 times larger.

@@ -2,6 +2,7 @@
 // the layout asserts in lib.rs), so any byte pattern is a valid value.
 unsafe impl aya::Pod for crate::ServiceKey {}
 unsafe impl aya::Pod for crate::ServiceValue {}
+unsafe impl aya::Pod for crate::slots::SlotPair {}
 unsafe impl aya::Pod for crate::Backend {}
 unsafe impl aya::Pod for crate::CtKey {}
 unsafe impl aya::Pod for crate::CtValue {}

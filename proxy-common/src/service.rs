@@ -1,9 +1,12 @@
-//! The service map: per frontend, one entry (slot 0) plus one entry per backend slot.
+//! The service map: per frontend, one entry (slot 0) naming its backend slots.
 //!
 //! Looking up `(addr, port, proto, scope, slot 0)` gives the frontend with its
-//! backend `count`; slots `1..=count` each hold a [`crate::BackendId`]. The
-//! agent writes slots before it raises `count`, so the datapath never reads an
-//! unwritten slot.
+//! backend `count` and `first_slot`: its backends are `count` consecutive
+//! elements of the slots array (`crate::slots`), numbered 1..=count. The
+//! agent writes slots before it raises `count`, so the datapath never reads
+//! an unwritten slot. The key's `slot` field also names a frontend's Maglev
+//! table reference ([`crate::maglev::MAGLEV_SLOT`]); snapshots the agent
+//! reads present each backend slot as a key with its slot number.
 //!
 //! A frontend whose traffic policy is Local keeps its node-local backends in
 //! [`Scope::Primary`] and, when it is external, the cluster-wide backends in
@@ -25,7 +28,8 @@ pub enum Scope {
 pub struct ServiceKeyOf<F: Family> {
     pub addr_be: F::Addr,
     pub port_be: u16,
-    /// 0 is the frontend entry; 1.. are backend slots.
+    /// 0 is the frontend entry; [`crate::maglev::MAGLEV_SLOT`] its Maglev
+    /// table reference; 1.. name backend slots in snapshots only.
     pub slot: u16,
     pub proto: u8,
     /// A [`Scope`] as `u8`.
@@ -116,7 +120,8 @@ pub mod flags {
 }
 
 /// Value of the `SERVICES` map. In slot 0 `count` is the number of backend
-/// slots; in slots 1.. `backend_id` names the backend.
+/// slots and `first_slot` the array index of slot 1; in a snapshot's slot
+/// 1.. `backend_id` names the backend.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceValue {
@@ -125,6 +130,8 @@ pub struct ServiceValue {
     pub service_id: u32,
     pub count: u16,
     pub flags: u16,
+    /// Index in the slots array (`crate::slots`) of backend slot 1.
+    pub first_slot: u32,
 }
 
 impl ServiceValue {
@@ -134,16 +141,24 @@ impl ServiceValue {
             service_id,
             count,
             flags,
+            first_slot: 0,
         }
     }
 
+    /// A backend slot as a snapshot presents it (no map holds such an entry).
     pub const fn slot(backend_id: u32, service_id: u32) -> Self {
         Self {
             backend_id,
             service_id,
             count: 0,
             flags: 0,
+            first_slot: 0,
         }
+    }
+
+    /// The array index (`crate::slots`) of backend slot `slot` (1-based).
+    pub const fn slot_index(&self, slot: u16) -> u32 {
+        self.first_slot.wrapping_add(slot as u32).wrapping_sub(1)
     }
 
     /// The entry at [`crate::maglev::MAGLEV_SLOT`]: the frontend's Maglev
@@ -154,6 +169,7 @@ impl ServiceValue {
             service_id: m,
             count: 0,
             flags: 0,
+            first_slot: 0,
         }
     }
 

@@ -9,14 +9,14 @@ use proxy_common::{
 
 use crate::{ip::Ip, lb};
 
-/// The backend `client` is pinned to in the set at `set_key` (of `count`
-/// slots), its timestamp refreshed; `None` when there is none, it expired,
+/// The backend `client` is pinned to in the set `set` (found at
+/// `set_key`), its timestamp refreshed; `None` when there is none, it expired,
 /// or its slot holds another backend now.
 #[inline(always)]
 pub fn pinned<F: Ip>(
     frontend: &ServiceValue,
     set_key: &ServiceKeyOf<F>,
-    count: u16,
+    set: &ServiceValue,
     client: F::Addr,
     now: u64,
 ) -> Option<(BackendId, BackendOf<F>)> {
@@ -31,12 +31,11 @@ pub fn pinned<F: Ip>(
     if now.saturating_sub(entry.last_ns) > frontend.affinity_timeout_ns()
         || entry.scope != set_key.scope
         || entry.slot == 0
-        || entry.slot > count
+        || entry.slot > set.count
     {
         return None;
     }
-    let slot = lb::frontend(&set_key.with_slot(entry.slot))?;
-    if slot.backend_id != entry.backend_id {
+    if lb::slot_backend::<F>(set, entry.slot)? != entry.backend_id {
         return None;
     }
     let backend = lb::backend::<F>(entry.backend_id)?;

@@ -344,8 +344,7 @@ pub fn pick<F: Ip>(
     }
     let affinity = frontend.has(svc::AFFINITY);
     if affinity
-        && let Some((id, backend)) =
-            crate::affinity::pinned(frontend, &set_key, set.count, client, now)
+        && let Some((id, backend)) = crate::affinity::pinned(frontend, &set_key, &set, client, now)
     {
         crate::stats::count(Counter::AffinityHit);
         return Ok(Pick::Backend(id, backend));

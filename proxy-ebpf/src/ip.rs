@@ -14,6 +14,7 @@ use proxy_common::{
     config::flags as config_flags,
     maglev::{AddrWords, MaglevChunk},
     proto,
+    slots::SlotPair,
 };
 
 use crate::{
@@ -82,6 +83,7 @@ pub trait Ip: Family + AddrWords {
     fn sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockValueOf<Self>>;
     fn affinity() -> &'static LruHashMap<AffinityKeyOf<Self>, AffinityValue>;
     fn maglev() -> &'static Array<MaglevChunk>;
+    fn slots() -> &'static Array<SlotPair>;
     fn hops() -> &'static PerCpuArray<HopSlot<Self>>;
     /// This CPU's scratch space (see [`Scratch`]).
     fn scratch() -> Option<&'static mut Scratch<Self>>;
@@ -165,6 +167,9 @@ impl Ip for V4 {
     fn maglev() -> &'static Array<MaglevChunk> {
         &maps::MAGLEV
     }
+    fn slots() -> &'static Array<SlotPair> {
+        &maps::SLOTS
+    }
     #[inline(always)]
     fn hops() -> &'static PerCpuArray<HopSlot<Self>> {
         &maps::HOPS
@@ -247,6 +252,9 @@ impl Ip for V6 {
     #[inline(always)]
     fn maglev() -> &'static Array<MaglevChunk> {
         &maps::MAGLEV6
+    }
+    fn slots() -> &'static Array<SlotPair> {
+        &maps::SLOTS6
     }
     #[inline(always)]
     fn hops() -> &'static PerCpuArray<HopSlot<Self>> {

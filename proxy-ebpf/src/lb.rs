@@ -5,6 +5,7 @@ use proxy_common::{
     BackendId, BackendOf, Counter, ServiceKeyOf, ServiceValue,
     maglev::{self, MAGLEV_SLOT},
     service::flags,
+    slots,
 };
 
 use crate::ip::Ip;
@@ -37,10 +38,7 @@ pub fn select<F: Ip>(
     } else {
         slot
     };
-    // SAFETY: map values are plain data and copied out immediately.
-    let backend_id = frontend(&key.with_slot(slot))
-        .ok_or(Counter::DropBackendMissing)?
-        .backend_id;
+    let backend_id = slot_backend::<F>(set, slot).ok_or(Counter::DropBackendMissing)?;
     let backend = backend::<F>(backend_id).ok_or(Counter::DropBackendMissing)?;
     Ok((slot, backend_id, backend))
 }
@@ -65,6 +63,14 @@ fn maglev_lookup<F: Ip>(key: &ServiceKeyOf<F>, count: u16) -> Option<u16> {
     let (element, at) = maglev::locate(first, hash % m);
     let slot = *F::maglev().get(element)?.slots.get(at)?;
     (slot != 0 && slot <= count).then_some(slot)
+}
+
+/// The backend id in slot `slot` (1-based) of the set `set`.
+#[inline(always)]
+pub fn slot_backend<F: Ip>(set: &ServiceValue, slot: u16) -> Option<BackendId> {
+    let (element, at) = slots::locate(set.slot_index(slot));
+    let id = *F::slots().get(element)?.ids.get(at)?;
+    (id != 0).then_some(id)
 }
 
 #[inline(always)]

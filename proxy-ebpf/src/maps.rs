@@ -14,9 +14,11 @@ use proxy_common::{
     maglev::MaglevChunk,
     maps::{
         MAX_AFFINITY, MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS,
-        MAX_MAGLEV_CHUNKS, MAX_SERVICE_CIDRS, MAX_SERVICE_ENTRIES, MAX_SOCKETS, MAX_SOURCE_RANGES,
+        MAX_MAGLEV_CHUNKS, MAX_SERVICE_CIDRS, MAX_SERVICE_ENTRIES, MAX_SLOT_ELEMENTS, MAX_SOCKETS,
+        MAX_SOURCE_RANGES,
     },
     monitor::{MONITOR_RING_BYTES, MONITOR_SLOTS},
+    slots::{BPF_F_MMAPABLE, SlotPair},
     stats::COUNTER_MAX,
 };
 
@@ -61,6 +63,9 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
 #[map]
 pub static MAGLEV: Array<MaglevChunk> = Array::with_max_entries(MAX_MAGLEV_CHUNKS, 0);
 
+#[map]
+pub static SLOTS: Array<SlotPair> = Array::with_max_entries(MAX_SLOT_ELEMENTS, BPF_F_MMAPABLE);
+
 // The IPv6 maps: the IPv4 ones' names with a `6` (docs/dual-stack.md).
 #[map]
 pub static SERVICES6: HashMap<ServiceKey6, ServiceValue> =
@@ -94,6 +99,9 @@ pub static AFFINITY6: LruHashMap<AffinityKey6, AffinityValue> =
 
 #[map]
 pub static MAGLEV6: Array<MaglevChunk> = Array::with_max_entries(MAX_MAGLEV_CHUNKS, 0);
+
+#[map]
+pub static SLOTS6: Array<SlotPair> = Array::with_max_entries(MAX_SLOT_ELEMENTS, BPF_F_MMAPABLE);
 
 #[map]
 pub static SOCKETS6: LruHashMap<SockKey6, SockValue6> =

@@ -10,7 +10,7 @@ use proxy_common::maps as names;
 
 use crate::{
     cli::values::nonempty_path,
-    modes::ebpf::{KernelMaps, MapSizes, maps::Maps6, pin},
+    modes::ebpf::{KernelMaps, MapSizes, maps::Maps6, pin, slot_table::SlotTable},
 };
 
 /// `--pin-dir`, for any subcommand that reads the agent's pins.
@@ -62,6 +62,7 @@ impl PinnedMaps {
             sockets: open(dir, names::SOCKETS)?.0,
             affinity: open(dir, names::AFFINITY)?.0,
             maglev,
+            slots: SlotTable::new(open(dir, names::SLOTS)?.0)?,
             v6: Maps6 {
                 services: open(dir, names::SERVICES6)?.0,
                 backends: open(dir, names::BACKENDS6)?.0,
@@ -73,6 +74,7 @@ impl PinnedMaps {
                 sockets: open(dir, names::SOCKETS6)?.0,
                 affinity: open(dir, names::AFFINITY6)?.0,
                 maglev: open(dir, names::MAGLEV6)?.0,
+                slots: SlotTable::new(open(dir, names::SLOTS6)?.0)?,
             },
         };
         Ok(PinnedMaps {

@@ -8,7 +8,7 @@
 use std::{fs, path::Path, time::Duration};
 
 use crate::{
-    abi5::conntrack_to_abi_5,
+    abi5::{conntrack_to_abi_5, services_to_abi_6},
     bpffs::BpfFs,
     support::{Agent, sock, wait_for},
 };
@@ -57,9 +57,10 @@ spec:
     .unwrap();
 }
 
-/// Makes the pinned datapath look as an agent of the previous map ABI (5)
-/// left it: its maps under `v5/`, the conntrack maps in that version's layout
-/// (the half of the flow in the key) holding the flows tracked so far. The
+/// Makes the pinned datapath look as an agent of map ABI 5 left it: its
+/// maps under `v5/`, the conntrack maps in that version's layout (the half
+/// of the flow in the key) holding the flows tracked so far, and the service
+/// maps in the layout it shared with ABI 6 (backend slots as entries). The
 /// programs keep running on the maps they hold, exactly as an old agent's
 /// would.
 fn pin_as_previous_abi(pins: &BpfFs) {
@@ -71,6 +72,8 @@ fn pin_as_previous_abi(pins: &BpfFs) {
     let flows = conntrack_to_abi_5::<V4>(pins, &maps.join("CONNTRACK"));
     assert!(flows >= 4 * CONNECTIONS, "{flows} IPv4 flow halves tracked");
     conntrack_to_abi_5::<V6>(pins, &maps.join("CONNTRACK6"));
+    services_to_abi_6::<V4>(pins, &maps, "SERVICES", "SLOTS");
+    services_to_abi_6::<V6>(pins, &maps, "SERVICES6", "SLOTS6");
 }
 
 fn start(ns: &str, dir: &Path, pins: &BpfFs, run: u32) -> Agent {

@@ -12,7 +12,7 @@ use std::{net::Ipv4Addr, path::PathBuf};
 use aya::maps::{Array, HashMap, Map, MapData};
 
 use crate::{
-    abi5::conntrack_to_abi_5,
+    abi5::{conntrack_to_abi_5, services_to_abi_6},
     bpffs::BpfFs,
     tester::{tcp_segment, web_service},
 };
@@ -79,6 +79,11 @@ fn error_of(result: anyhow::Result<Opened>) -> String {
 }
 
 #[test]
+fn maps_of_abi_6_are_migrated_and_established_flows_keep_their_backend() {
+    migrates_from(6);
+}
+
+#[test]
 fn maps_of_abi_5_are_migrated_and_established_flows_keep_their_backend() {
     migrates_from(5);
 }
@@ -119,15 +124,23 @@ fn migrates_from(version: u32) {
         root(&fs).join(format!("v{version}")),
     )
     .unwrap();
-    assert_eq!(
-        conntrack_to_abi_5::<V4>(&fs, &old_dir.join("CONNTRACK")),
-        flows
-    );
+    if version <= 5 {
+        assert_eq!(
+            conntrack_to_abi_5::<V4>(&fs, &old_dir.join("CONNTRACK")),
+            flows
+        );
+    }
     if version == 5 {
         to_abi_5_conntrack6(&fs, &old_dir);
     }
+    // Frontend, its marker and its three slots.
+    assert_eq!(
+        services_to_abi_6::<V4>(&fs, &old_dir, "SERVICES", "SLOTS"),
+        5
+    );
+    services_to_abi_6::<V6>(&fs, &old_dir, "SERVICES6", "SLOTS6");
     let masquerade_addr_be = u32::from(Ipv4Addr::new(198, 18, 0, 1)).to_be();
-    let expected = if version == 5 {
+    let expected = if version >= 5 {
         let config: Array<MapData, DatapathConfig> =
             Map::from_map_data(MapData::from_pin(old_dir.join("CONFIG")).unwrap())
                 .unwrap()
@@ -246,13 +259,25 @@ fn migrates_from(version: u32) {
         1,
         "counters were copied"
     );
+    let fresh = send(&second, Frame::tcp(CLIENT, 40001, VIP, 80), tcp_flags::SYN);
+    assert!(
+        BACKENDS
+            .iter()
+            .any(|b| fresh.dst == std::net::IpAddr::V4(*b)),
+        "a new flow is balanced over the migrated slots: {:?}",
+        fresh.dst
+    );
     second.maps.put_config(&migrated).unwrap();
     drop(second);
 
     // The next start finds this version's maps and takes them over as they are.
     let third = open_pinned(&layout, sizes()).unwrap();
     assert_eq!(third.takeover, Takeover::Adopt);
-    assert_eq!(conntrack_entries(&third), flows);
+    assert_eq!(
+        conntrack_entries(&third),
+        flows + 2,
+        "and the new flow's halves"
+    );
 }
 
 /// An IPv6 flow's reply half as ABI 5 keyed it.

@@ -1,6 +1,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
-//! Pinned conntrack maps turned back into map ABI 5's layout, to test the
-//! migration from it with the flows a current datapath tracked.
+//! Pinned maps turned back into older ABIs' layouts (the conntrack maps
+//! into ABI 5's, the service maps into ABI 6's), to test the migration from
+//! them with the state a current datapath holds.
 
 use std::path::Path;
 
@@ -8,8 +9,10 @@ use aya::{
     Pod,
     maps::{HashMap, Map, MapData},
 };
-use proxy_agent::modes::ebpf::migrate::v5;
-use proxy_common::{CtKeyOf, CtValueOf, Family, conntrack::flags};
+use proxy_agent::modes::ebpf::migrate::{v5, v6};
+use proxy_common::{
+    CtKeyOf, CtValueOf, Family, ServiceKeyOf, ServiceValue, conntrack::flags, slots::SlotPair,
+};
 
 use crate::bpffs::BpfFs;
 
@@ -69,4 +72,75 @@ where
         old.insert(key, value, 0).unwrap();
     }
     entries.len()
+}
+
+/// Replaces the service map pinned at `dir/services` with one in ABI 6's
+/// layout (each backend slot an entry of its own, in place of the slots
+/// array pinned at `dir/slots`, which is removed), holding the same
+/// frontends and backends; returns how many entries it holds.
+pub fn services_to_abi_6<F: Family>(fs: &BpfFs, dir: &Path, services: &str, slots: &str) -> usize
+where
+    ServiceKeyOf<F>: Pod,
+{
+    let path = dir.join(services);
+    let pinned = MapData::from_pin(&path).unwrap();
+    let capacity = pinned.info().unwrap().max_entries();
+    let now: HashMap<MapData, ServiceKeyOf<F>, ServiceValue> =
+        Map::from_map_data(pinned).unwrap().try_into().unwrap();
+    let entries: Vec<(ServiceKeyOf<F>, ServiceValue)> = now.iter().map(Result::unwrap).collect();
+    drop(now);
+    let array: aya::maps::Array<MapData, SlotPair> =
+        Map::from_map_data(MapData::from_pin(dir.join(slots)).unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap();
+    let slot = |index: u32| {
+        let (element, at) = proxy_common::slots::locate(index);
+        array.get(&element, 0).unwrap().ids[at]
+    };
+    let mut old_entries = Vec::new();
+    for (key, value) in &entries {
+        let old = v6::ServiceValue {
+            backend_id: value.backend_id,
+            service_id: value.service_id,
+            count: value.count,
+            flags: value.flags,
+        };
+        old_entries.push((*key, old));
+        if key.slot != 0 || value.has(proxy_common::service::flags::CLUSTER_IP_MARKER) {
+            continue;
+        }
+        for s in 1..=value.count {
+            let backend_id = slot(value.slot_index(s));
+            old_entries.push((
+                key.with_slot(s),
+                v6::ServiceValue {
+                    backend_id,
+                    service_id: value.service_id,
+                    count: 0,
+                    flags: 0,
+                },
+            ));
+        }
+    }
+    drop(array);
+    std::fs::remove_file(&path).unwrap();
+    std::fs::remove_file(dir.join(slots)).unwrap();
+    let size = |n: usize| u32::try_from(n).unwrap();
+    fs.pin_map_of(
+        &path,
+        "hash",
+        size(size_of::<ServiceKeyOf<F>>()),
+        size(size_of::<v6::ServiceValue>()),
+        capacity,
+    );
+    let mut old: HashMap<MapData, ServiceKeyOf<F>, v6::ServiceValue> =
+        Map::from_map_data(MapData::from_pin(&path).unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap();
+    for (k, v) in &old_entries {
+        old.insert(k, v, 0).unwrap();
+    }
+    old_entries.len()
 }

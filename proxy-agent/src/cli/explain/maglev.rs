@@ -12,7 +12,7 @@ use proxy_common::{
 use serde::Serialize;
 
 use super::probe::{Origin, Probe};
-use crate::modes::ebpf::{KernelMaps, family::AgentFamily, maglev::bucket};
+use crate::modes::ebpf::{KernelMaps, family::AgentFamily, maglev::bucket, slot_table::SlotTable};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Bucket {
@@ -34,6 +34,7 @@ pub fn read(maps: &KernelMaps, probe: &Probe) -> Option<Bucket> {
         IpAddr::V4(ip) => read_family::<V4>(
             &maps.services,
             &maps.maglev,
+            &maps.slots,
             &maps.backends,
             ServiceKeyOf::frontend(V4::to_be(ip), port_be, proto),
             probe,
@@ -41,6 +42,7 @@ pub fn read(maps: &KernelMaps, probe: &Probe) -> Option<Bucket> {
         IpAddr::V6(ip) => read_family::<V6>(
             &maps.v6.services,
             &maps.v6.maglev,
+            &maps.v6.slots,
             &maps.v6.backends,
             ServiceKeyOf::frontend(V6::to_be(ip), port_be, proto),
             probe,
@@ -51,6 +53,7 @@ pub fn read(maps: &KernelMaps, probe: &Probe) -> Option<Bucket> {
 fn read_family<F: AgentFamily>(
     services: &aya::maps::HashMap<aya::maps::MapData, ServiceKeyOf<F>, ServiceValue>,
     tables: &aya::maps::Array<aya::maps::MapData, proxy_common::maglev::MaglevChunk>,
+    slots: &SlotTable,
     backends: &aya::maps::HashMap<
         aya::maps::MapData,
         proxy_common::BackendId,
@@ -92,8 +95,8 @@ where
         .map(|c| c.slots[at])
         .filter(|s| *s != 0 && *s <= frontend.count);
     let endpoint = slot
-        .and_then(|s| services.get(&key.with_slot(s), 0).ok())
-        .and_then(|v| backends.get(&v.backend_id, 0).ok())
+        .and_then(|s| slots.read(frontend.slot_index(s), 1).first().copied())
+        .and_then(|id| backends.get(&id, 0).ok())
         .map(|b| {
             SocketAddr::new(F::from_be(b.addr_be).into(), u16::from_be(b.port_be)).to_string()
         });

@@ -47,6 +47,7 @@ pub fn prepare(pin_dir: &Path, probe: &Probe) -> anyhow::Result<Datapath> {
 fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
     copy_hash(&from.backends, &mut to.backends, names::BACKENDS)?;
     copy_hash(&from.services, &mut to.services, names::SERVICES)?;
+    to.slots.copy_from(&from.slots);
     copy_hash(&from.ifaces, &mut to.ifaces, names::IFACES)?;
     copy_trie(
         &from.local_pod_cidrs,
@@ -76,6 +77,7 @@ fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
     let (from, to) = (&from.v6, &mut to.v6);
     copy_hash(&from.backends, &mut to.backends, names::BACKENDS6)?;
     copy_hash(&from.services, &mut to.services, names::SERVICES6)?;
+    to.slots.copy_from(&from.slots);
     copy_trie(
         &from.local_pod_cidrs,
         &mut to.local_pod_cidrs,

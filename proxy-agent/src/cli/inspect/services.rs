@@ -14,7 +14,9 @@ use proxy_common::{
 use serde::Serialize;
 
 use super::{args::EndpointFilter, names::Naming, table::Table};
-use crate::modes::ebpf::{KernelMaps, family::AgentFamily, publish::protocol_name};
+use crate::modes::ebpf::{
+    KernelMaps, family::AgentFamily, maps::with_slots, publish::protocol_name,
+};
 
 /// A service map key of either family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -62,8 +64,11 @@ pub struct ServiceTables {
 
 impl ServiceTables {
     pub fn read(maps: &KernelMaps) -> anyhow::Result<Self> {
-        let entries4 = read_all(&maps.services, names::SERVICES)?;
-        let entries6 = read_all(&maps.v6.services, names::SERVICES6)?;
+        let entries4 = with_slots(read_all(&maps.services, names::SERVICES)?, &maps.slots);
+        let entries6 = with_slots(
+            read_all(&maps.v6.services, names::SERVICES6)?,
+            &maps.v6.slots,
+        );
         let backends4 = read_all(&maps.backends, names::BACKENDS)?;
         let backends6 = read_all(&maps.v6.backends, names::BACKENDS6)?;
         Ok(ServiceTables {

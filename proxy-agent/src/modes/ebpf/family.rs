@@ -27,6 +27,7 @@ pub trait AgentFamily: Family + fmt::Debug {
     const LOCAL_POD_CIDRS: &'static str;
     const SERVICE_CIDRS: &'static str;
     const MAGLEV: &'static str;
+    const SLOTS: &'static str;
 
     fn ip(addr: &IpAddr) -> Option<Self::Ip>;
     fn net(net: &IpNet) -> Option<Self::Net>;
@@ -79,6 +80,7 @@ impl AgentFamily for V4 {
     const FAMILY: IpFamily = IpFamily::V4;
     const SERVICES: &'static str = names::SERVICES;
     const MAGLEV: &'static str = names::MAGLEV;
+    const SLOTS: &'static str = names::SLOTS;
     const BACKENDS: &'static str = names::BACKENDS;
     const CONNTRACK: &'static str = names::CONNTRACK;
     const SOURCE_RANGES: &'static str = names::SOURCE_RANGES;
@@ -130,6 +132,7 @@ impl AgentFamily for V6 {
     const FAMILY: IpFamily = IpFamily::V6;
     const SERVICES: &'static str = names::SERVICES6;
     const MAGLEV: &'static str = names::MAGLEV6;
+    const SLOTS: &'static str = names::SLOTS6;
     const BACKENDS: &'static str = names::BACKENDS6;
     const CONNTRACK: &'static str = names::CONNTRACK6;
     const SOURCE_RANGES: &'static str = names::SOURCE_RANGES6;

@@ -17,6 +17,7 @@ use proxy_common::{
 };
 
 use super::family::AgentFamily;
+use super::slot_table::SlotTable;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
@@ -34,6 +35,13 @@ pub enum MapError {
     },
     #[error("the packet programs could not be loaded: {0}")]
     ProgramsNotLoaded(String),
+    #[error("{map} holds {capacity} slots: indexes {first}..{first}+{count} are outside it")]
+    SlotsOutOfRange {
+        map: &'static str,
+        first: u32,
+        count: usize,
+        capacity: u32,
+    },
     #[error("too many backends ({count}): a frontend addresses at most 65534 slots")]
     TooManyBackends { count: usize },
     #[error("no service id left for another service port")]
@@ -57,6 +65,8 @@ pub trait ServiceMaps<F: AgentFamily> {
     fn delete_backend(&mut self, id: BackendId) -> Result<(), MapError>;
     fn put_service(&mut self, key: &ServiceKeyOf<F>, value: &ServiceValue) -> Result<(), MapError>;
     fn delete_service(&mut self, key: &ServiceKeyOf<F>) -> Result<(), MapError>;
+    /// Writes backend ids into the slots array at indexes `first..`.
+    fn put_slots(&mut self, first: u32, ids: &[BackendId]) -> Result<(), MapError>;
     /// Allows sources in `range` for the frontends of `service_id` that carry
     /// [`proxy_common::service::flags::SOURCE_RANGES`].
     fn put_source_range(&mut self, service_id: u32, range: F::Net) -> Result<(), MapError>;
@@ -105,6 +115,7 @@ pub struct Maps6 {
     pub sockets: HashMap<MapData, SockKey6, SockValue6>,
     pub affinity: HashMap<MapData, AffinityKey6, AffinityValue>,
     pub maglev: Array<MapData, MaglevChunk>,
+    pub slots: SlotTable,
 }
 
 /// The kernel maps of a loaded datapath.
@@ -121,6 +132,7 @@ pub struct KernelMaps {
     pub sockets: HashMap<MapData, SockKey, SockValue>,
     pub affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     pub maglev: Array<MapData, MaglevChunk>,
+    pub slots: SlotTable,
     pub v6: Maps6,
 }
 
@@ -139,6 +151,7 @@ impl KernelMaps {
             sockets: take_map(ebpf, names::SOCKETS)?,
             affinity: take_map(ebpf, names::AFFINITY)?,
             maglev: take_map(ebpf, names::MAGLEV)?,
+            slots: SlotTable::new(take_map(ebpf, names::SLOTS)?)?,
             v6: Maps6 {
                 services: take_map(ebpf, names::SERVICES6)?,
                 backends: take_map(ebpf, names::BACKENDS6)?,
@@ -150,6 +163,7 @@ impl KernelMaps {
                 sockets: take_map(ebpf, names::SOCKETS6)?,
                 affinity: take_map(ebpf, names::AFFINITY6)?,
                 maglev: take_map(ebpf, names::MAGLEV6)?,
+                slots: SlotTable::new(take_map(ebpf, names::SLOTS6)?)?,
             },
         };
         Ok((maps, take_map(ebpf, names::STATS)?))
@@ -165,6 +179,7 @@ impl KernelMaps {
             services: max(self.services.map()),
             backends: max(self.backends.map()),
             maglev_chunks: max(self.maglev.map()).min(max(self.v6.maglev.map())),
+            slots: self.slots.capacity().min(self.v6.slots.capacity()),
         }
     }
 
@@ -176,11 +191,12 @@ impl KernelMaps {
         SourceRangeOf<F>: Pod,
     {
         let read = |map: &'static str| move |source| MapError::Read { map, source };
+        let entries: Vec<(ServiceKeyOf<F>, ServiceValue)> = F::services(self)
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(read(F::SERVICES))?;
         Ok(ServiceSnapshotOf {
-            services: F::services(self)
-                .iter()
-                .collect::<Result<_, _>>()
-                .map_err(read(F::SERVICES))?,
+            services: with_slots(entries, F::slots(self)),
             backends: F::backends(self)
                 .iter()
                 .collect::<Result<_, _>>()
@@ -244,6 +260,33 @@ fn prefixes(
         .collect()
 }
 
+/// The entries of a service map with each frontend's backend slots added
+/// as entries of their own (slot `1..=count`, as `ServiceValue::slot`):
+/// the view snapshots, `inspect` and adoption work on.
+pub fn with_slots<F: AgentFamily>(
+    entries: Vec<(ServiceKeyOf<F>, ServiceValue)>,
+    slots: &SlotTable,
+) -> Vec<(ServiceKeyOf<F>, ServiceValue)> {
+    let mut all = Vec::with_capacity(entries.len() * 2);
+    for (key, value) in entries {
+        all.push((key, value));
+        if key.slot != 0
+            || value.count == 0
+            || value.has(proxy_common::service::flags::CLUSTER_IP_MARKER)
+        {
+            continue;
+        }
+        let ids = slots.read(value.first_slot, usize::from(value.count));
+        all.extend(ids.into_iter().enumerate().map(|(i, id)| {
+            (
+                key.with_slot(i as u16 + 1),
+                ServiceValue::slot(id, value.service_id),
+            )
+        }));
+    }
+    all
+}
+
 /// What the node maps hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeSnapshot {
@@ -295,6 +338,7 @@ pub trait FamilyMapsOf: AgentFamily {
     fn service_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, PrefixOf<Self>, u8>;
     fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKeyOf<Self>, SockValueOf<Self>>;
     fn maglev(maps: &mut KernelMaps) -> &mut Array<MapData, MaglevChunk>;
+    fn slots(maps: &mut KernelMaps) -> &mut SlotTable;
 }
 
 impl FamilyMapsOf for V4 {
@@ -322,6 +366,9 @@ impl FamilyMapsOf for V4 {
     fn maglev(maps: &mut KernelMaps) -> &mut Array<MapData, MaglevChunk> {
         &mut maps.maglev
     }
+    fn slots(maps: &mut KernelMaps) -> &mut SlotTable {
+        &mut maps.slots
+    }
 }
 
 impl FamilyMapsOf for V6 {
@@ -348,6 +395,9 @@ impl FamilyMapsOf for V6 {
     }
     fn maglev(maps: &mut KernelMaps) -> &mut Array<MapData, MaglevChunk> {
         &mut maps.v6.maglev
+    }
+    fn slots(maps: &mut KernelMaps) -> &mut SlotTable {
+        &mut maps.v6.slots
     }
 }
 
@@ -377,6 +427,20 @@ where
 
     fn delete_service(&mut self, key: &ServiceKeyOf<F>) -> Result<(), MapError> {
         ignore_missing(F::services(self).remove(key)).map_err(write_error(F::SERVICES))
+    }
+
+    fn put_slots(&mut self, first: u32, ids: &[BackendId]) -> Result<(), MapError> {
+        let slots = F::slots(self);
+        if slots.write(first, ids) {
+            Ok(())
+        } else {
+            Err(MapError::SlotsOutOfRange {
+                map: F::SLOTS,
+                first,
+                count: ids.len(),
+                capacity: slots.capacity(),
+            })
+        }
     }
 
     fn put_source_range(&mut self, service_id: u32, range: F::Net) -> Result<(), MapError> {

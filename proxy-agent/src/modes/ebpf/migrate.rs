@@ -14,13 +14,17 @@ use aya::{
     Pod,
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuValues},
 };
-use proxy_common::{CtKeyOf, CtValueOf, DatapathConfig, Family, maps as names};
+use proxy_common::{
+    BackendId, CtKeyOf, CtValueOf, DatapathConfig, Family, ServiceKeyOf, ServiceValue,
+    maglev::MAGLEV_SLOT, maps as names, service::flags,
+};
+use std::collections::BTreeMap;
 use tracing::info;
 
-use super::KernelMaps;
+use super::{KernelMaps, slot_table::SlotTable};
 
 /// The versions this agent migrates from.
-const FROM: &[u32] = &[3, 4, 5];
+const FROM: &[u32] = &[3, 4, 5, 6];
 
 pub fn can_migrate(version: u32) -> bool {
     FROM.contains(&version)
@@ -47,12 +51,23 @@ pub fn migrate(
     // appeared (it starts empty: no socket was translated before). Version
     // 5 -> 6: the conntrack key lost its direction byte (both halves of a
     // flow in one tuple space, the reply half marked in its value), and the
-    // value gained the next-hop cache (empty until a packet fills it). Maps
-    // added without a bump are copied when the old version has them.
+    // value gained the next-hop cache (empty until a packet fills it).
+    // Version 6 -> 7: backend slots moved from service-map entries to the
+    // SLOTS arrays, named by the frontend's `first_slot`. Maps added without
+    // a bump are copied when the old version has them.
     let mut done = Migrated::default();
-    done.entries += copy_hash(old_dir, names::SERVICES, &mut maps.services)?;
+    done.entries += copy_services(
+        old_dir,
+        names::SERVICES,
+        &mut maps.services,
+        &mut maps.slots,
+    )?;
     done.entries += copy_hash(old_dir, names::BACKENDS, &mut maps.backends)?;
-    done.conntrack = copy_conntrack(old_dir, names::CONNTRACK, &mut maps.conntrack)?;
+    done.conntrack = if version >= 6 {
+        copy_hash(old_dir, names::CONNTRACK, &mut maps.conntrack)?
+    } else {
+        copy_conntrack(old_dir, names::CONNTRACK, &mut maps.conntrack)?
+    };
     done.entries += copy_hash(old_dir, names::IFACES, &mut maps.ifaces)?;
     done.entries += copy_lpm(old_dir, names::LOCAL_POD_CIDRS, &mut maps.local_pod_cidrs)?;
     done.entries += copy_lpm(old_dir, names::SOURCE_RANGES, &mut maps.source_ranges)?;
@@ -68,11 +83,15 @@ pub fn migrate(
             copy_array(d, n, &mut maps.maglev)
         })?;
         done.conntrack += copy_if_pinned(old_dir, names::CONNTRACK6, |d, n| {
-            copy_conntrack(d, n, &mut maps.v6.conntrack)
+            if version >= 6 {
+                copy_hash(d, n, &mut maps.v6.conntrack)
+            } else {
+                copy_conntrack(d, n, &mut maps.v6.conntrack)
+            }
         })?;
         let v6 = &mut maps.v6;
         done.entries += copy_if_pinned(old_dir, names::SERVICES6, |d, n| {
-            copy_hash(d, n, &mut v6.services)
+            copy_services(d, n, &mut v6.services, &mut v6.slots)
         })?;
         done.entries += copy_if_pinned(old_dir, names::BACKENDS6, |d, n| {
             copy_hash(d, n, &mut v6.backends)
@@ -151,6 +170,57 @@ fn copy_hash<K: Pod, V: Pod>(
     for entry in from.iter() {
         // An entry deleted while iterating is simply gone.
         let Ok((key, value)) = entry else { continue };
+        into.insert(key, value, 0)
+            .with_context(|| format!("copying {name}"))?;
+        copied += 1;
+    }
+    Ok(copied)
+}
+
+/// Copies a service map of ABI 6 or older, whose frontends' backend slots
+/// were entries of their own, into this ABI's map and slots array: each
+/// frontend's slots in a range of their own, in key order.
+fn copy_services<F: Family>(
+    dir: &Path,
+    name: &str,
+    into: &mut HashMap<MapData, ServiceKeyOf<F>, ServiceValue>,
+    slots: &mut SlotTable,
+) -> anyhow::Result<usize>
+where
+    ServiceKeyOf<F>: Pod,
+{
+    let from: HashMap<MapData, ServiceKeyOf<F>, v6::ServiceValue> = open(dir, name)?;
+    let entries: BTreeMap<ServiceKeyOf<F>, v6::ServiceValue> =
+        from.iter().filter_map(Result::ok).collect();
+    let mut next = 0u32;
+    let mut copied = 0;
+    for (key, old) in &entries {
+        let mut value = old.upgrade();
+        if key.slot == MAGLEV_SLOT {
+            into.insert(key, value, 0)
+                .with_context(|| format!("copying {name}"))?;
+            copied += 1;
+            continue;
+        }
+        if key.slot != 0 {
+            continue;
+        }
+        if !old.has(flags::CLUSTER_IP_MARKER) && old.count > 0 {
+            let ids: Vec<BackendId> = (1..=old.count)
+                .map(|slot| {
+                    entries
+                        .get(&key.with_slot(slot))
+                        .map_or(0, |v| v.backend_id)
+                })
+                .collect();
+            anyhow::ensure!(
+                slots.write(next, &ids),
+                "copying {name}: its backend slots do not fit in the {} slots of the new array",
+                slots.capacity()
+            );
+            value.first_slot = next;
+            next += u32::from(old.count);
+        }
         into.insert(key, value, 0)
             .with_context(|| format!("copying {name}"))?;
         copied += 1;
@@ -311,6 +381,42 @@ pub mod v4 {
                 snat_port_min: self.snat_port_min,
                 snat_port_max: self.snat_port_max,
                 ..super::DatapathConfig::default()
+            }
+        }
+    }
+}
+
+/// The layouts of ABI version 6 that changed in version 7.
+pub mod v6 {
+    /// A service-map value: a frontend (slot 0), a Maglev reference, or a
+    /// backend slot (`backend_id`).
+    #[repr(C)]
+    #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+    pub struct ServiceValue {
+        pub backend_id: u32,
+        pub service_id: u32,
+        pub count: u16,
+        pub flags: u16,
+    }
+
+    const _: () = assert!(core::mem::size_of::<ServiceValue>() == 12);
+
+    // SAFETY: plain old data without padding, as the v6 programs wrote it.
+    unsafe impl aya::Pod for ServiceValue {}
+
+    impl ServiceValue {
+        pub fn has(&self, flag: u16) -> bool {
+            self.flags & flag != 0
+        }
+
+        /// The same entry with no slots named yet.
+        pub fn upgrade(&self) -> proxy_common::ServiceValue {
+            proxy_common::ServiceValue {
+                backend_id: self.backend_id,
+                service_id: self.service_id,
+                count: self.count,
+                flags: self.flags,
+                first_slot: 0,
             }
         }
     }

@@ -20,6 +20,7 @@ mod programs_ready;
 mod proxier;
 pub mod publish;
 mod run;
+pub mod slot_table;
 pub mod sockets;
 pub mod stale_sockets;
 pub mod stats;
@@ -63,6 +64,11 @@ impl Default for MapSizes {
     }
 }
 
+/// `SLOTS` elements for a `services` setting of that many slots.
+pub fn slot_elements(services: u32) -> u32 {
+    proxy_common::slots::elements_for(services).max(1)
+}
+
 /// Loads the embedded object into the kernel with the default map sizes, without attaching anything.
 pub fn load() -> anyhow::Result<Ebpf> {
     load_with(MapSizes::default())
@@ -102,7 +108,11 @@ pub fn create_maps(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyho
         .map_max_entries(names::BACKENDS6, sizes.backends)
         .map_max_entries(names::CONNTRACK6, sizes.conntrack)
         .map_max_entries(names::MAGLEV, sizes.maglev.max(1))
-        .map_max_entries(names::MAGLEV6, sizes.maglev.max(1));
+        .map_max_entries(names::MAGLEV6, sizes.maglev.max(1))
+        // Backend slots share the services setting: they were its entries
+        // before they moved to an array.
+        .map_max_entries(names::SLOTS, slot_elements(sizes.services))
+        .map_max_entries(names::SLOTS6, slot_elements(sizes.services));
     let shapes = object_maps()?;
     if let Some(dir) = maps_dir {
         for name in shapes.keys() {

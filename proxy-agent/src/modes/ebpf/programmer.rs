@@ -15,6 +15,7 @@ mod frontends;
 mod ids;
 mod maglev_tables;
 mod markers;
+mod slot_ranges;
 mod small_set;
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
@@ -36,6 +37,7 @@ use self::{
     ids::Ids,
     maglev_tables::MaglevTables,
     markers::ClusterIpMarkers,
+    slot_ranges::{SlotRange, SlotRanges, room_for},
     small_set::SmallSet,
 };
 use super::family::AgentFamily;
@@ -62,7 +64,10 @@ pub struct SyncStats {
 struct Frontend {
     owner: ServicePortName,
     service_id: u32,
+    /// Its backends by slot, as written to its range of the slots array.
     slots: Vec<BackendId>,
+    /// Where its slots are in the slots array (`None` before it has any).
+    range: Option<SlotRange>,
     /// Slot 0 as written, `None` before it is.
     written: Option<ServiceValue>,
     /// The Maglev table reference as written (slot [`MAGLEV_SLOT`]).
@@ -149,6 +154,7 @@ pub struct FamilyProgrammer<F: AgentFamily> {
     /// What `SERVICES` and `BACKENDS` hold; a sync that would not fit is refused.
     capacity: Option<Capacity>,
     maglev: MaglevTables,
+    slot_ranges: SlotRanges,
 }
 
 /// The sizes of the maps a sync must fit in.
@@ -158,6 +164,8 @@ pub struct Capacity {
     pub backends: u32,
     /// Elements of the `MAGLEV` array (tables x elements per table).
     pub maglev_chunks: u32,
+    /// Slot indexes of the `SLOTS` array.
+    pub slots: u32,
 }
 
 impl<F: AgentFamily> Default for FamilyProgrammer<F> {
@@ -195,6 +203,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             markers: ClusterIpMarkers::default(),
             capacity: None,
             maglev: MaglevTables::new(MaglevSettings::default(), u32::MAX),
+            slot_ranges: SlotRanges::new(u32::MAX),
         }
     }
 
@@ -203,6 +212,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
     pub fn set_capacity(&mut self, capacity: Capacity) {
         self.capacity = Some(capacity);
         self.maglev = MaglevTables::new(self.maglev.settings(), capacity.maglev_chunks);
+        self.slot_ranges = SlotRanges::new(capacity.slots);
     }
 
     /// How Maglev tables are sized and which services use them. Before the
@@ -368,18 +378,26 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         let mut entries: usize = self
             .frontends
             .values()
-            .map(|f| 1 + f.slots.len() + usize::from(f.maglev.is_some()))
+            .map(|f| 1 + usize::from(f.maglev.is_some()))
             .sum::<usize>()
             + self.markers.len();
+        // Ranges that move are held twice until the old one is freed.
+        let mut slots = self.slot_ranges.used();
         let mut new_backends = HashSet::new();
         for svc in ports.iter().filter_map(|p| state.services.get(p)) {
             for f in wanted_frontends(svc, &self.node) {
                 let backends = f.endpoints.backends(svc, &self.node.host);
-                let have = self.frontends.get(&f.key).map_or(0, |fe| {
-                    1 + fe.slots.len() + usize::from(fe.maglev.is_some())
-                });
+                let have = self.frontends.get(&f.key);
+                let had = have.map_or(0, |fe| 1 + usize::from(fe.maglev.is_some()));
                 let maglev = usize::from(self.maglev.settings().wanted(svc.balancing));
-                entries += (1 + backends.len() + maglev).saturating_sub(have);
+                entries += (1 + maglev).saturating_sub(had);
+                if !backends.is_empty()
+                    && have
+                        .and_then(|fe| fe.range)
+                        .is_none_or(|r| (r.len as usize) < backends.len())
+                {
+                    slots += u64::from(room_for(backends.len()));
+                }
                 if f.kind() == FrontendKind::ClusterIp && !self.markers.has(f.key.addr_be) {
                     entries += 1;
                 }
@@ -391,12 +409,19 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             }
         }
         let backends = self.backends.len() + new_backends.len();
+        let slots = usize::try_from(slots).unwrap_or(usize::MAX);
         for (map, setting, needed, capacity) in [
             (
                 F::SERVICES,
                 "maps.services (--ebpf-map-size-services)",
                 entries,
                 capacity.services,
+            ),
+            (
+                F::SLOTS,
+                "maps.services (--ebpf-map-size-services)",
+                slots,
+                capacity.slots,
             ),
             (
                 F::BACKENDS,
@@ -621,6 +646,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             owner: owner.clone(),
             service_id,
             slots: Vec::new(),
+            range: None,
             written: None,
             maglev: None,
         });
@@ -646,13 +672,39 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             .ok_or(MapError::TooManyBackends { count: slots.len() })?;
         let refs = &mut self.backend_refs;
 
+        // Slots first, where the datapath does not look yet: a new range
+        // when the set outgrew its own (the old one is freed once slot 0
+        // names the new), else in place, only the slots that change.
+        let mut left = None;
+        if !slots.is_empty()
+            && frontend
+                .range
+                .is_none_or(|r| (r.len as usize) < slots.len())
+        {
+            let len = room_for(slots.len());
+            let range = self.slot_ranges.take(len).ok_or(MapError::Capacity {
+                map: F::SLOTS,
+                setting: "maps.services (--ebpf-map-size-services)",
+                needed: usize::try_from(self.slot_ranges.used()).unwrap_or(usize::MAX)
+                    + len as usize,
+                capacity: self.slot_ranges.capacity(),
+            })?;
+            if let Err(e) = maps.put_slots(range.first, slots) {
+                self.slot_ranges.give_back(range);
+                return Err(e);
+            }
+            run.stats.writes += 1;
+            left = frontend.range.replace(range);
+        } else if let Some(range) = frontend.range {
+            for (i, id) in slots.iter().enumerate() {
+                if frontend.slots.get(i) != Some(id) {
+                    maps.put_slots(range.first + i as u32, std::slice::from_ref(id))?;
+                    run.stats.writes += 1;
+                }
+            }
+        }
         for (i, id) in slots.iter().enumerate() {
-            if frontend.slots.get(i) != Some(id) || frontend.service_id != service_id {
-                maps.put_service(
-                    &key.with_slot(i as u16 + 1),
-                    &ServiceValue::slot(*id, service_id),
-                )?;
-                run.stats.writes += 1;
+            if frontend.slots.get(i) != Some(id) {
                 *refs.entry(*id).or_default() += 1;
                 match frontend.slots.get_mut(i) {
                     Some(old) => {
@@ -664,6 +716,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             }
         }
         let mut value = f.value(count, service_id);
+        value.first_slot = frontend.range.map_or(0, |r| r.first);
         if let Some(table) = table {
             if frontend.maglev != Some(table) {
                 maps.put_service(&key.with_slot(MAGLEV_SLOT), &table)?;
@@ -683,9 +736,11 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             run.stats.deletes += 1;
             frontend.maglev = None;
         }
+        if let Some(range) = left {
+            self.slot_ranges.give_back(range);
+        }
+        // Slots past the count are not read: nothing to delete.
         while frontend.slots.len() > slots.len() {
-            maps.delete_service(&key.with_slot(frontend.slots.len() as u16))?;
-            run.stats.deletes += 1;
             let old = frontend.slots.pop().expect("longer than slots");
             unref(refs, old, &mut self.unreferenced);
         }
@@ -716,10 +771,10 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             run.stats.deletes += 1;
             frontend.maglev = None;
         }
-        while let Some(id) = frontend.slots.last().copied() {
-            maps.delete_service(&key.with_slot(frontend.slots.len() as u16))?;
-            run.stats.deletes += 1;
-            frontend.slots.pop();
+        if let Some(range) = frontend.range.take() {
+            self.slot_ranges.give_back(range);
+        }
+        while let Some(id) = frontend.slots.pop() {
             unref(&mut self.backend_refs, id, &mut self.unreferenced);
             if key.proto == proto::UDP {
                 note_gone(&self.backend_by_id, key, id, run);

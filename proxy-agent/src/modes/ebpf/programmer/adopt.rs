@@ -84,8 +84,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 self.markers.adopt_written(key.addr_be);
                 continue;
             }
-            // Slots 1.. while present; any beyond `count` were written by a
-            // sync that stopped before exposing them.
+            // The snapshot presents the `count` slots of the frontend's range.
             let slots: Vec<BackendId> = (1..MAGLEV_SLOT)
                 .map_while(|i| entries.get(&key.with_slot(i)).map(|v| v.backend_id))
                 .collect();
@@ -116,12 +115,23 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 self.markers.adopt_user(key);
             }
             stats.frontends += 1;
+            // The range it holds is known to be `count` long; one that
+            // overlaps another (or is outside the array) is not taken over:
+            // the first sync gives the frontend a new one.
+            let range = value
+                .filter(|v| v.count > 0)
+                .map(|v| super::SlotRange {
+                    first: v.first_slot,
+                    len: u32::from(v.count),
+                })
+                .filter(|r| self.slot_ranges.adopt(*r));
             self.frontends.insert(
                 key,
                 Frontend {
                     owner,
                     service_id,
                     slots,
+                    range,
                     written: value.copied(),
                     maglev,
                 },

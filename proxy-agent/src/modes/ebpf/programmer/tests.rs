@@ -14,10 +14,18 @@ type CtTuple = (u32, u32, u16, u16, u8);
 
 /// In-memory maps that check on every write what the datapath relies on:
 /// a frontend's `count` never exceeds the slots written, every slot names a
-/// backend that exists, a frontend checking source ranges has some, and a
-/// cluster-IP marker is only written once a ClusterIP frontend is on its VIP.
+/// backend that exists, no two frontends' slots overlap, a frontend
+/// checking source ranges has some, and a cluster-IP marker is only
+/// written once a ClusterIP frontend is on its VIP.
 #[derive(Default)]
 struct FakeMaps {
+    /// What `SERVICES` holds.
+    entries: BTreeMap<ServiceKey, ServiceValue>,
+    /// What `SLOTS` holds, by index.
+    slots: BTreeMap<u32, BackendId>,
+    /// Both as the tests read them: each frontend's slots as entries of
+    /// their own (as snapshots present them), and `first_slot` left out
+    /// (where a frontend's slots are is the programmer's business).
     services: BTreeMap<ServiceKey, ServiceValue>,
     backends: BTreeMap<BackendId, Backend>,
     source_ranges: BTreeSet<(u32, Ipv4Net)>,
@@ -27,6 +35,8 @@ struct FakeMaps {
     touched: Vec<ServiceKey>,
     ops: usize,
     fail_after: Option<usize>,
+    /// Damaged on purpose: frontends sharing slots are not (yet) an error.
+    shared_slots_allowed: bool,
 }
 
 impl FakeMaps {
@@ -38,17 +48,59 @@ impl FakeMaps {
         Ok(())
     }
 
-    fn check_invariant(&self) {
-        for (key, value) in self.services.iter().filter(|(k, _)| k.slot == 0) {
+    /// The service map's entries with every frontend's slots added, as
+    /// the agent's snapshot of the kernel maps presents them.
+    fn with_slots(&self) -> Vec<(ServiceKey, ServiceValue)> {
+        let mut all = Vec::new();
+        for (key, value) in &self.entries {
+            all.push((*key, *value));
+            if key.slot != 0 || value.has(flags::CLUSTER_IP_MARKER) {
+                continue;
+            }
             for slot in 1..=value.count {
-                let slot_value = self
-                    .services
-                    .get(&key.with_slot(slot))
+                let id = self
+                    .slots
+                    .get(&value.slot_index(slot))
+                    .copied()
+                    .unwrap_or(0);
+                all.push((
+                    key.with_slot(slot),
+                    ServiceValue::slot(id, value.service_id),
+                ));
+            }
+        }
+        all
+    }
+
+    fn refresh(&mut self) {
+        self.services = self
+            .with_slots()
+            .into_iter()
+            .map(|(k, v)| (k, ServiceValue { first_slot: 0, ..v }))
+            .collect();
+    }
+
+    fn check_invariant(&self) {
+        let mut taken: BTreeMap<u32, ServiceKey> = BTreeMap::new();
+        for (key, value) in self.entries.iter().filter(|(k, _)| k.slot == 0) {
+            if value.has(flags::CLUSTER_IP_MARKER) {
+                continue;
+            }
+            for slot in 1..=value.count {
+                let index = value.slot_index(slot);
+                let id = self
+                    .slots
+                    .get(&index)
                     .unwrap_or_else(|| panic!("slot {slot} of {key:?} unwritten"));
                 assert!(
-                    self.backends.contains_key(&slot_value.backend_id),
+                    self.backends.contains_key(id),
                     "slot names a missing backend"
                 );
+                if let Some(other) = taken.insert(index, *key)
+                    && !self.shared_slots_allowed
+                {
+                    panic!("{key:?} and {other:?} share slot index {index}");
+                }
             }
             if value.has(flags::MAGLEV) {
                 assert!(
@@ -137,23 +189,38 @@ impl ServiceMaps<V4> for FakeMaps {
         self.step()?;
         if value.has(flags::CLUSTER_IP_MARKER) {
             assert!(
-                self.services.iter().any(|(k, v)| k.addr_be == key.addr_be
+                self.entries.iter().any(|(k, v)| k.addr_be == key.addr_be
                     && k.slot == 0
                     && !v.has(flags::CLUSTER_IP_MARKER)
                     && v.kind() == FrontendKind::ClusterIp),
                 "marker written before any frontend on its VIP"
             );
         }
-        self.services.insert(*key, *value);
+        self.entries.insert(*key, *value);
         self.touched.push(*key);
         self.check_invariant();
+        self.refresh();
         Ok(())
     }
     fn delete_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {
         self.step()?;
-        self.services.remove(key);
+        self.entries.remove(key);
         self.touched.push(*key);
         self.check_invariant();
+        self.refresh();
+        Ok(())
+    }
+    fn put_slots(&mut self, first: u32, ids: &[BackendId]) -> Result<(), MapError> {
+        self.step()?;
+        for (i, id) in ids.iter().enumerate() {
+            assert!(
+                self.backends.contains_key(id),
+                "slot written before its backend"
+            );
+            self.slots.insert(first + i as u32, *id);
+        }
+        self.check_invariant();
+        self.refresh();
         Ok(())
     }
     fn put_source_range(&mut self, service_id: u32, range: Ipv4Net) -> Result<(), MapError> {
@@ -297,6 +364,9 @@ impl ServiceMaps<V6> for NoV6Writes {
     }
     fn delete_service(&mut self, _: &ServiceKeyOf<V6>) -> Result<(), MapError> {
         panic!("IPv6 service deleted")
+    }
+    fn put_slots(&mut self, _: u32, _: &[BackendId]) -> Result<(), MapError> {
+        panic!("IPv6 slots written")
     }
     fn put_source_range(&mut self, _: u32, _: ipnet::Ipv6Net) -> Result<(), MapError> {
         panic!("IPv6 source range written")
@@ -1281,7 +1351,7 @@ fn ids_are_reused_after_release() {
 /// What `maps` holds, as a restarted agent reads it back from pinned maps.
 fn snapshot(maps: &FakeMaps) -> ServiceSnapshot {
     ServiceSnapshot {
-        services: maps.services.iter().map(|(k, v)| (*k, *v)).collect(),
+        services: maps.with_slots(),
         backends: maps.backends.iter().map(|(k, v)| (*k, *v)).collect(),
         source_ranges: maps.source_ranges.iter().copied().collect(),
     }
@@ -1413,33 +1483,69 @@ fn adoption_removes_what_no_service_wants_and_changes_only_the_rest() {
 }
 
 #[test]
-fn adoption_takes_over_slots_a_crashed_sync_left_beyond_count() {
+fn adopted_frontends_keep_their_slot_ranges_and_one_sharing_another_gets_its_own() {
     let mut maps = FakeMaps::default();
     let mut first = programmer(&mut maps);
-    let eps = vec![ep([198, 18, 1, 2], 80)];
-    let s = state(vec![service("web", VIP, 80, Protocol::Tcp, eps.clone())]);
+    let s = state(vec![
+        service("web", VIP, 80, Protocol::Tcp, vec![ep([198, 18, 1, 2], 80)]),
+        service(
+            "dns",
+            [198, 19, 0, 53],
+            53,
+            Protocol::Udp,
+            vec![ep([198, 18, 1, 9], 53), ep([198, 18, 1, 10], 53)],
+        ),
+    ]);
     first.sync(&s, &mut maps).unwrap();
-    // A slot written before the crash, never exposed by `count`.
-    let id = backend_id(&maps, [198, 18, 1, 2]);
-    maps.services
-        .insert(key(VIP, 80, TCP).with_slot(2), ServiceValue::slot(id, 1));
+    let web = maps.entries[&key(VIP, 80, TCP)];
+    let dns_key = key([198, 19, 0, 53], 53, proto::UDP);
+    assert_ne!(web.first_slot, maps.entries[&dns_key].first_slot);
 
+    // Adopted as they are: the same state rewrites nothing.
     let mut second = Programmer::new();
     second.adopt(&snapshot(&maps), &s, &node(&[NODE_A, NODE_B]));
-    second.sync(&s, &mut maps).unwrap();
-    assert!(!maps.services.contains_key(&key(VIP, 80, TCP).with_slot(2)));
-    assert_eq!(maps.frontend(key(VIP, 80, TCP)).count, 1);
+    let stats = second.sync(&s, &mut maps).unwrap();
+    assert_eq!((stats.writes, stats.deletes), (0, 0));
+
+    // Pins whose dns frontend names web's range (it could only come from a
+    // damaged map): the second adopter gives one of them a range of its own.
+    let web_id = maps.slots[&web.first_slot];
+    let moved = ServiceValue {
+        first_slot: web.first_slot,
+        ..maps.entries[&dns_key]
+    };
+    maps.shared_slots_allowed = true;
+    maps.entries.insert(dns_key, moved);
+    maps.slots.insert(web.first_slot + 1, web_id);
+    let mut third = Programmer::new();
+    third.adopt(&snapshot(&maps), &s, &node(&[NODE_A, NODE_B]));
+    third.sync(&s, &mut maps).unwrap();
+    maps.shared_slots_allowed = false;
+    maps.check_invariant();
+    assert_eq!(
+        maps.reachable([198, 19, 0, 53], 53, proto::UDP),
+        vec![
+            (Ipv4Addr::new(198, 18, 1, 9), 53),
+            (Ipv4Addr::new(198, 18, 1, 10), 53)
+        ]
+    );
+    assert_eq!(
+        maps.reachable(VIP, 80, TCP),
+        vec![(Ipv4Addr::new(198, 18, 1, 2), 80)]
+    );
 }
 
 #[test]
 fn a_sync_that_would_not_fit_is_refused_before_anything_is_written() {
     let mut maps = FakeMaps::default();
     let mut p = programmer(&mut maps);
-    // One frontend with 2 slots + its marker = 4 entries; 2 backends.
+    // One frontend and its marker = 2 entries, its 2 slots in a range of
+    // 4; 2 backends.
     p.set_capacity(Capacity {
-        services: 6,
+        services: 2,
         backends: 2,
         maglev_chunks: 0,
+        slots: 4,
     });
     let two = vec![ep([198, 18, 1, 2], 80), ep([198, 18, 1, 3], 80)];
     let good = state(vec![service("web", VIP, 80, Protocol::Tcp, two.clone())]);
@@ -1485,8 +1591,8 @@ fn a_sync_that_would_not_fit_is_refused_before_anything_is_written() {
             err,
             MapError::Capacity {
                 map: "SERVICES",
-                needed: 8,
-                capacity: 6,
+                needed: 4,
+                capacity: 2,
                 ..
             }
         ),
@@ -1497,6 +1603,36 @@ fn a_sync_that_would_not_fit_is_refused_before_anything_is_written() {
 
     // Within the sizes again, the sync goes through.
     p.sync(&good, &mut maps).unwrap();
+
+    // The slots of a second frontend would not fit in the array.
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    p.set_capacity(Capacity {
+        services: 8,
+        backends: 8,
+        maglev_chunks: 0,
+        slots: 6,
+    });
+    p.sync(&good, &mut maps).unwrap();
+    let programmed = (maps.services.clone(), maps.backends.clone());
+    let err = p.sync(&more, &mut maps).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            MapError::Capacity {
+                map: "SLOTS",
+                needed: 8,
+                capacity: 6,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("--ebpf-map-size-services"),
+        "{err}"
+    );
+    assert_eq!((maps.services.clone(), maps.backends.clone()), programmed);
 }
 
 mod maglev;

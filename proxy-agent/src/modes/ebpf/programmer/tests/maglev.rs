@@ -32,6 +32,7 @@ fn programmer_with_tables(maps: &mut FakeMaps, tables: u32) -> Programmer {
         services: 1 << 16,
         backends: 1 << 16,
         maglev_chunks: tables * chunks_per_table(M),
+        slots: 1 << 16,
     });
     p.set_maglev(settings(false));
     p.set_node_addresses(&node(&[NODE_A, NODE_B]), &DesiredState::default(), maps)
@@ -194,6 +195,7 @@ fn an_adopting_programmer_keeps_the_tables_and_their_references() {
         services: 1 << 16,
         backends: 1 << 16,
         maglev_chunks: 4 * chunks_per_table(M),
+        slots: 1 << 16,
     });
     second.set_maglev(settings(false));
     second.adopt(&snapshot(&maps), &s, &node(&[NODE_A, NODE_B]));
