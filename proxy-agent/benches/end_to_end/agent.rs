@@ -205,20 +205,24 @@ impl Agent {
             None => args.push("--ebpf-socket-lb=false".into()),
         }
         args.extend(interface_flags(node));
-        // Every service port's slots are entries of SERVICES: 50,000 services
-        // of 10 endpoints need more than the default 262,144.
-        let slots = services * (endpoints_per_service() + 2);
-        if mode == "ebpf"
-            && slots > 262_144
-            && !node
-                .agent_args
-                .iter()
-                .any(|a| a.starts_with("--ebpf-map-size-services"))
-        {
-            args.push(format!(
-                "--ebpf-map-size-services={}",
-                slots.next_power_of_two()
-            ));
+        // The defaults hold 50,000 services of 10 endpoints (a frontend and
+        // a marker each in SERVICES, 12 slots each in SLOTS); larger runs
+        // get larger maps unless the node's arguments size them.
+        let wanted = [
+            ("--ebpf-map-size-services", services * 2, 262_144),
+            (
+                "--ebpf-map-size-backend-slots",
+                services * endpoints_per_service().div_ceil(4) * 4,
+                1_048_576,
+            ),
+        ];
+        for (flag, needed, default) in wanted {
+            if mode == "ebpf"
+                && needed > default
+                && !node.agent_args.iter().any(|a| a.starts_with(flag))
+            {
+                args.push(format!("{flag}={}", needed.next_power_of_two()));
+            }
         }
         args.extend(node.agent_args.iter().cloned());
         let mut command = node.host.command("sh", &args);

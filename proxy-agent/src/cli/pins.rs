@@ -77,6 +77,7 @@ impl PinnedMaps {
                 slots: SlotTable::new(open(dir, names::SLOTS6)?.0)?,
             },
         };
+        let slots = maps.slots.capacity();
         Ok(PinnedMaps {
             maps,
             sizes: MapSizes {
@@ -84,6 +85,7 @@ impl PinnedMaps {
                 backends: backends_max,
                 conntrack: conntrack_max,
                 maglev: maglev_max,
+                slots,
             },
         })
     }

@@ -13,7 +13,7 @@
 //! podInterfacePrefixes: [veth, cali, lxc, cni, gke, eni, azv]
 //! externalInterfaces: []      # XDP (NodePort/LB/externalIPs); empty = the node-IP interfaces
 //! xdpMode: auto               # auto | native | generic | disabled
-//! maps: {services: 262144, backends: 131072, conntrack: 0, maglevTables: 0}   # 0 = derived
+//! maps: {services: 262144, backendSlots: 1048576, backends: 131072, conntrack: 0, maglevTables: 0}   # 0 = derived
 //! loadBalancing: {algorithm: random, maglevTableSize: 16381}
 //! socketLB: {enabled: true, hostNamespaceOnly: true, cgroupPath: ""}  # "" = the cgroup v2 root
 //! pinning: {root: /sys/fs/bpf/kube-ebpf-proxy, detachOnExit: false, stateDir: /run/kube-ebpf-proxy}
@@ -37,8 +37,12 @@ pub const STATE_DIR: &str = "/run/kube-ebpf-proxy";
 /// GKE, AWS VPC CNI, Azure CNI. Tunnel/host devices (`vxlan.calico`, `flannel.1`, `cilium_host`)
 /// deliberately do not match.
 pub const DEFAULT_POD_PREFIXES: [&str; 7] = ["veth", "cali", "lxc", "cni", "gke", "eni", "azv"];
-/// Frontends plus one entry per backend slot, so several times the service count.
+/// Frontends (one per service port and address, two with a Local policy)
+/// and cluster-IP markers.
 pub const DEFAULT_SERVICES_MAP: u32 = 262_144;
+/// Backend slots of all frontends (4 bytes each): 50,000 services of 10
+/// endpoints take 600,000 (each frontend's rounded up to a multiple of 4).
+pub const DEFAULT_BACKEND_SLOTS: u32 = 1_048_576;
 pub const DEFAULT_BACKENDS_MAP: u32 = 131_072;
 pub const DEFAULT_MAGLEV_TABLE: u32 = 16_381;
 /// Maglev tables per family when `maps.maglevTables` is 0: enough for every
@@ -128,6 +132,9 @@ pub struct MapSizes {
     /// 0 = default.
     #[serde(default, deserialize_with = "nullable")]
     pub services: u32,
+    /// The slots array (each frontend's backends, by slot). 0 = default.
+    #[serde(default, deserialize_with = "nullable")]
+    pub backend_slots: u32,
     /// 0 = default.
     #[serde(default, deserialize_with = "nullable")]
     pub backends: u32,
@@ -251,6 +258,9 @@ pub fn set_defaults(c: &mut EbpfDatapathConfiguration) {
     if c.maps.backends == 0 {
         c.maps.backends = DEFAULT_BACKENDS_MAP;
     }
+    if c.maps.backend_slots == 0 {
+        c.maps.backend_slots = DEFAULT_BACKEND_SLOTS;
+    }
     if c.load_balancing.maglev_table_size == 0 {
         c.load_balancing.maglev_table_size = DEFAULT_MAGLEV_TABLE;
     }
@@ -307,6 +317,7 @@ pub fn validate(c: &EbpfDatapathConfiguration) -> Result<(), FieldErrors> {
     for (path, v) in [
         ("maps.services", c.maps.services),
         ("maps.backends", c.maps.backends),
+        ("maps.backendSlots", c.maps.backend_slots),
     ] {
         if !(1..=MAX_MAP_ENTRIES).contains(&v) {
             errs.push(FieldError::invalid(

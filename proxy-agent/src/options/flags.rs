@@ -411,6 +411,9 @@ pub struct Flags {
     /// [ours] Capacity of the services map.
     #[arg(long = "ebpf-map-size-services", value_name = "uint32", default_value = "65536", value_parser = go_u32)]
     pub ebpf_map_size_services: u32,
+    /// [ours] Capacity of the backend slots array (every frontend's backends, by slot).
+    #[arg(long = "ebpf-map-size-backend-slots", value_name = "uint32", default_value = "1048576", value_parser = go_u32)]
+    pub ebpf_map_size_backend_slots: u32,
     /// [ours] Capacity of the backends map.
     #[arg(long = "ebpf-map-size-backends", value_name = "uint32", default_value = "65536", value_parser = go_u32)]
     pub ebpf_map_size_backends: u32,

@@ -283,6 +283,9 @@ fn ebpf_from_flags(p: &ParsedFlags, c: &mut EbpfDatapathConfiguration) {
     if p.is_set("ebpf-map-size-services") {
         c.maps.services = f.ebpf_map_size_services;
     }
+    if p.is_set("ebpf-map-size-backend-slots") {
+        c.maps.backend_slots = f.ebpf_map_size_backend_slots;
+    }
     if p.is_set("ebpf-map-size-backends") {
         c.maps.backends = f.ebpf_map_size_backends;
     }

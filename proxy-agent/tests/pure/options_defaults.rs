@@ -141,6 +141,7 @@ const EBPF_DEFAULTS: &[(&str, &str)] = &[
     ("xdpMode", "auto"),
     ("maps.services", "262144"),
     ("maps.backends", "131072"),
+    ("maps.backendSlots", "1048576"),
     ("maps.conntrack", "0"),
     ("maps.maglevTables", "0"),
     ("loadBalancing.algorithm", "random"),

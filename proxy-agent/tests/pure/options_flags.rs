@@ -82,6 +82,7 @@ const OUR_FLAGS: &[&str] = &[
     "ebpf-service-cidrs",
     "ebpf-xdp-mode",
     "ebpf-map-size-services",
+    "ebpf-map-size-backend-slots",
     "ebpf-map-size-backends",
     "ebpf-map-size-conntrack",
     "ebpf-map-size-maglev-tables",

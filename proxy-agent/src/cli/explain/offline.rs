@@ -71,6 +71,7 @@ pub fn prepare(args: &Offline) -> anyhow::Result<(Datapath, frontend::Names)> {
         backends: opts.ebpf.maps.backends,
         conntrack: conntrack_params(&opts.config, &opts.ebpf, cpus).max_entries,
         maglev: opts.ebpf.maglev_chunks(),
+        slots: opts.ebpf.maps.backend_slots,
     };
     let mut ebpf = ebpf::load_with(sizes)?;
     let (mut maps, stats) = KernelMaps::take(&mut ebpf)?;

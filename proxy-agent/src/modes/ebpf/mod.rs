@@ -50,6 +50,8 @@ pub struct MapSizes {
     pub conntrack: u32,
     /// Elements of each family's `MAGLEV` array.
     pub maglev: u32,
+    /// Slot indexes of each family's `SLOTS` array.
+    pub slots: u32,
 }
 
 impl Default for MapSizes {
@@ -60,13 +62,14 @@ impl Default for MapSizes {
             backends: MAX_BACKENDS,
             conntrack: MAX_CONNTRACK,
             maglev: MAX_MAGLEV_CHUNKS,
+            slots: MAX_SLOT_ELEMENTS * proxy_common::slots::SLOTS_PER_ELEMENT,
         }
     }
 }
 
-/// `SLOTS` elements for a `services` setting of that many slots.
-pub fn slot_elements(services: u32) -> u32 {
-    proxy_common::slots::elements_for(services).max(1)
+/// `SLOTS` elements that hold `slots` slots.
+pub fn slot_elements(slots: u32) -> u32 {
+    proxy_common::slots::elements_for(slots).max(1)
 }
 
 /// Loads the embedded object into the kernel with the default map sizes, without attaching anything.
@@ -109,10 +112,8 @@ pub fn create_maps(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyho
         .map_max_entries(names::CONNTRACK6, sizes.conntrack)
         .map_max_entries(names::MAGLEV, sizes.maglev.max(1))
         .map_max_entries(names::MAGLEV6, sizes.maglev.max(1))
-        // Backend slots share the services setting: they were its entries
-        // before they moved to an array.
-        .map_max_entries(names::SLOTS, slot_elements(sizes.services))
-        .map_max_entries(names::SLOTS6, slot_elements(sizes.services));
+        .map_max_entries(names::SLOTS, slot_elements(sizes.slots))
+        .map_max_entries(names::SLOTS6, slot_elements(sizes.slots));
     let shapes = object_maps()?;
     if let Some(dir) = maps_dir {
         for name in shapes.keys() {

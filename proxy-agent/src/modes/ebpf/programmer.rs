@@ -419,7 +419,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             ),
             (
                 F::SLOTS,
-                "maps.services (--ebpf-map-size-services)",
+                "maps.backendSlots (--ebpf-map-size-backend-slots)",
                 slots,
                 capacity.slots,
             ),
@@ -684,7 +684,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             let len = room_for(slots.len());
             let range = self.slot_ranges.take(len).ok_or(MapError::Capacity {
                 map: F::SLOTS,
-                setting: "maps.services (--ebpf-map-size-services)",
+                setting: "maps.backendSlots (--ebpf-map-size-backend-slots)",
                 needed: usize::try_from(self.slot_ranges.used()).unwrap_or(usize::MAX)
                     + len as usize,
                 capacity: self.slot_ranges.capacity(),

@@ -58,6 +58,7 @@ impl Mode for EbpfMode {
             backends: opts.ebpf.maps.backends,
             conntrack: conntrack_params(&opts.config, &opts.ebpf, cpus).max_entries,
             maglev: opts.ebpf.maglev_chunks(),
+            slots: opts.ebpf.maps.backend_slots,
         };
         let Opened {
             mut ebpf,
@@ -360,6 +361,18 @@ pub fn load(
             );
             *size = *pinned;
         }
+    }
+    if let Some(pinned) = capacities.get(names::SLOTS)
+        && *pinned != super::slot_elements(sizes.slots)
+    {
+        let pinned_slots = pinned.saturating_mul(proxy_common::slots::SLOTS_PER_ELEMENT);
+        warn!(
+            map = names::SLOTS,
+            pinned = pinned_slots,
+            configured = sizes.slots,
+            "a pinned map keeps its capacity; `--cleanup` and a restart apply the new one"
+        );
+        sizes.slots = pinned_slots;
     }
     let ebpf = create_maps(sizes, Some(&layout.maps_dir()))?;
     info!(

@@ -1629,7 +1629,7 @@ fn a_sync_that_would_not_fit_is_refused_before_anything_is_written() {
         "{err}"
     );
     assert!(
-        err.to_string().contains("--ebpf-map-size-services"),
+        err.to_string().contains("--ebpf-map-size-backend-slots"),
         "{err}"
     );
     assert_eq!((maps.services.clone(), maps.backends.clone()), programmed);
