@@ -29,6 +29,16 @@ pub struct Manifests {
     pub endpoint_slices: Vec<EndpointSlice>,
     pub nodes: Vec<Node>,
     pub service_cidrs: Vec<ServiceCIDR>,
+    /// Each object's digest, in the same order, taken where it was typed.
+    digests: Digests,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Digests {
+    services: Vec<u64>,
+    slices: Vec<u64>,
+    nodes: Vec<u64>,
+    cidrs: Vec<u64>,
 }
 
 /// A rejected manifest: which file, which document in it, which field.
@@ -117,16 +127,17 @@ fn load_file(
             Ok(None) => return Ok(()), // an empty document, e.g. a trailing `---`
             Err(e) => return Err(err(Some(document), e.field, e.message)),
         };
-        for (prefix, object) in objects {
+        for (prefix, object, digest) in objects {
             let (kind, meta) = object.kind_and_meta();
             remember(seen, kind, meta)
                 .map_err(|m| err(Some(document), Some(format!("{prefix}metadata.name")), m))?;
+            let d = &mut out.digests;
             match object {
-                Object::Service(svc) => out.services.push(*svc),
-                Object::Slice(slice) => out.endpoint_slices.push(*slice),
-                Object::Node(node) => out.nodes.push(*node),
-                Object::Cidr(cidr) => out.service_cidrs.push(*cidr),
-            }
+                Object::Service(svc) => (out.services.push(*svc), d.services.push(digest)),
+                Object::Slice(slice) => (out.endpoint_slices.push(*slice), d.slices.push(digest)),
+                Object::Node(node) => (out.nodes.push(*node), d.nodes.push(digest)),
+                Object::Cidr(cidr) => (out.service_cidrs.push(*cidr), d.cidrs.push(digest)),
+            };
         }
         Ok(())
     };
@@ -180,8 +191,8 @@ struct DocumentError {
 }
 
 /// One document's objects, each with its field prefix in a `kind: List`
-/// (`items[3].`); `None` for an empty document.
-type ParsedDocument = Result<Option<Vec<(String, Object)>>, DocumentError>;
+/// (`items[3].`) and its digest; `None` for an empty document.
+type ParsedDocument = Result<Option<Vec<(String, Object, u64)>>, DocumentError>;
 
 fn parse_document(doc: serde_yaml::Deserializer<'_>) -> ParsedDocument {
     let reject = |field: Option<String>, message: String| DocumentError { field, message };
@@ -222,7 +233,70 @@ struct Head<'a> {
     #[serde(default, borrow)]
     kind: Option<std::borrow::Cow<'a, str>>,
     #[serde(default, borrow)]
-    items: Option<&'a RawValue>,
+    items: Items<'a>,
+}
+
+/// A top-level `items`: each element's text when it is an array (a
+/// `kind: List`'s items, found in the same pass that reads the head: a
+/// first listing of 50,000 slices is a 57 MB list, and a pass over it takes
+/// about 0.1 s), else nothing.
+#[derive(Default)]
+enum Items<'a> {
+    #[default]
+    Absent,
+    Array(Vec<&'a RawValue>),
+    Other(&'static str),
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Items<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Items<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                    items.push(item);
+                }
+                Ok(Items::Array(items))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Items::Other("a map"))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(Items::Other("a string"))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Items::Other("a boolean"))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Items::Other("a number"))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Items::Other("a number"))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Items::Other("a number"))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(Items::Absent)
+            }
+        }
+        d.deserialize_any(Visit(std::marker::PhantomData))
+    }
 }
 
 fn head_of(raw: &RawValue) -> Result<Head<'_>, DocumentError> {
@@ -236,10 +310,13 @@ fn parse_json_document(doc: &RawValue) -> ParsedDocument {
     let top = head_of(doc)?;
     let is_list = top.kind.as_deref() == Some("List");
     let items: Vec<&RawValue> = match top.items {
-        Some(items) if is_list => serde_json::from_str(items.get()).map_err(|e| DocumentError {
-            field: Some("items".into()),
-            message: e.to_string(),
-        })?,
+        Items::Array(items) if is_list => items,
+        Items::Other(what) if is_list => {
+            return Err(DocumentError {
+                field: Some("items".into()),
+                message: format!("invalid type: {what}, expected a sequence"),
+            });
+        }
         _ if is_list => Vec::new(),
         _ => vec![doc],
     };
@@ -278,10 +355,15 @@ const PARALLEL_ITEMS: usize = 1024;
 
 /// A document's item, read as the type its kind names.
 trait Item {
+    /// The digest of the item as written, when its text is at hand.
+    fn text_digest(&self) -> Option<u64>;
     fn typed<T: DeserializeOwned>(self) -> Result<T, (Option<String>, String)>;
 }
 
 impl Item for serde_yaml::Value {
+    fn text_digest(&self) -> Option<u64> {
+        None
+    }
     fn typed<T: DeserializeOwned>(self) -> Result<T, (Option<String>, String)> {
         serde_path_to_error::deserialize(self).map_err(path_error)
     }
@@ -290,6 +372,12 @@ impl Item for serde_yaml::Value {
 struct JsonItem<'a>(&'a RawValue);
 
 impl Item for JsonItem<'_> {
+    /// The item's text: the same object written the same way hashes alike,
+    /// which is all a re-read must tell (a reformatted object counts as
+    /// changed, and changes nothing downstream).
+    fn text_digest(&self) -> Option<u64> {
+        Some(hash_bytes(self.0.get().as_bytes()))
+    }
     fn typed<T: DeserializeOwned>(self) -> Result<T, (Option<String>, String)> {
         let mut de = serde_json::Deserializer::from_str(self.0.get());
         serde_path_to_error::deserialize(&mut de).map_err(path_error)
@@ -312,6 +400,7 @@ fn objects_of<I: Item>(
     let mut objects = Vec::new();
     for (j, item) in (first..).zip(items) {
         let (api_version, kind, item) = item?;
+        let text_digest = item.text_digest();
         let prefix = if is_list {
             format!("items[{j}].")
         } else {
@@ -320,22 +409,29 @@ fn objects_of<I: Item>(
         let in_doc = |field: Option<String>, message: String| {
             reject(field.map(|f| format!("{prefix}{f}")), message)
         };
-        let object = match (api_version.as_str(), kind.as_str()) {
+        let (object, digest) = match (api_version.as_str(), kind.as_str()) {
             ("v1", "Service") => {
                 let svc: Service = item.typed().map_err(|(f, m)| in_doc(f, m))?;
                 validate_service(&svc).map_err(|(f, m)| in_doc(Some(f), m))?;
-                Object::Service(Box::new(svc))
+                let d = text_digest.unwrap_or_else(|| digest(&svc));
+                (Object::Service(Box::new(svc)), d)
             }
             ("discovery.k8s.io/v1", "EndpointSlice") => {
                 let slice: EndpointSlice = item.typed().map_err(|(f, m)| in_doc(f, m))?;
                 validate_slice(&slice).map_err(|(f, m)| in_doc(Some(f), m))?;
-                Object::Slice(Box::new(slice))
+                let d = text_digest.unwrap_or_else(|| digest(&slice));
+                (Object::Slice(Box::new(slice)), d)
             }
-            ("v1", "Node") => Object::Node(Box::new(item.typed().map_err(|(f, m)| in_doc(f, m))?)),
+            ("v1", "Node") => {
+                let node: Node = item.typed().map_err(|(f, m)| in_doc(f, m))?;
+                let d = text_digest.unwrap_or_else(|| digest(&node));
+                (Object::Node(Box::new(node)), d)
+            }
             ("networking.k8s.io/v1", "ServiceCIDR") => {
                 let cidr: ServiceCIDR = item.typed().map_err(|(f, m)| in_doc(f, m))?;
                 validate_service_cidr(&cidr).map_err(|(f, m)| in_doc(Some(f), m))?;
-                Object::Cidr(Box::new(cidr))
+                let d = text_digest.unwrap_or_else(|| digest(&cidr));
+                (Object::Cidr(Box::new(cidr)), d)
             }
             ("", _) | (_, "") => {
                 let field = if api_version.is_empty() {
@@ -353,7 +449,7 @@ fn objects_of<I: Item>(
                 continue;
             }
         };
-        objects.push((prefix, object));
+        objects.push((prefix, object, digest));
     }
     Ok(Some(objects))
 }
@@ -626,12 +722,17 @@ struct Seen {
     node: Option<u64>,
 }
 
-/// A digest of an object's whole content (its JSON form).
+/// A digest of an object's whole content (its JSON form), for objects
+/// read from YAML (JSON items hash their own text).
 fn digest<T: serde::Serialize>(object: &T) -> u64 {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_vec(object).unwrap_or_default().hash(&mut h);
-    h.finish()
+    hash_bytes(&serde_json::to_vec(object).unwrap_or_default())
+}
+
+/// A 64-bit hash with a fixed seed: digests are compared only within this
+/// process, from one read of the directory to the next.
+fn hash_bytes(bytes: &[u8]) -> u64 {
+    use std::hash::BuildHasher as _;
+    foldhash::quality::FixedState::with_seed(0x6b70_6d66).hash_one(bytes)
 }
 
 /// One file of the directory as last read.
@@ -913,26 +1014,19 @@ impl Seen {
 
 /// Digests of what one file holds (only this node's Node).
 fn seen_of(objects: &Manifests, node_name: &str) -> Seen {
+    let d = &objects.digests;
     Seen {
-        services: objects
-            .services
-            .iter()
-            .map(|s| (key(&s.metadata), digest(s)))
+        services: (objects.services.iter().zip(&d.services))
+            .map(|(s, h)| (key(&s.metadata), *h))
             .collect(),
-        slices: objects
-            .endpoint_slices
-            .iter()
-            .map(|s| (key(&s.metadata), digest(s)))
+        slices: (objects.endpoint_slices.iter().zip(&d.slices))
+            .map(|(s, h)| (key(&s.metadata), *h))
             .collect(),
-        cidrs: objects
-            .service_cidrs
-            .iter()
-            .map(|c| (c.metadata.name.clone().unwrap_or_default(), digest(c)))
+        cidrs: (objects.service_cidrs.iter().zip(&d.cidrs))
+            .map(|(c, h)| (c.metadata.name.clone().unwrap_or_default(), *h))
             .collect(),
-        node: objects
-            .nodes
-            .iter()
-            .find(|n| n.metadata.name.as_deref() == Some(node_name))
-            .map(digest),
+        node: (objects.nodes.iter().zip(&d.nodes))
+            .find(|(n, _)| n.metadata.name.as_deref() == Some(node_name))
+            .map(|(_, h)| *h),
     }
 }

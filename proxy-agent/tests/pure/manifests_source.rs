@@ -488,3 +488,51 @@ fn a_long_json_list_keeps_its_order_and_names_its_first_bad_item() {
         "{e}"
     );
 }
+
+/// A JSON list re-read sends only the items whose text changed (their
+/// digest is taken from the text, on the threads that type them).
+#[test]
+fn a_json_list_read_again_sends_only_the_items_that_changed() {
+    let list = |other_ip: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+            to_json(SERVICE), to_json(SLICE), to_json(&OTHER.replace("198.19.0.2", other_ip))]})
+        .to_string()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("all.json"), list("198.19.0.2")).unwrap();
+    let got = events_after(
+        dir.path(),
+        vec![
+            Box::new(|_| {}),
+            Box::new(move |d| fs::write(d.join("all.json"), list("198.19.0.3")).unwrap()),
+        ],
+    );
+    assert_eq!(
+        got[0],
+        [
+            "Service web",
+            "Service db",
+            "Slice web-1",
+            "ServicesSynced",
+            "SlicesSynced"
+        ]
+    );
+    assert_eq!(got[1], ["Service db"]);
+}
+
+#[test]
+fn a_json_list_whose_items_are_not_an_array_is_rejected_naming_items() {
+    let e = rejection(&[(
+        "list.json",
+        r#"{"apiVersion": "v1", "kind": "List", "items": {"a": 1}}"#,
+    )]);
+    assert_eq!(e.field.as_deref(), Some("items"), "{e}");
+    assert!(e.to_string().contains("expected a sequence"), "{e}");
+    // Another kind's own `items` is not a list's: the object is ignored.
+    let m = load(&[(
+        "cm.json",
+        r#"{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "items": {"a": 1}}"#,
+    )])
+    .unwrap();
+    assert!(m.services.is_empty());
+}
