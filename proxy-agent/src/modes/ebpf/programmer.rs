@@ -245,9 +245,16 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         state: &DesiredState,
         maps: &mut impl ServiceMaps<F>,
     ) -> Result<SyncStats, MapError> {
-        let mut ports: BTreeSet<ServicePortName> = state.services.keys().cloned().collect();
         // A port whose first sync failed early may hold an id but no frontend.
-        ports.extend(self.ports.keys().cloned());
+        let leftover: Vec<ServicePortName> = self
+            .ports
+            .keys()
+            .filter(|k| !state.services.contains_key(*k))
+            .cloned()
+            .collect();
+        let ports: Vec<Port<'_>> = (state.services.iter().map(|(k, v)| (k, Some(v))))
+            .chain(leftover.iter().map(|k| (k, None)))
+            .collect();
         self.sync_ports(state, &ports, maps)
     }
 
@@ -259,7 +266,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         changed: &BTreeSet<ServicePortName>,
         maps: &mut impl ServiceMaps<F>,
     ) -> Result<SyncStats, MapError> {
-        self.sync_ports(state, changed, maps)
+        self.sync_ports(state, &ports_of(state, changed), maps)
     }
 
     /// Records the node's addresses and re-syncs the service ports that
@@ -287,7 +294,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             .filter(|svc| depends_on_node(svc) || has_endpoint_on::<F>(svc, &moved))
             .map(|svc| svc.name.clone())
             .collect();
-        self.sync_ports(state, &ports, maps)
+        self.sync_ports(state, &ports_of(state, &ports), maps)
     }
 
     fn totals(&self, stats: SyncStats) -> SyncStats {
@@ -301,30 +308,33 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
     fn sync_ports(
         &mut self,
         state: &DesiredState,
-        ports: &BTreeSet<ServicePortName>,
+        ports: &[Port<'_>],
         maps: &mut impl ServiceMaps<F>,
     ) -> Result<SyncStats, MapError> {
-        self.check_capacity(state, ports)?;
+        self.check_capacity(ports)?;
         let mut run = SyncRun::default();
-        let mut wanted_keys: HashMap<&ServicePortName, BTreeSet<ServiceKeyOf<F>>> = HashMap::new();
+        // Each port's wanted frontend keys, by its place in `ports`.
+        let mut wanted_keys: Vec<Option<BTreeSet<ServiceKeyOf<F>>>> =
+            Vec::with_capacity(ports.len());
 
-        for spn in ports {
-            if let Some(svc) = state.services.get(spn) {
-                let keys = self.program_service(spn, svc, maps, &mut run)?;
-                wanted_keys.insert(spn, keys);
-            }
+        for (spn, svc) in ports {
+            wanted_keys.push(match svc {
+                Some(svc) => Some(self.program_service(spn, svc, maps, &mut run)?),
+                None => None,
+            });
         }
         for frontend in std::mem::take(&mut run.cluster_ip_frontends) {
             self.markers.add(frontend, maps, &mut run.stats)?;
         }
 
-        for spn in ports {
+        for ((spn, svc), keep) in ports.iter().zip(&wanted_keys) {
+            let spn = *spn;
             let owned = self
                 .ports
                 .get(spn)
                 .map(|port| port.frontends.clone())
                 .unwrap_or_default();
-            let keep = wanted_keys.get(spn);
+            let keep = keep.as_ref();
             for key in owned.iter().filter(|k| keep.is_none_or(|w| !w.contains(k))) {
                 self.remove_frontend(*key, maps, &mut run)?;
             }
@@ -338,7 +348,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             // No frontend names the tables of sets no longer balanced by one.
             let keep = run.maglev_sets.get(spn).map_or(&[][..], Vec::as_slice);
             self.maglev.release_unused(spn, keep);
-            if !state.services.contains_key(spn)
+            if svc.is_none()
                 && let Some(port) = self.ports.get_mut(spn)
             {
                 port.set_slots = PerSet::default();
@@ -367,11 +377,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
     /// Fails, before anything is written, when the maps could not hold the
     /// state while syncing `ports`: new entries are written before stale ones
     /// go, so what counts is the old entries plus what the sync adds.
-    fn check_capacity(
-        &self,
-        state: &DesiredState,
-        ports: &BTreeSet<ServicePortName>,
-    ) -> Result<(), MapError> {
+    fn check_capacity(&self, ports: &[Port<'_>]) -> Result<(), MapError> {
         let Some(capacity) = self.capacity else {
             return Ok(());
         };
@@ -384,7 +390,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         // Ranges that move are held twice until the old one is freed.
         let mut slots = self.slot_ranges.used();
         let mut new_backends = HashSet::new();
-        for svc in ports.iter().filter_map(|p| state.services.get(p)) {
+        for svc in ports.iter().filter_map(|(_, svc)| *svc) {
             for f in wanted_frontends(svc, &self.node) {
                 let backends = f.endpoints.backends(svc, &self.node.host);
                 let have = self.frontends.get(&f.key);
@@ -881,6 +887,14 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         }
         Ok(())
     }
+}
+
+/// A service port a sync looks at, with what the state wants of it (`None`: remove it).
+type Port<'a> = (&'a ServicePortName, Option<&'a DesiredService>);
+
+/// `names` with what `state` wants of each.
+fn ports_of<'a>(state: &'a DesiredState, names: &'a BTreeSet<ServicePortName>) -> Vec<Port<'a>> {
+    names.iter().map(|k| (k, state.services.get(k))).collect()
 }
 
 /// Service ports whose frontends change with the node's addresses.
