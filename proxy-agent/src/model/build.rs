@@ -16,18 +16,22 @@ pub fn build_desired_state(
 }
 
 /// As [`build_desired_state`], with this node's labels for topology.
-pub fn build_desired_state_for(
-    services: &[Service],
-    slices: &[EndpointSlice],
+pub fn build_desired_state_for<S, E>(
+    services: &[S],
+    slices: &[E],
     node: &NodeTopology,
-) -> DesiredState {
+) -> DesiredState
+where
+    S: std::borrow::Borrow<Service>,
+    E: std::borrow::Borrow<EndpointSlice>,
+{
     let mut svc_tracker = ServiceChangeTracker::default();
     let mut ep_tracker = EndpointsChangeTracker::new(node.node_name.clone());
     for svc in services {
-        svc_tracker.update(svc);
+        svc_tracker.update(svc.borrow());
     }
     for slice in slices {
-        ep_tracker.update(slice);
+        ep_tracker.update(slice.borrow());
     }
     svc_tracker.apply();
     ep_tracker.apply();
