@@ -269,14 +269,26 @@ impl EndpointsChangeTracker {
             };
             // Not kept between syncs (a third copy of every endpoint):
             // merged again before and after, only for the services changed.
-            let before = endpoints_by_port(entry.applied.values(), &self.node_name);
+            // A service new to the tracker (all of them at the first
+            // listing) changed when it has an endpoint on a port at all.
+            let before = (!entry.applied.is_empty())
+                .then(|| endpoints_by_port(entry.applied.values(), &self.node_name));
             for (name, info) in std::mem::take(&mut entry.pending) {
                 match info {
                     Some(info) => entry.applied.insert(name, info),
                     None => entry.applied.remove(&name),
                 }
             }
-            if endpoints_by_port(entry.applied.values(), &self.node_name) != before {
+            let differs = match before {
+                Some(before) => {
+                    endpoints_by_port(entry.applied.values(), &self.node_name) != before
+                }
+                None => entry
+                    .applied
+                    .values()
+                    .any(|s| !s.ports.is_empty() && !s.endpoints.is_empty()),
+            };
+            if differs {
                 changed.insert(service.clone());
             }
             if entry.applied.is_empty() {

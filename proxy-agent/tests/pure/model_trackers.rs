@@ -82,6 +82,9 @@ fn endpoints_tracker_reports_only_services_whose_endpoints_changed() {
     assert!(t.update(&slice("s-1", "s", &["10.0.0.1"])));
     assert!(t.update(&slice("o-1", "other", &["10.0.9.1"])));
     assert_eq!(t.apply(), [nn("other"), nn("s")].into());
+    // A service first seen with a slice of no endpoint has none to report.
+    assert!(t.update(&slice("e-1", "empty", &[])));
+    assert!(t.apply().is_empty());
 
     assert!(
         !t.update(&slice("s-1", "s", &["10.0.0.1"])),
