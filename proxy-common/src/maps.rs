@@ -52,8 +52,9 @@ pub const MONITOR_RINGS: [&str; crate::monitor::MONITOR_SLOTS] = [
 
 /// Frontends (slot 0, Maglev references) and cluster-IP markers.
 pub const MAX_SERVICE_ENTRIES: u32 = 262_144;
-/// `SLOTS` elements in the object; the agent sizes the map at load.
-pub const MAX_SLOT_ELEMENTS: u32 = 131_072;
+/// `SLOTS` elements in the object (two slots each: the agent's default of
+/// 1,048,576 slots); the agent sizes the map at load.
+pub const MAX_SLOT_ELEMENTS: u32 = 524_288;
 pub const MAX_BACKENDS: u32 = 131_072;
 pub const MAX_CONNTRACK: u32 = 262_144;
 /// IPv6 flows: half the IPv4 table, whose entries are 2.3 times larger.

@@ -177,8 +177,9 @@ fn run() -> anyhow::Result<()> {
     let largest = *tier_sizes.iter().max().context("DATAPATH_TIERS is empty")?;
     let sizes = Layout::new(largest).map_sizes();
     println!(
-        "map capacities in every tier: {} service entries, {} backends, {} conntrack entries",
+        "map capacities in every tier: {} service entries, {} backend slots, {} backends, {} conntrack entries",
         group(sizes.services as usize),
+        group(sizes.slots as usize),
         group(sizes.backends as usize),
         group(sizes.conntrack as usize)
     );
@@ -309,9 +310,11 @@ impl Layout {
     fn map_sizes(&self) -> MapSizes {
         let slack = 1_024;
         MapSizes {
-            services: (self.frontends * (2 + BACKENDS_PER_SERVICE) + slack) as u32,
+            services: (self.frontends * 2 + slack) as u32,
             backends: (self.service_ports() * BACKENDS_PER_SERVICE + slack) as u32,
             conntrack: CONNTRACK_ENTRIES,
+            // Each frontend's slots take a range rounded up to 4.
+            slots: (self.frontends * BACKENDS_PER_SERVICE.div_ceil(4) * 4 + slack) as u32,
             ..MapSizes::default()
         }
     }

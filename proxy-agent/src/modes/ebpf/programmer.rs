@@ -154,6 +154,8 @@ pub struct FamilyProgrammer<F: AgentFamily> {
     /// What `SERVICES` and `BACKENDS` hold; a sync that would not fit is refused.
     capacity: Option<Capacity>,
     maglev: MaglevTables,
+    /// Frontends with a Maglev table reference (`Frontend::maglev`).
+    maglev_refs: usize,
     slot_ranges: SlotRanges,
 }
 
@@ -203,6 +205,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             markers: ClusterIpMarkers::default(),
             capacity: None,
             maglev: MaglevTables::new(MaglevSettings::default(), u32::MAX),
+            maglev_refs: 0,
             slot_ranges: SlotRanges::new(u32::MAX),
         }
     }
@@ -381,12 +384,16 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         let Some(capacity) = self.capacity else {
             return Ok(());
         };
-        let mut entries: usize = self
-            .frontends
-            .values()
-            .map(|f| 1 + usize::from(f.maglev.is_some()))
-            .sum::<usize>()
-            + self.markers.len();
+        // Counted, not summed over every frontend: a sync of one port at
+        // 50,000 services spent 0.8 ms here.
+        debug_assert_eq!(
+            self.maglev_refs,
+            self.frontends
+                .values()
+                .filter(|f| f.maglev.is_some())
+                .count()
+        );
+        let mut entries = self.frontends.len() + self.maglev_refs + self.markers.len();
         // Ranges that move are held twice until the old one is freed.
         let mut slots = self.slot_ranges.used();
         let mut new_backends = HashSet::new();
@@ -727,7 +734,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             if frontend.maglev != Some(table) {
                 maps.put_service(&key.with_slot(MAGLEV_SLOT), &table)?;
                 run.stats.writes += 1;
-                frontend.maglev = Some(table);
+                if frontend.maglev.replace(table).is_none() {
+                    self.maglev_refs += 1;
+                }
             }
             value.flags |= flags::MAGLEV;
         }
@@ -741,6 +750,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             maps.delete_service(&key.with_slot(MAGLEV_SLOT))?;
             run.stats.deletes += 1;
             frontend.maglev = None;
+            self.maglev_refs -= 1;
         }
         if let Some(range) = left {
             self.slot_ranges.give_back(range);
@@ -776,6 +786,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             maps.delete_service(&key.with_slot(MAGLEV_SLOT))?;
             run.stats.deletes += 1;
             frontend.maglev = None;
+            self.maglev_refs -= 1;
         }
         if let Some(range) = frontend.range.take() {
             self.slot_ranges.give_back(range);

@@ -93,6 +93,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 |v| v.service_id,
             );
             let maglev = entries.get(&key.with_slot(MAGLEV_SLOT)).copied();
+            self.maglev_refs += usize::from(maglev.is_some());
             let owner = match owners.get(&key) {
                 Some((spn, set)) => {
                     if let Some(table) = maglev {
