@@ -179,10 +179,16 @@ impl EndpointsChangeTracker {
     /// Records an added or modified slice. Returns whether this update changed
     /// anything, as upstream's `EndpointSliceUpdate`.
     pub fn update(&mut self, slice: &EndpointSlice) -> bool {
+        self.update_with(slice, slice_info(slice))
+    }
+
+    /// [`Self::update`] with the slice already reduced (`slice_info` of it),
+    /// for callers that reduce many slices on several threads.
+    pub fn update_with(&mut self, slice: &EndpointSlice, info: Option<SliceInfo>) -> bool {
         let Some((namespace, name)) = slice_key(slice) else {
             return false;
         };
-        let Some(info) = slice_info(slice) else {
+        let Some(info) = info else {
             // Lost its service label or turned FQDN: gone as far as we are concerned.
             return self.delete(&namespace, &name);
         };

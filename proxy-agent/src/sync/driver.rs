@@ -6,7 +6,7 @@ use std::{
 
 use futures::{Stream, StreamExt};
 
-use super::{Proxier, SourceState, SyncObserver, SyncOutcome, Syncer};
+use super::{Proxier, SourceState, SyncObserver, SyncOutcome, Syncer, source::PreparedEvent};
 use crate::sources::SourceEvent;
 use crate::sync::runner::{BoundedFrequencyRunner, RunnerError, RunnerIntervals};
 
@@ -87,12 +87,19 @@ where
         },
     );
     let feed = async move {
+        // The events ready at once (a first listing: all of them), their
+        // slices reduced on every core, then fed in order.
+        let events = events.ready_chunks(FEED_BATCH);
         futures::pin_mut!(events);
-        while let Some(event) = events.next().await {
-            let wants_sync = source
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .handle_observed(event, observer.as_ref());
+        while let Some(batch) = events.next().await {
+            let prepared = prepare(batch);
+            let mut wants_sync = false;
+            {
+                let mut source = source.lock().unwrap_or_else(|e| e.into_inner());
+                for event in prepared {
+                    wants_sync |= source.handle_prepared(event, observer.as_ref());
+                }
+            }
             if wants_sync {
                 observer.queued();
                 handle.run();
@@ -109,4 +116,106 @@ where
     };
     tokio::join!(sync_loop, stopper);
     Ok(())
+}
+
+/// Events fed to the trackers under one lock.
+const FEED_BATCH: usize = 8_192;
+/// From this many events on, a batch's slices are reduced on several threads.
+const PARALLEL_EVENTS: usize = 1_024;
+
+fn prepare(batch: Vec<SourceEvent>) -> Vec<PreparedEvent> {
+    let mut prepared: Vec<PreparedEvent> = batch.into_iter().map(PreparedEvent::plain).collect();
+    let threads = match prepared.len() >= PARALLEL_EVENTS {
+        true => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        false => 1,
+    };
+    if threads <= 1 {
+        prepared.iter_mut().for_each(PreparedEvent::prepare);
+        return prepared;
+    }
+    let part = prepared.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for events in prepared.chunks_mut(part) {
+            scope.spawn(move || events.iter_mut().for_each(PreparedEvent::prepare));
+        }
+    });
+    prepared
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DesiredState, NamespacedName};
+
+    fn service(i: usize) -> SourceEvent {
+        SourceEvent::ServiceApplied(Box::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("svc-{i}"), "namespace": "ns"},
+                "spec": {"clusterIP": format!("198.19.{}.{}", i / 250, i % 250 + 1),
+                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+            }))
+            .unwrap(),
+        ))
+    }
+
+    fn slice(i: usize, ip: &str) -> SourceEvent {
+        SourceEvent::SliceApplied(Box::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("svc-{i}-1"), "namespace": "ns",
+                             "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                "endpoints": [{"addresses": [ip], "conditions": {"ready": true}, "nodeName": "node-a"}]
+            }))
+            .unwrap(),
+        ))
+    }
+
+    /// A long batch (reduced on several threads) leaves the trackers as the
+    /// same events fed one by one do, a slice sent twice keeping its last copy.
+    #[test]
+    fn a_prepared_batch_feeds_the_trackers_as_events_one_by_one_do() {
+        let events = || {
+            let mut all = Vec::new();
+            for i in 0..1_500 {
+                all.push(service(i));
+                all.push(slice(i, "198.18.1.1"));
+            }
+            all.push(slice(7, "198.18.1.2"));
+            all.extend([SourceEvent::ServicesSynced, SourceEvent::SlicesSynced]);
+            all
+        };
+        let desired = |s: &mut SourceState| {
+            s.services.apply();
+            s.endpoints.apply();
+            DesiredState::rebuild(&s.services, &s.endpoints, &s.node)
+        };
+
+        let mut one_by_one = SourceState::new("node-a");
+        for event in events() {
+            one_by_one.handle(event);
+        }
+        let mut batched = SourceState::new("node-a");
+        let prepared = prepare(events());
+        assert!(
+            prepared.len() >= PARALLEL_EVENTS,
+            "the batch takes the threaded path"
+        );
+        let mut wants_sync = false;
+        for event in prepared {
+            wants_sync |= batched.handle_prepared(event, &());
+        }
+        assert!(wants_sync);
+        let (a, b) = (desired(&mut one_by_one), desired(&mut batched));
+        assert_eq!(a.services.len(), 1_500);
+        assert_eq!(a.services, b.services);
+        let seven = NamespacedName::new("ns", "svc-7");
+        let ips: Vec<String> = b
+            .services
+            .values()
+            .filter(|s| s.name.service() == seven)
+            .flat_map(|s| s.cluster_endpoints.iter().map(|e| e.ip.to_string()))
+            .collect();
+        assert_eq!(ips, ["198.18.1.2"]);
+    }
 }
