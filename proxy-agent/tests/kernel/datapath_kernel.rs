@@ -108,6 +108,7 @@ in_both_families!(
     truncated_l4_header_is_dropped_and_counted,
     new_flows_are_spread_over_all_backends,
     removed_backend_gets_no_new_flows_and_its_udp_flows_are_flushed,
+    a_set_that_outgrows_its_slots_moves_and_new_flows_follow_every_change,
 );
 
 fn new_tcp_flow_is_dnatted_to_a_backend_with_valid_checksums(net: &Net) {
@@ -375,6 +376,52 @@ fn removed_backend_gets_no_new_flows_and_its_udp_flows_are_flushed(net: &Net) {
     }
     // The established UDP flow to the removed backend was flushed and is balanced again.
     assert_ne!(backend_of(&f.run(FromPod, &flow.build(b"")).packet), gone);
+}
+
+/// `n` backend addresses of `net`'s family (its three first).
+fn backends_of(net: &Net, n: u8) -> Vec<IpAddr> {
+    (0..n)
+        .map(|i| match net.vip {
+            IpAddr::V4(_) => v4(198, 18, 2, 2 + i),
+            IpAddr::V6(_) => v6(2, 2 + u16::from(i)),
+        })
+        .collect()
+}
+
+/// The backends 400 new TCP flows to the VIP reach.
+fn reached(f: &Datapath, net: &Net, first_port: u16) -> std::collections::BTreeSet<IpAddr> {
+    (0..400u16)
+        .map(|i| {
+            let syn = Frame::tcp(net.client, first_port + i, net.vip, 80).build(b"");
+            backend_of(&f.run(FromPod, &syn).packet)
+        })
+        .collect()
+}
+
+/// The slots of a set live in a range of the slots array: growing past it
+/// moves the set to a new range, shrinking and growing within it rewrites
+/// slots in place. After each change new flows reach exactly the new set,
+/// and a flow opened before the move keeps its backend.
+fn a_set_that_outgrows_its_slots_moves_and_new_flows_follow_every_change(net: &Net) {
+    let mut f = fixture(net);
+    let three: std::collections::BTreeSet<IpAddr> = net.backends.iter().copied().collect();
+    assert_eq!(reached(&f, net, 10_000), three);
+    let open = Frame::tcp(net.client, 9_999, net.vip, 80);
+    let before = backend_of(&f.run(FromPod, &open.build(b"")).packet);
+
+    for (n, first_port) in [(6u8, 20_000u16), (2, 30_000), (5, 40_000), (9, 50_000)] {
+        let wanted = backends_of(net, n);
+        f.program(services(net, &wanted));
+        assert_eq!(
+            reached(&f, net, first_port),
+            wanted.iter().copied().collect(),
+            "{n} backends"
+        );
+    }
+    // The flow opened on the first set: its backend is the fixture's and
+    // still in the last set, so it stays there.
+    let again = f.run(FromPod, &open.build(b""));
+    assert_eq!(backend_of(&again.packet), before);
 }
 
 /// The verifier's work is the floor of every agent start. Before memsets
