@@ -105,12 +105,19 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
             crate::stats::count(Counter::Reopened);
         } else {
             // The agent removes a backend's entry once no service uses it; such
-            // flows are balanced again rather than sent into the void.
-            match lb::backend::<F>(flow.backend_id) {
-                Some(b) if b.addr_be == flow.nat_addr_be && b.port_be == flow.nat_port_be => {
+            // flows are balanced again rather than sent into the void. Checked
+            // when the flow's idle timer is refreshed (at most once a second),
+            // not on every packet: a hash lookup is a sixth of an established
+            // packet's cost.
+            let live = !hit.refreshed
+                || lb::backend::<F>(flow.backend_id).is_some_and(|b| {
+                    b.addr_be == flow.nat_addr_be && b.port_be == flow.nat_port_be
+                });
+            match live {
+                true => {
                     let mut out = unchanged(pkt);
-                    out.daddr_be = b.addr_be;
-                    out.dport_be = b.port_be;
+                    out.daddr_be = flow.nat_addr_be;
+                    out.dport_be = flow.nat_port_be;
                     if flow.flags & ct::SNAT != 0 {
                         out.saddr_be = flow.snat_addr_be;
                         out.sport_be = flow.snat_port_be;
@@ -129,7 +136,7 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
                     }
                     return Verdict::Forward(out, Counter::Established, Some(hit.hop));
                 }
-                _ => crate::stats::count(Counter::Rebalanced),
+                false => crate::stats::count(Counter::Rebalanced),
             }
         }
     }

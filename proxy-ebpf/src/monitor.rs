@@ -9,7 +9,6 @@ use proxy_common::{
 };
 
 use crate::{
-    conntrack,
     flow::{Arrival, Rewrite},
     ip::Ip,
     maps::{MONITOR, MONITOR_RING_0, MONITOR_RING_1, MONITOR_RING_2, MONITOR_RING_3},
@@ -61,7 +60,9 @@ fn report<F: Ip>(flows: bool, fill: impl Fn(&mut MonitorEventOf<F>)) {
             let e = &mut scratch.event;
             crate::mem::zero(e);
             fill(e);
-            e.time_ns = conntrack::now_ns();
+            // The precise clock: events are ordered and timed by it.
+            // SAFETY: helper without preconditions.
+            e.time_ns = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
             event = Some(e);
         }
         let Some(e) = event.as_deref() else {

@@ -109,6 +109,7 @@ in_both_families!(
     new_flows_are_spread_over_all_backends,
     removed_backend_gets_no_new_flows_and_its_udp_flows_are_flushed,
     a_set_that_outgrows_its_slots_moves_and_new_flows_follow_every_change,
+    a_tcp_flow_to_a_removed_backend_is_balanced_again_at_its_next_refresh,
 );
 
 fn new_tcp_flow_is_dnatted_to_a_backend_with_valid_checksums(net: &Net) {
@@ -422,6 +423,30 @@ fn a_set_that_outgrows_its_slots_moves_and_new_flows_follow_every_change(net: &N
     // still in the last set, so it stays there.
     let again = f.run(FromPod, &open.build(b""));
     assert_eq!(backend_of(&again.packet), before);
+}
+
+/// An established packet checks that its backend still exists only when the
+/// flow's idle timer is refreshed (at most once a second), not on every
+/// packet: after its backend is removed, a TCP flow keeps going to it until
+/// then, and is balanced over the backends left after.
+fn a_tcp_flow_to_a_removed_backend_is_balanced_again_at_its_next_refresh(net: &Net) {
+    let mut f = fixture(net);
+    let gone = net.backends[2];
+    let flow = (40000..41000u16)
+        .map(|sport| Frame::tcp(net.client, sport, net.vip, 80))
+        .find(|syn| backend_of(&f.run(FromPod, &syn.build(b"")).packet) == gone)
+        .expect("some flow reaches every backend");
+    f.program(services(net, &net.backends[..2]));
+    assert_eq!(
+        backend_of(&f.run(FromPod, &flow.build(b"x")).packet),
+        gone,
+        "within the refresh interval the flow keeps its backend"
+    );
+    assert_eq!(f.counter(Counter::Rebalanced), 0);
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    let next = backend_of(&f.run(FromPod, &flow.build(b"x")).packet);
+    assert!(net.backends[..2].contains(&next), "balanced again: {next}");
+    assert_eq!(f.counter(Counter::Rebalanced), 1);
 }
 
 /// The verifier's work is the floor of every agent start. Before memsets
