@@ -113,31 +113,29 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
                 || lb::backend::<F>(flow.backend_id).is_some_and(|b| {
                     b.addr_be == flow.nat_addr_be && b.port_be == flow.nat_port_be
                 });
-            match live {
-                true => {
-                    let mut out = unchanged(pkt);
-                    out.daddr_be = flow.nat_addr_be;
-                    out.dport_be = flow.nat_port_be;
-                    if flow.flags & ct::SNAT != 0 {
-                        out.saddr_be = flow.snat_addr_be;
-                        out.sport_be = flow.snat_port_be;
-                    }
-                    if hit.new_flags != 0 || hit.refreshed {
-                        other_half(
-                            config,
-                            &OtherHalf {
-                                pkt,
-                                out: &out,
-                                hit: &hit,
-                                now: now(),
-                            },
-                            CtDirection::Reply,
-                        );
-                    }
-                    return Verdict::Forward(out, Counter::Established, Some(hit.hop));
+            if live {
+                let mut out = unchanged(pkt);
+                out.daddr_be = flow.nat_addr_be;
+                out.dport_be = flow.nat_port_be;
+                if flow.flags & ct::SNAT != 0 {
+                    out.saddr_be = flow.snat_addr_be;
+                    out.sport_be = flow.snat_port_be;
                 }
-                false => crate::stats::count(Counter::Rebalanced),
+                if hit.new_flags != 0 || hit.refreshed {
+                    other_half(
+                        config,
+                        &OtherHalf {
+                            pkt,
+                            out: &out,
+                            hit: &hit,
+                            now: now(),
+                        },
+                        CtDirection::Reply,
+                    );
+                }
+                return Verdict::Forward(out, Counter::Established, Some(hit.hop));
             }
+            crate::stats::count(Counter::Rebalanced);
         }
     }
 
