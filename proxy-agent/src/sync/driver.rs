@@ -172,12 +172,13 @@ mod tests {
     }
 
     /// A long batch (reduced on several threads) leaves the trackers as the
-    /// same events fed one by one do, a slice sent twice keeping its last copy.
+    /// same events fed one by one do, a slice sent twice keeping its last copy;
+    /// the rebuild from them (also threaded) holds every service.
     #[test]
     fn a_prepared_batch_feeds_the_trackers_as_events_one_by_one_do() {
         let events = || {
             let mut all = Vec::new();
-            for i in 0..1_500 {
+            for i in 0..2_500 {
                 all.push(service(i));
                 all.push(slice(i, "198.18.1.1"));
             }
@@ -207,7 +208,8 @@ mod tests {
         }
         assert!(wants_sync);
         let (a, b) = (desired(&mut one_by_one), desired(&mut batched));
-        assert_eq!(a.services.len(), 1_500);
+        // Past PARALLEL_SERVICES: the rebuild too runs on several threads.
+        assert_eq!(a.services.len(), 2_500);
         assert_eq!(a.services, b.services);
         let seven = NamespacedName::new("ns", "svc-7");
         let ips: Vec<String> = b
