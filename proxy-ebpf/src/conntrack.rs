@@ -206,6 +206,14 @@ pub fn insert<F: Ip>(key: &CtKeyOf<F>, value: &CtValueOf<F>) -> Result<(), Count
         .map_err(|_| Counter::DropConntrackFull)
 }
 
+/// Inserts only if `key` holds no entry at all (live or expired).
+#[inline(always)]
+pub fn insert_new<F: Ip>(key: &CtKeyOf<F>, value: &CtValueOf<F>) -> bool {
+    F::conntrack()
+        .insert(key, value, BPF_NOEXIST as u64)
+        .is_ok()
+}
+
 /// Inserts only if `key` is free or holds an expired flow: a masquerade
 /// port must not take over a live flow's reply tuple.
 #[inline(always)]
@@ -215,10 +223,7 @@ pub fn claim<F: Ip>(
     value: &CtValueOf<F>,
     now: u64,
 ) -> bool {
-    if F::conntrack()
-        .insert(key, value, BPF_NOEXIST as u64)
-        .is_ok()
-    {
+    if insert_new(key, value) {
         return true;
     }
     if lookup(config, key, &Clock::at(now), |_| Some(0)).is_some() {

@@ -443,14 +443,19 @@ fn new_flow<F: Ip>(
     // another frontend, or the tuple is another flow's own); as the
     // kernel's NAT, which picks a unique tuple, this flow then gets a
     // source port of its own.
+    // Inserted only where the tuple is free, as it nearly always is: one
+    // map operation, not a lookup and then an insert.
+    let reply_inserted = !masquerade && conntrack::insert_new(key, value);
     let snat_addr_be = if masquerade {
         masquerade_addr
-    } else if conntrack::live(config, key, now).is_some_and(|other| {
-        other.flags & ct::REPLY == 0
-            || other.flags & ct::SNAT != 0
-            || other.nat_addr_be != pkt.daddr_be
-            || other.nat_port_be != pkt.dport_be
-    }) {
+    } else if !reply_inserted
+        && conntrack::live(config, key, now).is_some_and(|other| {
+            other.flags & ct::REPLY == 0
+                || other.flags & ct::SNAT != 0
+                || other.nat_addr_be != pkt.daddr_be
+                || other.nat_port_be != pkt.dport_be
+        })
+    {
         pkt.saddr_be
     } else {
         F::unspecified()
@@ -469,7 +474,9 @@ fn new_flow<F: Ip>(
         if masquerade {
             crate::stats::count(Counter::Masqueraded);
         }
-    } else {
+    } else if !reply_inserted {
+        // An expired flow's entry, or this flow's own from an earlier
+        // connection through the same frontend: replaced.
         conntrack::insert(key, value)?;
     }
     // Now the forward half: the backend, and the source it leaves with.
