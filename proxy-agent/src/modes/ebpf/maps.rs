@@ -465,12 +465,7 @@ where
         matches: &dyn Fn(&CtKeyOf<F>, &CtValueOf<F>) -> bool,
     ) -> Result<usize, MapError> {
         let conntrack = F::conntrack(self);
-        let doomed: Vec<CtKeyOf<F>> = conntrack
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(k, v)| matches(k, v))
-            .map(|(k, _)| k)
-            .collect();
+        let doomed = matching_entries(F::CONNTRACK, conntrack, matches)?;
         for key in &doomed {
             ignore_missing(conntrack.remove(key)).map_err(write_error(F::CONNTRACK))?;
         }
@@ -564,6 +559,54 @@ impl PrefixSet {
             IpNet::V6(c) => ignore_missing(self.trie::<V6>(maps).remove(&V6::prefix_key(c)))
                 .map_err(write_error(self.name::<V6>())),
         }
+    }
+}
+
+/// The keys of `map`'s entries that `matches`, read in batches: a
+/// conntrack table of a busy node holds hundreds of thousands of entries,
+/// and reading them one at a time took two calls each. Kernels without
+/// batch reads (before 5.6) are walked entry by entry.
+fn matching_entries<K: Pod, V: Pod>(
+    name: &'static str,
+    map: &HashMap<MapData, K, V>,
+    matches: &dyn Fn(&K, &V) -> bool,
+) -> Result<Vec<K>, MapError> {
+    let (key_size, value_size) = (size_of::<K>(), size_of::<V>());
+    let fd = std::os::fd::AsFd::as_fd(aya::maps::IterableMap::map(map).fd());
+    let mut found = Vec::new();
+    let walked = super::sys::walk_batches(fd, key_size, value_size, |keys, values| {
+        for (k, v) in keys
+            .chunks_exact(key_size)
+            .zip(values.chunks_exact(value_size))
+        {
+            // SAFETY: the kernel wrote whole keys and values of these Pod types;
+            // read_unaligned copes with the buffer's alignment.
+            let (key, value) = unsafe {
+                (
+                    std::ptr::read_unaligned(k.as_ptr().cast::<K>()),
+                    std::ptr::read_unaligned(v.as_ptr().cast::<V>()),
+                )
+            };
+            if matches(&key, &value) {
+                found.push(key);
+            }
+        }
+    });
+    match walked {
+        Ok(()) => Ok(found),
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => Ok(map
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, v)| matches(k, v))
+            .map(|(k, _)| k)
+            .collect()),
+        Err(e) => Err(MapError::Read {
+            map: name,
+            source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_lookup_batch",
+                io_error: e,
+            }),
+        }),
     }
 }
 

@@ -24,6 +24,7 @@ pub mod slot_table;
 pub mod sockets;
 pub mod stale_sockets;
 pub mod stats;
+mod sys;
 pub mod test_run;
 
 use anyhow::{Context as _, bail};

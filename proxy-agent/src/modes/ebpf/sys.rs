@@ -1,4 +1,4 @@
-//! The few bpf(2) commands aya does not expose: counting a map's entries in
+//! The few bpf(2) commands aya does not expose: reading a map's entries in
 //! batches, walking the kernel's links with their attach details, and
 //! asking which programs are attached to an interface through tcx.
 
@@ -64,13 +64,29 @@ const BATCH: u32 = 4096;
 /// copies per entry (per-CPU maps: rounded up to 8, times the possible CPUs).
 /// `Unsupported` when the map type has no batch lookup.
 pub fn count_by_batches(fd: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<u64> {
+    let mut total = 0u64;
+    walk_batches(fd, key_size, value_size, |keys, _| {
+        total += (keys.len() / key_size.max(1)) as u64;
+    })?;
+    Ok(total)
+}
+
+/// Every entry of a hash map, handed to `batch` a batch at a time as its
+/// keys and values (`key_size` and `value_size` bytes each, back to back):
+/// a call per 4,096 entries instead of two per entry. `Unsupported` when
+/// the map type has no batch lookup (BPF_MAP_LOOKUP_BATCH, Linux 5.6).
+pub fn walk_batches(
+    fd: BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+    mut batch: impl FnMut(&[u8], &[u8]),
+) -> io::Result<()> {
     let mut count = BATCH as usize;
     let mut keys = vec![0u8; count * key_size];
     let mut values = vec![0u8; count * value_size];
     // The hash maps' batch token is a bucket index; key-sized is always enough.
     let token_len = key_size.max(8);
     let (mut token_in, mut token_out) = (vec![0u8; token_len], vec![0u8; token_len]);
-    let mut total = 0u64;
     let mut first = true;
     loop {
         let mut attr = BatchAttr {
@@ -87,11 +103,15 @@ pub fn count_by_batches(fd: BorrowedFd<'_>, key_size: usize, value_size: usize) 
             ..Default::default()
         };
         let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
-        total += u64::from(attr.count);
+        let got = attr.count as usize;
+        let last = matches!(&result, Err(e) if e.raw_os_error() == Some(libc::ENOENT));
+        if got > 0 && (result.is_ok() || last) {
+            batch(&keys[..got * key_size], &values[..got * value_size]);
+        }
         match result {
             Ok(_) => {}
             // The walk is over; `count` holds the last entries.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(total),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
             // One bucket holds more entries than fit: retry it with room for them.
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && attr.count == 0 => {
                 count *= 2;

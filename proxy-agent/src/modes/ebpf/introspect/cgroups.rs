@@ -9,7 +9,8 @@ use std::{
 
 use serde::Serialize;
 
-use super::{IntrospectError, ProgramStats, sys};
+use super::{IntrospectError, ProgramStats};
+use crate::modes::ebpf::sys;
 
 /// One socket program attached to a cgroup.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

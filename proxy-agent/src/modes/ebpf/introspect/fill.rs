@@ -6,7 +6,8 @@ use std::os::fd::AsFd as _;
 use aya::maps::{MapData, MapType};
 use serde::Serialize;
 
-use super::{IntrospectError, sys};
+use super::IntrospectError;
+use crate::modes::ebpf::sys;
 
 /// One map's fill.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

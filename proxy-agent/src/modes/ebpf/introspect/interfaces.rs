@@ -11,7 +11,8 @@ use netlink_packet_route::{
 };
 use serde::Serialize;
 
-use super::{IntrospectError, ProgramStats, sys};
+use super::{IntrospectError, ProgramStats};
+use crate::modes::ebpf::sys;
 use crate::sources::host::Rtnl;
 
 /// Where on an interface a program runs.

@@ -20,7 +20,6 @@ mod interfaces;
 pub mod names;
 mod pinned;
 mod programs;
-mod sys;
 
 use std::{io, path::PathBuf};
 
