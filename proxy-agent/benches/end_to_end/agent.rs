@@ -258,6 +258,20 @@ impl Agent {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Stops the agent's process (SIGSTOP) until the guard is dropped
+    /// (SIGCONT): its datapath goes on working, its control plane (a rule
+    /// mode's periodic resync takes seconds of CPU at 10,000 services)
+    /// does not run while another datapath is measured.
+    pub fn pause(&self) -> anyhow::Result<Paused> {
+        self.host
+            .output("kill", &["-STOP", &self.pid])
+            .context("pausing an agent")?;
+        Ok(Paused {
+            host: self.host.clone(),
+            pid: self.pid.clone(),
+        })
+    }
+
     pub fn log_text(&self) -> String {
         self.host
             .output("cat", &[&self.log.to_string_lossy()])
@@ -296,9 +310,23 @@ pub fn cleanup(node: &Node) -> anyhow::Result<()> {
         .context("proxy-agent --cleanup")
 }
 
+/// A paused agent, resumed on drop.
+pub struct Paused {
+    host: Host,
+    pid: String,
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = self.host.output("kill", &["-CONT", &self.pid]);
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.host.output("kill", &[&self.pid]);
+        // A paused agent acts on the signal only once it runs again.
+        let _ = self.host.output("kill", &["-CONT", &self.pid]);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -8,7 +8,8 @@
 //! command prefix away ([`hosts`]): `ip netns exec` in a testbed, `ssh` on
 //! real machines. By default every datapath gets a testbed of its own
 //! (network namespaces on veths), all alive at once, so rounds interleave
-//! with no restart. With `E2E_HOSTS=<file>` the roles are real machines
+//! with no restart; while one is measured, the others' agents are paused
+//! (SIGSTOP: their datapaths stay, their control planes do not run). With `E2E_HOSTS=<file>` the roles are real machines
 //! (bare metal, see docs/bench/README.md): one node serves every datapath in
 //! turn, cleaned (`--cleanup`) and its agent restarted at each switch;
 //! `E2E_HOSTS=testbed` rehearses that with one testbed.
@@ -40,9 +41,9 @@
 //! `cargo xtask bench e2e`, or `cargo bench -p proxy-agent --bench end_to_end`
 //! (root). `E2E_SCALES` (default 1,1000,10000,50000), `E2E_DATAPATHS`
 //! (default raw,ebpf,ebpf-socket,nftables,iptables-legacy), `E2E_RULES_MAX` (the most
-//! services a rule mode is started with; default 50000), `E2E_ROUNDS` (3),
-//! `E2E_CONNECTIONS` (1000 per round and client), `E2E_STREAM_MS` (1000, the
-//! bulk and UDP runs), `E2E_CHANGES` (10 per scale), `E2E_ENDPOINTS` (10
+//! services a rule mode is started with; default 50000), `E2E_ROUNDS` (5),
+//! `E2E_CONNECTIONS` (3000 per round and client), `E2E_STREAM_MS` (1000, the
+//! bulk and UDP runs), `E2E_CHANGES` (20 per scale), `E2E_ENDPOINTS` (10
 //! per service but the target), `E2E_REPORT` (the
 //! report's path), `E2E_AGENT_LOG` (the agents' RUST_LOG, default warn),
 //! `E2E_KEEP_WORK` (keep the agents' logs and the manifests), `E2E_HOSTS`,
@@ -527,7 +528,9 @@ fn beds(datapaths: &[Datapath], work: &Path) -> anyhow::Result<(Vec<Bed>, Vec<us
                 beds.push(Bed::testbed(&dp.name, work, dp.socket_lb, false, &[])?);
             }
             let setup = "One testbed (node, client pod, server pods, external client; network \
-                         namespaces on veths) per datapath, all alive at once."
+                         namespaces on veths) per datapath, all alive at once; while one datapath \
+                         is measured, the other testbeds' agents are paused (SIGSTOP), so one \
+                         agent's periodic work does not land in another's figures."
                 .to_owned();
             Ok((beds, (0..datapaths.len()).collect(), setup))
         }
@@ -597,10 +600,10 @@ fn run() -> anyhow::Result<()> {
     }
     let rules_max = env_num("E2E_RULES_MAX", 50_000)?;
     let settings = Settings {
-        rounds: env_num("E2E_ROUNDS", 3)?,
-        connections: env_num("E2E_CONNECTIONS", 1000)?,
+        rounds: env_num("E2E_ROUNDS", 5)?,
+        connections: env_num("E2E_CONNECTIONS", 3000)?,
         stream: Duration::from_millis(env_num("E2E_STREAM_MS", 1000)? as u64),
-        changes: env_num("E2E_CHANGES", 10)?,
+        changes: env_num("E2E_CHANGES", 20)?,
     };
     let work = tempfile::tempdir()?;
     let keep = std::env::var_os("E2E_KEEP_WORK").is_some();
@@ -647,10 +650,12 @@ fn run() -> anyhow::Result<()> {
         for round in 0..settings.rounds {
             for k in 0..measured.len() {
                 let i = measured[(k + round) % measured.len()];
-                let (dp, bed) = (&datapaths[i], &mut beds[bed_of[i]]);
-                if let Some(s) = bed.switch_to(dp, n)? {
+                let dp = &datapaths[i];
+                if let Some(s) = beds[bed_of[i]].switch_to(dp, n)? {
                     row[i].start_s.push(s);
                 }
+                let _others = pause_others(&beds, bed_of[i])?;
+                let bed = &mut beds[bed_of[i]];
                 let sample = measure(bed, dp, n, &settings)
                     .with_context(|| format!("{} at {n} services", dp.name))?;
                 row[i].samples.push(sample);
@@ -662,13 +667,15 @@ fn run() -> anyhow::Result<()> {
             }
         }
         for &i in &measured {
-            let (dp, bed) = (&datapaths[i], &mut beds[bed_of[i]]);
+            let dp = &datapaths[i];
             if dp.is_raw() {
                 continue;
             }
-            if let Some(s) = bed.switch_to(dp, n)? {
+            if let Some(s) = beds[bed_of[i]].switch_to(dp, n)? {
                 row[i].start_s.push(s);
             }
+            let _others = pause_others(&beds, bed_of[i])?;
+            let bed = &mut beds[bed_of[i]];
             row[i].change_ms = change_latencies(bed, dp, n, &settings)
                 .with_context(|| format!("endpoint changes on {} at {n} services", dp.name))?;
             eprintln!(
@@ -770,6 +777,18 @@ fn measure(bed: &mut Bed, dp: &Datapath, n: usize, s: &Settings) -> anyhow::Resu
         udp_rate: got / (sent_ns / 1e9),
         softirq_ns: softirq / got,
     })
+}
+
+/// Every testbed's agent but `measured`'s, paused until the guards drop: on
+/// a shared machine one agent's periodic work (a rule mode's resync takes
+/// seconds of CPU at 10,000 services) would land in another's figures.
+fn pause_others(beds: &[Bed], measured: usize) -> anyhow::Result<Vec<agent::Paused>> {
+    beds.iter()
+        .enumerate()
+        .filter(|(b, _)| *b != measured)
+        .filter_map(|(_, bed)| bed.agent.as_ref())
+        .map(|running| running.agent.pause())
+        .collect()
 }
 
 /// `settings.changes` times: the target service's endpoints replaced by a
