@@ -54,7 +54,10 @@ pub struct DatapathConfig {
     /// Inclusive source-port range for masqueraded flows (host byte order).
     pub snat_port_min: u16,
     pub snat_port_max: u16,
-    pub _pad: u32,
+    /// A second such range; 0-0: none. Was padding before (agents that
+    /// wrote it zeroed it), so the layout and its size are unchanged.
+    pub snat_port_min2: u16,
+    pub snat_port_max2: u16,
     /// The network namespace cookie (SO_NETNS_COOKIE) of the node's own
     /// namespace, the one the agent runs in; 0 when unknown.
     pub host_netns_cookie: u64,

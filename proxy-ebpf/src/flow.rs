@@ -555,8 +555,20 @@ fn claim_port<F: Ip>(now: u64) -> u32 {
         (config.snat_port_min as u32, config.snat_port_max as u32)
     };
     let span = max - min + 1;
+    let (min2, max2) = (config.snat_port_min2 as u32, config.snat_port_max2 as u32);
+    let span2 = if min2 != 0 && max2 >= min2 {
+        max2 - min2 + 1
+    } else {
+        0
+    };
     for _ in 0..SNAT_ATTEMPTS {
-        key.dport_be = ((min + lb::below(span)) as u16).to_be();
+        let pick = lb::below(span + span2);
+        let port = if pick < span {
+            min + pick
+        } else {
+            min2 + (pick - span)
+        };
+        key.dport_be = (port as u16).to_be();
         if conntrack::claim(config, key, value, now) {
             return key.dport_be as u32;
         }

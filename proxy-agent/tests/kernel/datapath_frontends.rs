@@ -139,6 +139,7 @@ in_both_families!(
     internal_traffic_policy_local_uses_only_this_nodes_endpoints,
     interface_based_local_detection_decides_cluster_ip_masquerade,
     a_masquerade_port_is_never_taken_from_a_live_flow,
+    masquerade_ports_come_from_both_ranges_of_the_config,
     traffic_to_an_unallocated_address_of_a_service_cidr_is_dropped,
     affinity_keeps_to_the_endpoints_the_traffic_policy_allows,
 );
@@ -1042,6 +1043,41 @@ fn a_masquerade_port_is_never_taken_from_a_live_flow(net: &Net) {
         ],
     }
     .run();
+}
+
+/// The node's free ports come in two runs (with Linux's defaults 1024-29999
+/// and 61000-65535): masqueraded flows take ports from both, never the same
+/// one twice while its flow lives, and none outside them.
+fn masquerade_ports_come_from_both_ranges_of_the_config(net: &Net) {
+    let (first, second) = (62_000..=62_999u16, 2_000..=2_999u16);
+    let mut node = node(
+        net,
+        DatapathConfig {
+            snat_port_min: *first.start(),
+            snat_port_max: *first.end(),
+            snat_port_min2: *second.start(),
+            snat_port_max2: *second.end(),
+            tcp_syn_sent_ns: 60_000_000_000,
+            ..standard(net)
+        },
+    );
+    node.program(vec![remote(net, Protocol::Tcp)]);
+    let mut ports = std::collections::BTreeSet::new();
+    for client_port in 40_000..40_060u16 {
+        let In::Bytes(packet) = syn(net.client, client_port, net.node, 30080) else {
+            unreachable!("a SYN is bytes");
+        };
+        let out = node.run(FromNetdev, &packet);
+        assert_eq!(out.verdict, TC_ACT_REDIRECT, "flow from port {client_port}");
+        let port = Frame::parse(&out.packet).expect("a frame").sport;
+        assert!(
+            first.contains(&port) || second.contains(&port),
+            "port {port} is in neither range"
+        );
+        assert!(ports.insert(port), "port {port} taken twice");
+    }
+    assert!(ports.iter().any(|p| first.contains(p)), "{ports:?}");
+    assert!(ports.iter().any(|p| second.contains(p)), "{ports:?}");
 }
 
 /// As upstream's nftables mode: inside a service CIDR, an address no service

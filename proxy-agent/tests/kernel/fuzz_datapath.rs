@@ -1956,7 +1956,8 @@ impl Fixture {
             flags: flags::DETECT_LOCAL_BY_CIDR,
             snat_port_min: SNAT_PORT_MIN,
             snat_port_max: SNAT_PORT_MAX,
-            _pad: 0,
+            snat_port_min2: 0,
+            snat_port_max2: 0,
             host_netns_cookie: 0,
         };
         let facts = NodeFacts {

@@ -215,7 +215,8 @@ fn migrates_from(version: u32) {
             flags: 3,
             snat_port_min: 62_000,
             snat_port_max: 65_000,
-            _pad: 0,
+            snat_port_min2: 0,
+            snat_port_max2: 0,
             host_netns_cookie: 0,
         }
     };

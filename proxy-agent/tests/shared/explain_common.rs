@@ -314,3 +314,13 @@ impl Offline {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
     }
 }
+
+/// Whether `port` is a source port the node's masqueraded flows take: the
+/// runs the agent derives from this machine's ephemeral port range.
+pub fn is_masquerade_port(port: u16) -> bool {
+    use proxy_agent::modes::ebpf::node;
+    let ephemeral = node::read_ephemeral_range().expect("read net.ipv4.ip_local_port_range");
+    node::masquerade_port_ranges(ephemeral)
+        .iter()
+        .any(|&(low, high)| low != 0 && (low..=high).contains(&port))
+}

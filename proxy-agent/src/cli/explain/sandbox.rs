@@ -290,6 +290,7 @@ mod tests {
             localhost_node_ports: false,
             socket_lb: Default::default(),
             maglev: Default::default(),
+            ephemeral_ports: crate::modes::ebpf::node::LINUX_DEFAULT_EPHEMERAL,
         }
     }
 

@@ -6,7 +6,7 @@
 //! [`NodeProgrammer`] writes the facts in an order the datapath can read at
 //! any moment.
 
-mod snat_ports;
+mod masquerade_ports;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,7 +20,7 @@ use proxy_common::{
     conntrack::{DEFAULT_TCP_CLOSE_NS, DEFAULT_TCP_SYN_SENT_NS, DEFAULT_TCP_TIME_WAIT_NS},
 };
 
-pub use snat_ports::{snat_port_overlap, warn_if_snat_ports_overlap};
+pub use masquerade_ports::{LINUX_DEFAULT_EPHEMERAL, masquerade_port_ranges, read_ephemeral_range};
 
 use super::family::AgentFamily;
 use super::maps::{MapError, NodeMaps, NodeSnapshot};
@@ -34,8 +34,9 @@ use crate::{
     sources::host::{DestinationRouting, HostInterface, HostNetwork},
 };
 
-/// Source ports of masqueraded flows: above Linux's default ephemeral range
-/// (32768-60999), so the node's own connections never pick them.
+/// The ports above Linux's default ephemeral range (32768-60999): one of the
+/// two runs masqueraded flows take with Linux's defaults
+/// ([`masquerade_port_ranges`]), and the one datapath tests configure.
 pub const SNAT_PORT_MIN: u16 = 61_000;
 pub const SNAT_PORT_MAX: u16 = 65_535;
 
@@ -54,6 +55,9 @@ pub struct EbpfNodeSettings {
     pub localhost_node_ports: bool,
     pub socket_lb: SocketLbSettings,
     pub maglev: MaglevSettings,
+    /// The node's ephemeral port range (`net.ipv4.ip_local_port_range`),
+    /// which masqueraded flows stay out of.
+    pub ephemeral_ports: (u16, u16),
 }
 
 /// Which sockets the socket hooks balance.
@@ -96,6 +100,14 @@ impl EbpfNodeSettings {
                 host_namespace_only: opts.ebpf.socket_lb_host_namespace_only(),
                 host_netns_cookie: 0,
             },
+            ephemeral_ports: read_ephemeral_range().unwrap_or_else(|e| {
+                tracing::warn!(
+                    error = %e,
+                    assumed = ?LINUX_DEFAULT_EPHEMERAL,
+                    "cannot read the node's ephemeral port range; masqueraded flows assume Linux's default"
+                );
+                LINUX_DEFAULT_EPHEMERAL
+            }),
         }
     }
 
@@ -226,6 +238,7 @@ pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
         0
     };
     let ct = &settings.conntrack;
+    let snat_ports = masquerade_port_ranges(settings.ephemeral_ports);
     let config = DatapathConfig {
         tcp_established_ns: nanos(ct.tcp_established),
         tcp_closing_ns: nanos(ct.tcp_close_wait),
@@ -240,9 +253,10 @@ pub fn node_facts(settings: &EbpfNodeSettings, node: &NodeModel) -> NodeFacts {
             | detect_flag
             | settings.socket_lb.flags()
             | routing_flags(node.host.destination_routing),
-        snat_port_min: SNAT_PORT_MIN,
-        snat_port_max: SNAT_PORT_MAX,
-        _pad: 0,
+        snat_port_min: snat_ports[0].0,
+        snat_port_max: snat_ports[0].1,
+        snat_port_min2: snat_ports[1].0,
+        snat_port_max2: snat_ports[1].1,
         host_netns_cookie: settings.socket_lb.host_netns_cookie,
     };
     let roles = settings.interface_roles(&node.host);

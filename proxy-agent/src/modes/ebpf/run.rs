@@ -11,7 +11,7 @@ use super::introspect::names::names_path;
 use super::{
     Attacher, EbpfNodeSettings, EbpfProxier, KernelMaps, MapSizes, cleanup, create_maps,
     load_packet_programs, migrate,
-    node::warn_if_snat_ports_overlap,
+    node::masquerade_port_ranges,
     object_maps,
     pin::{Found, PinError, PinLayout},
     probe,
@@ -68,9 +68,9 @@ impl Mode for EbpfMode {
             takeover,
         } = open_maps(&PinLayout::new(&opts.ebpf.pinning.root), sizes)?;
         let adopting = takeover != Takeover::Fresh;
-        warn_if_snat_ports_overlap();
 
         let mut settings = EbpfNodeSettings::from_options(opts);
+        log_masquerade_ports(settings.ephemeral_ports);
         let socket_hooks = sockets::start(&mut ebpf, opts, pins.as_ref(), &mut settings.socket_lb);
         settings.localhost_node_ports &= socket_hooks.is_some();
         let proxier = if adopting {
@@ -414,5 +414,30 @@ async fn keep_attached(
                 _ = tokio::time::sleep(ATTACH_RETRY) => {}
             }
         }
+    }
+}
+
+/// Which source ports masqueraded flows take, and what that leaves out.
+fn log_masquerade_ports(ephemeral: (u16, u16)) {
+    let ranges = masquerade_port_ranges(ephemeral);
+    let shown: Vec<String> = ranges
+        .iter()
+        .filter(|(low, _)| *low != 0)
+        .map(|(low, high)| format!("{low}-{high}"))
+        .collect();
+    let ephemeral_shown = format!("{}-{}", ephemeral.0, ephemeral.1);
+    if ranges[0].0 <= ephemeral.1 && ranges[0].1 >= ephemeral.0 {
+        warn!(
+            masquerade_ports = ?shown,
+            ephemeral_ports = %ephemeral_shown,
+            "net.ipv4.ip_local_port_range leaves no port for masqueraded flows; they share the \
+             node's ephemeral ports, and a connection of the node itself may collide with one"
+        );
+    } else {
+        info!(
+            masquerade_ports = ?shown,
+            ephemeral_ports = %ephemeral_shown,
+            "masqueraded flows take source ports outside the node's ephemeral range and the NodePort range"
+        );
     }
 }

@@ -52,6 +52,7 @@ fn settings(detect_local: DetectLocal) -> Settings {
             localhost_node_ports: false,
             socket_lb: Default::default(),
             maglev: Default::default(),
+            ephemeral_ports: crate::modes::ebpf::node::LINUX_DEFAULT_EPHEMERAL,
         },
         node: ModelSettings::default(),
     }
@@ -213,7 +214,13 @@ fn masquerade_all_and_conntrack_timeouts_reach_the_config() {
     assert_eq!(c.tcp_closing_ns, 3_600 * 1_000_000_000);
     assert_eq!(c.udp_ns, DEFAULT_UDP_NS);
     assert_eq!(c.udp_stream_ns, DEFAULT_UDP_STREAM_NS);
-    assert_eq!((c.snat_port_min, c.snat_port_max), (61_000, 65_535));
+    assert_eq!(
+        [
+            (c.snat_port_min, c.snat_port_max),
+            (c.snat_port_min2, c.snat_port_max2)
+        ],
+        [(1_024, 29_999), (61_000, 65_535)]
+    );
 }
 
 #[test]
