@@ -28,6 +28,7 @@ pub trait AgentFamily: Family + fmt::Debug {
     const SERVICE_CIDRS: &'static str;
     const MAGLEV: &'static str;
     const SLOTS: &'static str;
+    const SOCKETS: &'static str;
 
     fn ip(addr: &IpAddr) -> Option<Self::Ip>;
     fn net(net: &IpNet) -> Option<Self::Net>;
@@ -83,6 +84,7 @@ impl AgentFamily for V4 {
     const SLOTS: &'static str = names::SLOTS;
     const BACKENDS: &'static str = names::BACKENDS;
     const CONNTRACK: &'static str = names::CONNTRACK;
+    const SOCKETS: &'static str = names::SOCKETS;
     const SOURCE_RANGES: &'static str = names::SOURCE_RANGES;
     const LOCAL_POD_CIDRS: &'static str = names::LOCAL_POD_CIDRS;
     const SERVICE_CIDRS: &'static str = names::SERVICE_CIDRS;
@@ -135,6 +137,7 @@ impl AgentFamily for V6 {
     const SLOTS: &'static str = names::SLOTS6;
     const BACKENDS: &'static str = names::BACKENDS6;
     const CONNTRACK: &'static str = names::CONNTRACK6;
+    const SOCKETS: &'static str = names::SOCKETS6;
     const SOURCE_RANGES: &'static str = names::SOURCE_RANGES6;
     const LOCAL_POD_CIDRS: &'static str = names::LOCAL_POD_CIDRS6;
     const SERVICE_CIDRS: &'static str = names::SERVICE_CIDRS6;

@@ -566,7 +566,7 @@ impl PrefixSet {
 /// conntrack table of a busy node holds hundreds of thousands of entries,
 /// and reading them one at a time took two calls each. Kernels without
 /// batch reads (before 5.6) are walked entry by entry.
-fn matching_entries<K: Pod, V: Pod>(
+pub fn matching_entries<K: Pod, V: Pod>(
     name: &'static str,
     map: &HashMap<MapData, K, V>,
     matches: &dyn Fn(&K, &V) -> bool,

@@ -27,7 +27,10 @@ use netlink_packet_sock_diag::{
 use netlink_sys::{Socket, protocols::NETLINK_SOCK_DIAG};
 use proxy_common::{SockDirection, SockKeyOf, SockValueOf, V4, V6, proto};
 
-use super::{KernelMaps, maps::FamilyMapsOf};
+use super::{
+    KernelMaps,
+    maps::{FamilyMapsOf, matching_entries},
+};
 use crate::model::IpFamily;
 
 /// A backend that left a UDP service frontend.
@@ -50,7 +53,7 @@ pub struct Terminated {
 /// `SOCKETS6`) and its own sock_diag dump.
 pub fn forget_and_terminate(gone: &[GoneUdp], maps: &mut KernelMaps) -> io::Result<Terminated> {
     let mut done = Terminated {
-        forgotten: forget::<V4>(gone, maps) + forget::<V6>(gone, maps),
+        forgotten: forget::<V4>(gone, maps)? + forget::<V6>(gone, maps)?,
         destroyed: 0,
     };
     let mut diag = Diag::open()?;
@@ -59,26 +62,24 @@ pub fn forget_and_terminate(gone: &[GoneUdp], maps: &mut KernelMaps) -> io::Resu
     Ok(done)
 }
 
-/// Drops the kept choices (unconnected sends) of the gone backends.
-fn forget<F: FamilyMapsOf>(gone: &[GoneUdp], maps: &mut KernelMaps) -> usize
+/// Drops the kept choices (unconnected sends) of the gone backends. The
+/// map holds an entry for every socket the hooks translated (up to 262,144),
+/// so it is read in batches, not two calls per entry.
+fn forget<F: FamilyMapsOf>(gone: &[GoneUdp], maps: &mut KernelMaps) -> io::Result<usize>
 where
     SockKeyOf<F>: Pod,
     SockValueOf<F>: Pod,
 {
     let sockets = F::sockets(maps);
-    let doomed: Vec<SockKeyOf<F>> = sockets
-        .iter()
-        .filter_map(Result::ok)
-        .filter(|(k, v)| {
-            let forward = k.direction == (SockDirection::Forward as u8);
-            forward && was_gone::<F>(gone, k, v)
-        })
-        .map(|(k, _)| k)
-        .collect();
-    doomed
+    let doomed = matching_entries(F::SOCKETS, sockets, &|k, v| {
+        let forward = k.direction == (SockDirection::Forward as u8);
+        forward && was_gone::<F>(gone, k, v)
+    })
+    .map_err(io::Error::other)?;
+    Ok(doomed
         .iter()
         .filter(|key| sockets.remove(key).is_ok())
-        .count()
+        .count())
 }
 
 /// Destroys the connected sockets the hooks pointed at a gone backend.
