@@ -37,7 +37,7 @@ pub struct EbpfProxier {
     programs: Option<ProgramsReady>,
 }
 
-/// How often the conntrack table's fill is measured (a walk of its keys).
+/// How often the conntrack table's fill is measured (a walk of its entries).
 const FILL_INTERVAL: Duration = Duration::from_secs(60);
 /// The least time between two publications of the names after partial syncs.
 const NAMES_MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -61,7 +61,17 @@ impl ConntrackFill {
         let Ok(capacity) = maps.conntrack.map().info().map(|i| i.max_entries()) else {
             return;
         };
-        let entries = maps.conntrack.keys().filter(Result::is_ok).count();
+        // In batches: a key at a time, a full table of a large node took a
+        // call per entry, on the sync's thread.
+        let fd = std::os::fd::AsFd::as_fd(maps.conntrack.map().fd());
+        let entries = match super::sys::count_by_batches(
+            fd,
+            size_of::<proxy_common::CtKey>(),
+            size_of::<proxy_common::CtValue>(),
+        ) {
+            Ok(n) => n as usize,
+            Err(_) => maps.conntrack.keys().filter(Result::is_ok).count(),
+        };
         let (fill, nearly_full) = fill_level(entries, capacity);
         if nearly_full {
             warn!(
