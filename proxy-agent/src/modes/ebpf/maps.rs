@@ -191,16 +191,10 @@ impl KernelMaps {
         SourceRangeOf<F>: Pod,
     {
         let read = |map: &'static str| move |source| MapError::Read { map, source };
-        let entries: Vec<(ServiceKeyOf<F>, ServiceValue)> = F::services(self)
-            .iter()
-            .collect::<Result<_, _>>()
-            .map_err(read(F::SERVICES))?;
+        let entries = entries_where(F::SERVICES, F::services(self), &every)?;
         Ok(ServiceSnapshotOf {
             services: with_slots(entries, F::slots(self)),
-            backends: F::backends(self)
-                .iter()
-                .collect::<Result<_, _>>()
-                .map_err(read(F::BACKENDS))?,
+            backends: entries_where(F::BACKENDS, F::backends(self), &every)?,
             source_ranges: F::source_ranges(self)
                 .keys()
                 .map(|k| {
@@ -562,15 +556,31 @@ impl PrefixSet {
     }
 }
 
-/// The keys of `map`'s entries that `matches`, read in batches: a
-/// conntrack table of a busy node holds hundreds of thousands of entries,
-/// and reading them one at a time took two calls each. Kernels without
-/// batch reads (before 5.6) are walked entry by entry.
+/// The keys of `map`'s entries that `matches` (see [`entries_where`]).
 pub fn matching_entries<K: Pod, V: Pod>(
     name: &'static str,
     map: &HashMap<MapData, K, V>,
     matches: &dyn Fn(&K, &V) -> bool,
 ) -> Result<Vec<K>, MapError> {
+    Ok(entries_where(name, map, matches)?
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect())
+}
+
+fn every<K, V>(_: &K, _: &V) -> bool {
+    true
+}
+
+/// `map`'s entries that `matches`, read in batches: a conntrack table of a
+/// busy node holds hundreds of thousands of entries, and reading them one
+/// at a time took two calls each. Kernels without batch reads (before 5.6)
+/// are walked entry by entry.
+pub fn entries_where<K: Pod, V: Pod>(
+    name: &'static str,
+    map: &HashMap<MapData, K, V>,
+    matches: &dyn Fn(&K, &V) -> bool,
+) -> Result<Vec<(K, V)>, MapError> {
     let (key_size, value_size) = (size_of::<K>(), size_of::<V>());
     let fd = std::os::fd::AsFd::as_fd(aya::maps::IterableMap::map(map).fd());
     let mut found = Vec::new();
@@ -588,17 +598,17 @@ pub fn matching_entries<K: Pod, V: Pod>(
                 )
             };
             if matches(&key, &value) {
-                found.push(key);
+                found.push((key, value));
             }
         }
     });
     match walked {
         Ok(()) => Ok(found),
+        // An entry deleted between its key and its value is skipped.
         Err(e) if e.kind() == std::io::ErrorKind::Unsupported => Ok(map
             .iter()
             .filter_map(Result::ok)
             .filter(|(k, v)| matches(k, v))
-            .map(|(k, _)| k)
             .collect()),
         Err(e) => Err(MapError::Read {
             map: name,
