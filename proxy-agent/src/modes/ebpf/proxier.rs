@@ -5,6 +5,7 @@ use proxy_common::{V4, V6};
 
 use tracing::{debug, info, warn};
 
+use super::introspect::{MapUsage, map_usage};
 use super::programs_ready::ProgramsReady;
 use super::{
     EbpfNodeSettings, KernelMaps, MapError, NodeFacts, NodeProgrammer, Programmer, node_facts,
@@ -58,20 +59,17 @@ impl ConntrackFill {
             return;
         }
         self.last = Some(Instant::now());
-        let Ok(capacity) = maps.conntrack.map().info().map(|i| i.max_entries()) else {
+        // Counted in batches, not a call per entry on the sync's thread.
+        let usage = map_usage(proxy_common::maps::CONNTRACK, maps.conntrack.map());
+        let Ok(MapUsage {
+            capacity,
+            entries: Some(entries),
+            ..
+        }) = usage
+        else {
             return;
         };
-        // In batches: a key at a time, a full table of a large node took a
-        // call per entry, on the sync's thread.
-        let fd = std::os::fd::AsFd::as_fd(maps.conntrack.map().fd());
-        let entries = match super::sys::count_by_batches(
-            fd,
-            size_of::<proxy_common::CtKey>(),
-            size_of::<proxy_common::CtValue>(),
-        ) {
-            Ok(n) => n as usize,
-            Err(_) => maps.conntrack.keys().filter(Result::is_ok).count(),
-        };
+        let entries = entries as usize;
         let (fill, nearly_full) = fill_level(entries, capacity);
         if nearly_full {
             warn!(
