@@ -121,9 +121,25 @@ impl ManifestsDir<'_> {
     /// The target service's EndpointSlice, with `servers` as its endpoints,
     /// written whole and moved into place (one event).
     pub fn write_target_slice(&self, n: usize, servers: &[Ipv4Addr]) -> anyhow::Result<()> {
-        self.write("target-slice.json", &slice(&name(n - 1), servers, true))
+        self.write(TARGET_SLICE, &slice(&name(n - 1), servers, true))
+    }
+
+    /// [`Self::write_target_slice`] written beside its place, under a name
+    /// the agent does not read: (where it is, where it goes) on the node,
+    /// for a worker there to move it at a moment the bench times.
+    pub fn stage_target_slice(
+        &self,
+        n: usize,
+        servers: &[Ipv4Addr],
+    ) -> anyhow::Result<(String, String)> {
+        let staged = format!("{TARGET_SLICE}.next");
+        self.write(&staged, &slice(&name(n - 1), servers, true))?;
+        let path = |name: &str| self.dir.join(name).to_string_lossy().into_owned();
+        Ok((path(&staged), path(TARGET_SLICE)))
     }
 }
+
+const TARGET_SLICE: &str = "target-slice.json";
 
 fn list(items: Vec<serde_json::Value>) -> serde_json::Value {
     serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items})

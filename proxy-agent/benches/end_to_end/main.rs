@@ -33,9 +33,11 @@
 //! small UDP datagrams from the pod (the rate the servers receive, and the
 //! node's softirq CPU time per datagram over every CPU). Per scale: the time
 //! from the agent's start to the service answering, its memory, and the
-//! time from an endpoint change written to the manifests to the first
-//! connection that reaches the new endpoint (the manifests source reads a
-//! file when it is moved into place, as an API event arrives). Written to
+//! time from an endpoint change (the changed EndpointSlice moved into place
+//! in the manifests by the node's worker: the manifests source reads a file
+//! when it is moved into place, as an API event arrives) to the agent's
+//! maps balancing to the new endpoint alone (eBPF modes, [`maps_watch`])
+//! and to the first connection that reaches it. Written to
 //! `docs/bench/e2e.md` with an SVG of every figure (plotters).
 //!
 //! `cargo xtask bench e2e`, or `cargo bench -p proxy-agent --bench end_to_end`
@@ -55,6 +57,7 @@ mod common;
 
 mod agent;
 mod hosts;
+mod maps_watch;
 mod report;
 mod worker;
 mod workloads;
@@ -161,6 +164,8 @@ pub struct Outcome {
     pub rss_mb: Option<f64>,
     /// Endpoint change to packets, ms.
     pub change_ms: Vec<f64>,
+    /// Endpoint change to the agent's maps holding it, ms (eBPF modes).
+    pub change_maps_ms: Vec<f64>,
 }
 
 /// The machines (or namespaces) of one bed's roles.
@@ -676,8 +681,10 @@ fn run() -> anyhow::Result<()> {
             }
             let _others = pause_others(&beds, bed_of[i])?;
             let bed = &mut beds[bed_of[i]];
-            row[i].change_ms = change_latencies(bed, dp, n, &settings)
+            let times = change_latencies(bed, dp, n, &settings)
                 .with_context(|| format!("endpoint changes on {} at {n} services", dp.name))?;
+            row[i].change_ms = times.packets;
+            row[i].change_maps_ms = times.maps;
             eprintln!(
                 "e2e: {} at {n} services followed {} endpoint changes",
                 dp.name,
@@ -791,39 +798,72 @@ fn pause_others(beds: &[Bed], measured: usize) -> anyhow::Result<Vec<agent::Paus
         .collect()
 }
 
+/// Endpoint changes, timed from the moment the changed EndpointSlice is
+/// moved into place, ms.
+#[derive(Default)]
+struct ChangeTimes {
+    /// To the first connection that reaches the new endpoint.
+    packets: Vec<f64>,
+    /// To the agent's maps balancing to it (eBPF modes).
+    maps: Vec<f64>,
+}
+
 /// `settings.changes` times: the target service's endpoints replaced by a
-/// third server (its slice rewritten on the node), timed here until the
-/// pod's worker says a connection reached it (the first connection after
-/// the maps change does: no sampling among old and new endpoints in the
-/// figure, only the worker's 1 ms pacing);
-/// then the two servers given back, and waited out until 40 connections in
-/// a row do not reach the third, and 1.5 s after that (upstream's default
-/// minSyncPeriod is 1 s, counted from the end of a sync), so each change is
-/// a lone one.
+/// third server. Its slice is written on the node beside its place, and the
+/// node's worker moves it into place and (eBPF modes) watches the agent's
+/// maps until the target balances to the third server; then the pod's
+/// worker tries one connection a millisecond until one reaches it (the
+/// first after the maps change does: no sampling among old and new
+/// endpoints in the figure). Both are timed from the move (the packets
+/// figure from just before the node's worker is asked to make it).
+/// Then the two servers are given back, and waited out until 40 connections
+/// in a row do not reach the third, and 1.5 s after that (upstream's
+/// default minSyncPeriod is 1 s, counted from the end of a sync), so each
+/// change is a lone one.
 fn change_latencies(
     bed: &mut Bed,
     dp: &Datapath,
     n: usize,
     settings: &Settings,
-) -> anyhow::Result<Vec<f64>> {
+) -> anyhow::Result<ChangeTimes> {
     let target = bed.cluster_target(dp, n);
     let serving: Vec<Ipv4Addr> = bed.site.servers[..2].iter().map(|s| s.ip).collect();
     let new = SERVERS[2];
     let with_new: Vec<Ipv4Addr> = bed.site.servers[2..3].iter().map(|s| s.ip).collect();
-    let mut latencies = Vec::new();
+    let new_backend = SocketAddr::from((with_new[0], TCP_PORT));
+    let pid = bed
+        .agent
+        .as_ref()
+        .context("no agent runs")?
+        .agent
+        .pid()
+        .to_owned();
+    let watch_maps = dp.mode == Some("ebpf");
+    let mut times = ChangeTimes::default();
     // A first change right after the agent's start (a shared node switched
     // to it) would wait out minSyncPeriod after its first sync.
     std::thread::sleep(Duration::from_millis(1500));
     for _ in 0..settings.changes {
-        bed.manifests(n).write_target_slice(n, &with_new)?;
+        let (staged, place) = bed.manifests(n).stage_target_slice(n, &with_new)?;
+        let mut change = format!("change {staged} {place}");
+        if watch_maps {
+            change.push_str(&format!(" {pid} {target} {new_backend} 120000"));
+        }
         let t = Instant::now();
+        let to_maps = bed.workers.node.ask(&change)?;
         bed.client(dp)
             .ask(&format!("reach {target} {new} 120000"))?;
-        latencies.push(t.elapsed().as_secs_f64() * 1e3);
+        times.packets.push(t.elapsed().as_secs_f64() * 1e3);
+        if watch_maps {
+            let ns: f64 = to_maps
+                .parse()
+                .with_context(|| format!("{change}: not a number: {to_maps:?}"))?;
+            times.maps.push(ns / 1e6);
+        }
         bed.manifests(n).write_target_slice(n, &serving)?;
         bed.client(dp)
             .ask(&format!("avoid {target} {new} 40 120000"))?;
         std::thread::sleep(Duration::from_millis(1500));
     }
-    Ok(latencies)
+    Ok(times)
 }

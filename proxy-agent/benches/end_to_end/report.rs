@@ -120,9 +120,11 @@ pub fn render(
          end of the first sync (all services), as the agent's `kubeproxy_sync_proxy_rules_last_timestamp_seconds` \
          gives it; *RSS* the agent's resident memory after the rounds; \
          *endpoint change* the time from the target service's endpoints replaced by a third \
-         server in its EndpointSlice (the file moved into place; the agent reads it at once) to \
-         the first connection from the pod that reaches it (one attempt per millisecond: the \
-         first after the change does), {} times per scale, \
+         server in its EndpointSlice (the file moved into place by a worker on the node; the \
+         agent reads it at once) *to maps*: to the agent's BPF maps balancing the target to it \
+         (read by that worker every 100 µs; eBPF modes), and *to packets*: to the first \
+         connection from the pod that reaches it (one attempt per millisecond once the maps \
+         hold it: the first does), {} times per scale, \
          each change alone (1.5 s after the previous one took effect: upstream's default \
          minSyncPeriod is 1 s). p99 of {} changes is their maximum; a change that comes within a \
          second of the periodic sync (syncPeriod, 30 s) waits for minSyncPeriod, as upstream's.\n",
@@ -189,12 +191,21 @@ pub fn render(
             "| agent RSS after the rounds | {} |",
             control(|o| o.rss_mb.map(|m| format!("{m:.0} MB")))
         );
-        for (title, p) in [
-            ("endpoint change to packets p50", 0.5),
-            ("endpoint change to packets p99", 0.99),
+        fn to_maps(o: &Outcome) -> &Vec<f64> {
+            &o.change_maps_ms
+        }
+        fn to_packets(o: &Outcome) -> &Vec<f64> {
+            &o.change_ms
+        }
+        type Times = fn(&Outcome) -> &Vec<f64>;
+        for (title, p, of) in [
+            ("endpoint change to maps p50", 0.5, to_maps as Times),
+            ("endpoint change to maps p99", 0.99, to_maps),
+            ("endpoint change to packets p50", 0.5, to_packets),
+            ("endpoint change to packets p99", 0.99, to_packets),
         ] {
             let line = cells(&|_, o| {
-                let mut v = o.change_ms.clone();
+                let mut v = of(o).clone();
                 v.sort_by(f64::total_cmp);
                 if v.is_empty() {
                     "—".into()
@@ -228,9 +239,9 @@ pub fn plot(
 ) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let raw = raw_index(datapaths);
-    let root = SVGBackend::new(path, (1200, 760)).into_drawing_area();
+    let root = SVGBackend::new(path, (1200, 1000)).into_drawing_area();
     root.fill(&WHITE)?;
-    let panels = root.split_evenly((2, 4));
+    let panels = root.split_evenly((3, 3));
     let max_n = *scales.iter().max().unwrap_or(&1) as f64;
     let x_range = (1f64..max_n.max(10.0) * 1.5).log_scale();
     let colors = [BLACK, RED, BLUE, GREEN, MAGENTA, CYAN];
@@ -259,6 +270,15 @@ pub fn plot(
         "agent start to all programmed".into(),
         "seconds",
         control(|o| (!o.start_s.is_empty()).then(|| median(&o.start_s))),
+    ));
+    plots.push((
+        "endpoint change to maps, p99".into(),
+        "ms",
+        control(|o| {
+            let mut v = o.change_maps_ms.clone();
+            v.sort_by(f64::total_cmp);
+            (!v.is_empty()).then(|| pct(&v, 0.99))
+        }),
     ));
     plots.push((
         "endpoint change to packets, p50".into(),

@@ -17,7 +17,11 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::{hosts::Host, workloads};
+use super::{
+    hosts::Host,
+    maps_watch::{self, AgentMaps},
+    workloads,
+};
 
 /// A worker this bench started, and the line protocol to it.
 pub struct Worker {
@@ -116,10 +120,13 @@ pub fn main(args: &[String]) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let udp_received = Arc::new(AtomicU64::new(0));
     let stdout = std::io::stdout();
+    // The agent whose maps `change` watches, found once (a process's
+    // descriptors take a millisecond or two to go through).
+    let mut agent_maps: Option<(u32, AgentMaps)> = None;
     for line in std::io::stdin().lock().lines() {
         let line = line?;
         let words: Vec<&str> = line.split_whitespace().collect();
-        let reply = match run(&words, &stop, &udp_received) {
+        let reply = match run(&words, &stop, &udp_received, &mut agent_maps) {
             Ok(r) => format!("ok {r}"),
             Err(e) => format!("err {}", format!("{e:#}").replace('\n', " ")),
         };
@@ -143,7 +150,12 @@ fn num(s: Option<&&str>) -> anyhow::Result<u64> {
         .context("not a number")
 }
 
-fn run(words: &[&str], stop: &Arc<AtomicBool>, udp: &Arc<AtomicU64>) -> anyhow::Result<String> {
+fn run(
+    words: &[&str],
+    stop: &Arc<AtomicBool>,
+    udp: &Arc<AtomicU64>,
+    agent_maps: &mut Option<(u32, AgentMaps)>,
+) -> anyhow::Result<String> {
     let ms = |i: usize| num(words.get(i)).map(Duration::from_millis);
     Ok(match words.first().copied() {
         Some("hello") => String::new(),
@@ -175,6 +187,38 @@ fn run(words: &[&str], stop: &Arc<AtomicBool>, udp: &Arc<AtomicU64>) -> anyhow::
         // synced METRICS_ADDR TIMEOUT_MS: when the proxy's last sync finished
         // (seconds since the epoch), an error before its first.
         Some("synced") => workloads::last_sync(addr(words.get(1))?, ms(2)?)?.to_string(),
+        // change FROM TO [AGENT_PID FRONTEND BACKEND TIMEOUT_MS]: moves a
+        // manifest into place; with an agent, then waits until its maps
+        // balance FRONTEND to BACKEND alone: the ns from the move to that.
+        Some("change") => {
+            let (from, to) = (
+                words.get(1).context("change FROM TO")?,
+                words.get(2).context("change FROM TO")?,
+            );
+            let watch = match words.get(3) {
+                Some(pid) => {
+                    let pid: u32 = pid.parse().context("not a pid")?;
+                    if agent_maps.as_ref().is_none_or(|(p, _)| *p != pid) {
+                        *agent_maps = Some((pid, AgentMaps::of_process(pid)?));
+                    }
+                    Some((
+                        maps_watch::v4(addr(words.get(4))?)?,
+                        maps_watch::v4(addr(words.get(5))?)?,
+                        ms(6)?,
+                    ))
+                }
+                None => None,
+            };
+            let moved = Instant::now();
+            std::fs::rename(from, to).with_context(|| format!("moving {from} to {to}"))?;
+            match (watch, agent_maps.as_ref()) {
+                (Some((frontend, backend, limit)), Some((_, maps))) => maps
+                    .wait_serving_only(frontend, backend, moved, limit)?
+                    .as_nanos()
+                    .to_string(),
+                _ => String::new(),
+            }
+        }
         // reach ADDR SERVER TIMEOUT_MS: one attempt a millisecond until
         // SERVER answers; ns that took.
         Some("reach") => {
