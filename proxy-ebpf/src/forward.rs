@@ -19,6 +19,7 @@ use crate::{
     frame::Frame,
     hops,
     ip::Ip,
+    nat,
     packet::Packet,
     stats::count,
     xdp_nat,
@@ -66,7 +67,7 @@ fn fib_len<F: Ip>(pkt: &Packet<F>) -> u16 {
 }
 
 /// Where a translated packet goes.
-enum Route {
+pub enum Route {
     /// Out of `ifindex`, to `dmac` from `smac`.
     Hop {
         ifindex: u32,
@@ -81,6 +82,12 @@ enum Route {
 }
 
 impl Route {
+    /// This node sends the packet on itself (it is not the stack's).
+    #[inline(always)]
+    pub fn forwards(&self) -> bool {
+        !matches!(self, Route::Stack)
+    }
+
     #[inline(always)]
     fn of(hop: &NextHop) -> Self {
         Route::Hop {
@@ -155,31 +162,56 @@ fn route<C: Frame, F: Ip>(
     }
 }
 
-/// TC: redirect to the packet's next hop (see [`route`]), or leave it to
-/// the stack when the route is local, unreachable or the TTL runs out.
+/// TC: where a translated packet goes: its next hop (see [`route`]), or
+/// the stack when the route is local or unreachable or the TTL runs out.
+#[inline(always)]
+pub fn tc_route<F: Ip>(
+    ctx: &TcContext,
+    pkt: &Packet<F>,
+    out: &Rewrite<F>,
+    hop: Option<HopCache>,
+) -> Route {
+    if pkt.ttl <= 1 {
+        return Route::Stack;
+    }
+    route(ctx, pkt, out, hop)
+}
+
+/// TC: redirects a translated packet to its next hop (see [`route`]), its
+/// TTL decremented, or leaves it to the stack when the route is local,
+/// unreachable or the TTL runs out.
 #[inline(always)]
 pub fn tc<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>, hop: Option<HopCache>) -> i32 {
-    if pkt.ttl <= 1 {
+    let route = tc_route(ctx, pkt, out, hop);
+    if route.forwards() && nat::decrement_hop(ctx, pkt).is_err() {
         count(Counter::FibPass);
         return TC_ACT_OK;
     }
-    let route = route(ctx, pkt, out, hop);
-    if matches!(route, Route::Stack) || decrement_ttl(ctx, pkt).is_err() {
-        count(Counter::FibPass);
-        return TC_ACT_OK;
-    }
-    count(Counter::FibRedirect);
+    tc_send(ctx, route)
+}
+
+/// TC: sends on a packet translated for `route` (its TTL decremented when
+/// this node forwards it: [`Route::forwards`]).
+#[inline(always)]
+pub fn tc_send(ctx: &TcContext, route: Route) -> i32 {
     match route {
         Route::Hop {
             ifindex,
             dmac,
             smac,
-        } => redirect(ctx, ifindex, &dmac, &smac),
-        // SAFETY: a null neighbour means "resolve the packet's own destination".
-        Route::Unresolved(ifindex) => unsafe {
-            bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) as i32
-        },
-        Route::Stack => TC_ACT_OK,
+        } => {
+            count(Counter::FibRedirect);
+            redirect(ctx, ifindex, &dmac, &smac)
+        }
+        Route::Unresolved(ifindex) => {
+            count(Counter::FibRedirect);
+            // SAFETY: a null neighbour means "resolve the packet's own destination".
+            unsafe { bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) as i32 }
+        }
+        Route::Stack => {
+            count(Counter::FibPass);
+            TC_ACT_OK
+        }
     }
 }
 
@@ -193,17 +225,6 @@ fn redirect(ctx: &TcContext, ifindex: u32, dmac: &[u8; 6], smac: &[u8; 6]) -> i3
     }
     // SAFETY: helper without preconditions.
     unsafe { bpf_redirect(ifindex, 0) as i32 }
-}
-
-#[inline(always)]
-fn decrement_ttl<F: Ip>(ctx: &TcContext, pkt: &Packet<F>) -> Result<(), i64> {
-    if let Some(ip_csum_off) = F::HDR_CSUM_OFF {
-        // In IPv4 the TTL is the high byte of its 16-bit checksum word.
-        let old = u16::from_ne_bytes([pkt.ttl, 0]);
-        let new = u16::from_ne_bytes([pkt.ttl - 1, 0]);
-        ctx.l3_csum_replace(ip_csum_off, old as u64, new as u64, 2)?;
-    }
-    ctx.store(F::HOP_OFF, &(pkt.ttl - 1), 0)
 }
 
 /// XDP: where to send a translated frame when it goes straight back out of

@@ -10,34 +10,32 @@ use aya_ebpf::{
 };
 use proxy_common::{Counter, proto};
 
-use crate::{flow::Rewrite, ip::Ip, packet::Packet, sctp};
+use crate::{csum, flow::Rewrite, frame::Frame, ip::Ip, packet::Packet, sctp};
 
+/// Rewrites `pkt` to `out`; a packet this node `forwards` itself also has
+/// its TTL / hop limit decremented.
+///
+/// Few helper calls: the address changes enter the L4 checksum as one
+/// difference (`BPF_F_PSEUDO_HDR`, size 0), the port changes as another,
+/// and in IPv4 the TTL, header checksum and both addresses are written
+/// with one store (a header whose checksum is updated with it sums as
+/// before, so `skb->csum` stays right without a recompute).
 #[inline(always)]
-pub fn apply<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Result<(), Counter> {
-    if pkt.proto == proto::SCTP {
-        return apply_sctp(ctx, pkt, out);
-    }
-    rewrite(
-        ctx,
-        pkt,
-        (&pkt.daddr_be, F::DADDR_OFF, pkt.dport_be, pkt.l4_off + 2),
-        (&out.daddr_be, out.dport_be),
-    )?;
-    rewrite(
-        ctx,
-        pkt,
-        (&pkt.saddr_be, F::SADDR_OFF, pkt.sport_be, pkt.l4_off),
-        (&out.saddr_be, out.sport_be),
-    )
-}
-
-#[inline(always)]
-fn rewrite<F: Ip>(
+pub fn apply<F: Ip>(
     ctx: &TcContext,
     pkt: &Packet<F>,
-    (old_addr, addr_off, old_port, port_off): (&F::Addr, usize, u16, usize),
-    (addr_be, port_be): (&F::Addr, u16),
+    out: &Rewrite<F>,
+    forwards: bool,
 ) -> Result<(), Counter> {
+    if pkt.proto == proto::SCTP {
+        apply_sctp(ctx, pkt, out)?;
+        return if forwards {
+            decrement_hop(ctx, pkt)
+        } else {
+            Ok(())
+        };
+    }
+    let failed = |_| Counter::DropRewriteFailed;
     // A zero UDP checksum means "none" and must stay zero.
     let mangled = if pkt.proto == proto::UDP {
         BPF_F_MARK_MANGLED_0 as u64
@@ -45,36 +43,113 @@ fn rewrite<F: Ip>(
         0
     };
     let csum_off = pkt.l4_csum_off();
-    let failed = |_| Counter::DropRewriteFailed;
-    if old_addr != addr_be {
-        // Word by word: the helpers take 4-byte differences; in IPv6 the
-        // words an address shares with the old one (its prefix) cost nothing.
-        let (old_words, new_words) = (F::words(old_addr), F::words(addr_be));
-        for i in 0..old_words.len() {
-            let (old, new) = (old_words[i], new_words[i]);
-            if old == new {
-                continue;
-            }
-            ctx.l4_csum_replace(
-                csum_off,
-                old as u64,
-                new as u64,
-                BPF_F_PSEUDO_HDR as u64 | mangled | 4,
-            )
-            .map_err(failed)?;
-            if let Some(ip_csum_off) = F::HDR_CSUM_OFF {
-                ctx.l3_csum_replace(ip_csum_off, old as u64, new as u64, 4)
-                    .map_err(failed)?;
-            }
-        }
-        ctx.store(addr_off, addr_be, 0).map_err(failed)?;
+    let new_saddr = pkt.saddr_be != out.saddr_be;
+    let new_daddr = pkt.daddr_be != out.daddr_be;
+    let readdressed = new_saddr || new_daddr;
+    let mut addr_diff = 0u32;
+    if new_saddr {
+        addr_diff = add_diff::<F>(addr_diff, &pkt.saddr_be, &out.saddr_be);
     }
-    if old_port != port_be {
-        ctx.l4_csum_replace(csum_off, old_port as u64, port_be as u64, mangled | 2)
+    if new_daddr {
+        addr_diff = add_diff::<F>(addr_diff, &pkt.daddr_be, &out.daddr_be);
+    }
+    if readdressed {
+        ctx.l4_csum_replace(
+            csum_off,
+            0,
+            addr_diff as u64,
+            BPF_F_PSEUDO_HDR as u64 | mangled,
+        )
+        .map_err(failed)?;
+    }
+    let (old_ports, new_ports) = ([pkt.sport_be, pkt.dport_be], [out.sport_be, out.dport_be]);
+    if old_ports != new_ports {
+        let (old, new) = (ports_word(old_ports), ports_word(new_ports));
+        let diff = csum::add_u32(csum::add_u32(0, !old), new);
+        ctx.l4_csum_replace(csum_off, 0, diff as u64, mangled)
             .map_err(failed)?;
-        ctx.store(port_off, &port_be, 0).map_err(failed)?;
+        ctx.store(pkt.l4_off, &new_ports, 0).map_err(failed)?;
+    }
+    if F::HDR_CSUM_OFF.is_some() {
+        if readdressed || forwards {
+            rewrite_ipv4_header(ctx, pkt, out, forwards)?;
+        }
+        return Ok(());
+    }
+    if new_saddr {
+        ctx.store(F::SADDR_OFF, &out.saddr_be, 0).map_err(failed)?;
+    }
+    if new_daddr {
+        ctx.store(F::DADDR_OFF, &out.daddr_be, 0).map_err(failed)?;
+    }
+    if forwards {
+        decrement_hop(ctx, pkt)?;
     }
     Ok(())
+}
+
+/// `diff` plus the checksum difference of an address changing from `old` to `new`.
+#[inline(always)]
+fn add_diff<F: Ip>(mut diff: u32, old: &F::Addr, new: &F::Addr) -> u32 {
+    let (old_words, new_words) = (F::words(old), F::words(new));
+    for i in 0..old_words.len() {
+        diff = csum::add_u32(csum::add_u32(diff, !old_words[i]), new_words[i]);
+    }
+    diff
+}
+
+/// The two ports as the 32-bit word they make in memory.
+#[inline(always)]
+fn ports_word(ports: [u16; 2]) -> u32 {
+    let [a, b] = [ports[0].to_ne_bytes(), ports[1].to_ne_bytes()];
+    u32::from_ne_bytes([a[0], a[1], b[0], b[1]])
+}
+
+/// IPv4: TTL, protocol, header checksum and both addresses (bytes 8-19 of
+/// the header) written at once, the checksum updated for what changed.
+#[inline(always)]
+fn rewrite_ipv4_header<F: Ip>(
+    ctx: &TcContext,
+    pkt: &Packet<F>,
+    out: &Rewrite<F>,
+    forwards: bool,
+) -> Result<(), Counter> {
+    let check = ctx
+        .ptr_at::<u16>(F::HOP_OFF + 2)
+        .ok_or(Counter::DropMalformed)?;
+    // SAFETY: bounds-checked by ptr_at (the packet's linear data holds its headers).
+    let mut check = unsafe { *check };
+    let ttl = if forwards { pkt.ttl - 1 } else { pkt.ttl };
+    check = csum::replace2(
+        check,
+        u16::from_ne_bytes([pkt.ttl, pkt.proto]),
+        u16::from_ne_bytes([ttl, pkt.proto]),
+    );
+    let (saddr, daddr) = (F::words(&out.saddr_be)[0], F::words(&out.daddr_be)[0]);
+    check = csum::replace4(check, F::words(&pkt.saddr_be)[0], saddr);
+    check = csum::replace4(check, F::words(&pkt.daddr_be)[0], daddr);
+    let mut block = [0u8; 12];
+    block[0] = ttl;
+    block[1] = pkt.proto;
+    block[2..4].copy_from_slice(&check.to_ne_bytes());
+    block[4..8].copy_from_slice(&saddr.to_ne_bytes());
+    block[8..12].copy_from_slice(&daddr.to_ne_bytes());
+    ctx.store(F::HOP_OFF, &block, 0)
+        .map_err(|_| Counter::DropRewriteFailed)
+}
+
+/// Decrements the TTL / hop limit of a packet this node forwards itself.
+#[inline(always)]
+pub fn decrement_hop<F: Ip>(ctx: &TcContext, pkt: &Packet<F>) -> Result<(), Counter> {
+    let failed = |_| Counter::DropRewriteFailed;
+    if let Some(ip_csum_off) = F::HDR_CSUM_OFF {
+        // In IPv4 the TTL is the high byte of its 16-bit checksum word.
+        let old = u16::from_ne_bytes([pkt.ttl, 0]);
+        let new = u16::from_ne_bytes([pkt.ttl - 1, 0]);
+        ctx.l3_csum_replace(ip_csum_off, old as u64, new as u64, 2)
+            .map_err(failed)?;
+    }
+    ctx.store(F::HOP_OFF, &(pkt.ttl - 1), 0).map_err(failed)
 }
 
 /// SCTP: no pseudo-header in its CRC32c, so an address rewrite touches only
