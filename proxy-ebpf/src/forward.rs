@@ -217,12 +217,13 @@ pub fn tc_send(ctx: &TcContext, route: Route) -> i32 {
 
 #[inline(always)]
 fn redirect(ctx: &TcContext, ifindex: u32, dmac: &[u8; 6], smac: &[u8; 6]) -> i32 {
-    let mut macs = [0u8; 12];
-    macs[..6].copy_from_slice(dmac);
-    macs[6..].copy_from_slice(smac);
-    if ctx.store(0, &macs, 0).is_err() {
+    let Some(eth) = ctx.ptr_at::<[u8; 12]>(0) else {
         return TC_ACT_OK;
-    }
+    };
+    // SAFETY: bounds-checked by ptr_at; the MACs are outside every checksum.
+    let eth = unsafe { &mut *eth };
+    eth[..6].copy_from_slice(dmac);
+    eth[6..].copy_from_slice(smac);
     // SAFETY: helper without preconditions.
     unsafe { bpf_redirect(ifindex, 0) as i32 }
 }

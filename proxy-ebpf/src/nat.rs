@@ -46,6 +46,20 @@ pub fn apply<F: Ip>(
     let new_saddr = pkt.saddr_be != out.saddr_be;
     let new_daddr = pkt.daddr_be != out.daddr_be;
     let readdressed = new_saddr || new_daddr;
+    // IPv4: the header and ports written in place, before any helper call
+    // (which would invalidate the packet's pointers).
+    if F::HDR_CSUM_OFF.is_some() {
+        if readdressed || forwards {
+            rewrite_ipv4_header(ctx, pkt, out, forwards)?;
+        }
+        if pkt.sport_be != out.sport_be || pkt.dport_be != out.dport_be {
+            let ports = ctx
+                .ptr_at::<[u16; 2]>(pkt.l4_off)
+                .ok_or(Counter::DropMalformed)?;
+            // SAFETY: bounds-checked by ptr_at.
+            unsafe { *ports = [out.sport_be, out.dport_be] };
+        }
+    }
     let mut addr_diff = 0u32;
     if new_saddr {
         addr_diff = add_diff::<F>(addr_diff, &pkt.saddr_be, &out.saddr_be);
@@ -68,12 +82,11 @@ pub fn apply<F: Ip>(
         let diff = csum::add_u32(csum::add_u32(0, !old), new);
         ctx.l4_csum_replace(csum_off, 0, diff as u64, mangled)
             .map_err(failed)?;
-        ctx.store(pkt.l4_off, &new_ports, 0).map_err(failed)?;
+        if F::HDR_CSUM_OFF.is_none() {
+            ctx.store(pkt.l4_off, &new_ports, 0).map_err(failed)?;
+        }
     }
     if F::HDR_CSUM_OFF.is_some() {
-        if readdressed || forwards {
-            rewrite_ipv4_header(ctx, pkt, out, forwards)?;
-        }
         return Ok(());
     }
     if new_saddr {
@@ -105,8 +118,9 @@ fn ports_word(ports: [u16; 2]) -> u32 {
     u32::from_ne_bytes([a[0], a[1], b[0], b[1]])
 }
 
-/// IPv4: TTL, protocol, header checksum and both addresses (bytes 8-19 of
-/// the header) written at once, the checksum updated for what changed.
+/// IPv4: TTL, header checksum and both addresses written in place, the
+/// checksum updated for what changed. A header whose checksum changes with
+/// it sums as before, so `skb->csum` stays right.
 #[inline(always)]
 fn rewrite_ipv4_header<F: Ip>(
     ctx: &TcContext,
@@ -114,28 +128,31 @@ fn rewrite_ipv4_header<F: Ip>(
     out: &Rewrite<F>,
     forwards: bool,
 ) -> Result<(), Counter> {
-    let check = ctx
-        .ptr_at::<u16>(F::HOP_OFF + 2)
+    let hdr = ctx
+        .ptr_at::<[u16; 6]>(F::HOP_OFF)
         .ok_or(Counter::DropMalformed)?;
-    // SAFETY: bounds-checked by ptr_at (the packet's linear data holds its headers).
-    let mut check = unsafe { *check };
-    let ttl = if forwards { pkt.ttl - 1 } else { pkt.ttl };
-    check = csum::replace2(
-        check,
-        u16::from_ne_bytes([pkt.ttl, pkt.proto]),
-        u16::from_ne_bytes([ttl, pkt.proto]),
-    );
+    // SAFETY: bounds-checked by ptr_at (words 4-9 of the header: TTL and
+    // protocol, checksum, source, destination).
+    let hdr = unsafe { &mut *hdr };
+    let mut check = hdr[1];
+    if forwards {
+        let ttl_proto = hdr[0];
+        let [ttl, proto] = ttl_proto.to_ne_bytes();
+        let decremented = u16::from_ne_bytes([ttl.wrapping_sub(1), proto]);
+        check = csum::replace2(check, ttl_proto, decremented);
+        hdr[0] = decremented;
+    }
     let (saddr, daddr) = (F::words(&out.saddr_be)[0], F::words(&out.daddr_be)[0]);
     check = csum::replace4(check, F::words(&pkt.saddr_be)[0], saddr);
     check = csum::replace4(check, F::words(&pkt.daddr_be)[0], daddr);
-    let mut block = [0u8; 12];
-    block[0] = ttl;
-    block[1] = pkt.proto;
-    block[2..4].copy_from_slice(&check.to_ne_bytes());
-    block[4..8].copy_from_slice(&saddr.to_ne_bytes());
-    block[8..12].copy_from_slice(&daddr.to_ne_bytes());
-    ctx.store(F::HOP_OFF, &block, 0)
-        .map_err(|_| Counter::DropRewriteFailed)
+    hdr[1] = check;
+    let [s0, s1] = [saddr as u16, (saddr >> 16) as u16];
+    let [d0, d1] = [daddr as u16, (daddr >> 16) as u16];
+    hdr[2] = s0;
+    hdr[3] = s1;
+    hdr[4] = d0;
+    hdr[5] = d1;
+    Ok(())
 }
 
 /// Decrements the TTL / hop limit of a packet this node forwards itself.
