@@ -1,8 +1,13 @@
-//! TC: address and port rewrites with the kernel's checksum helpers.
+//! TC: address and port rewrites.
 //!
-//! The helpers are used (not hand-written checksum math) because they also
-//! keep `skb->csum` right for CHECKSUM_COMPLETE and leave the pseudo-header
-//! sum right for CHECKSUM_PARTIAL packets from local sockets.
+//! The L4 checksum is updated by the kernel's helper (`bpf_l4_csum_replace`,
+//! given the difference of the addresses and that of the ports): it also
+//! keeps `skb->csum` right for CHECKSUM_COMPLETE, and leaves a
+//! CHECKSUM_PARTIAL packet's field (the pseudo-header sum of a local
+//! socket's packet) changed by the addresses only. The IPv4 header, ports
+//! and MACs are written in place: a change that the checksum it lies under
+//! absorbs leaves `skb->csum` as it was. IPv6 writes with `bpf_skb_store_bytes`
+//! (its frame has no room for more).
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_F_RECOMPUTE_CSUM},
