@@ -6,8 +6,8 @@
 //! CHECKSUM_PARTIAL packet's field (the pseudo-header sum of a local
 //! socket's packet) changed by the addresses only. The IPv4 header, ports
 //! and MACs are written in place: a change that the checksum it lies under
-//! absorbs leaves `skb->csum` as it was. IPv6 writes with `bpf_skb_store_bytes`
-//! (its frame has no room for more).
+//! absorbs leaves `skb->csum` as it was (IPv6 addresses are under the L4
+//! checksum only, whose helper keeps `skb->csum` right for them).
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_F_RECOMPUTE_CSUM},
@@ -20,11 +20,10 @@ use crate::{csum, flow::Rewrite, frame::Frame, ip::Ip, packet::Packet, sctp};
 /// Rewrites `pkt` to `out`; a packet this node `forwards` itself also has
 /// its TTL / hop limit decremented.
 ///
-/// Few helper calls: the address changes enter the L4 checksum as one
-/// difference (`BPF_F_PSEUDO_HDR`, size 0), the port changes as another,
-/// and in IPv4 the TTL, header checksum and both addresses are written
-/// with one store (a header whose checksum is updated with it sums as
-/// before, so `skb->csum` stays right without a recompute).
+/// Two helper calls at most: the address changes enter the L4 checksum as
+/// one difference (`BPF_F_PSEUDO_HDR`, size 0), the port changes as
+/// another; the addresses, ports and TTL are written in place (see the
+/// module documentation).
 #[inline(always)]
 pub fn apply<F: Ip>(
     ctx: &TcContext,
@@ -51,58 +50,54 @@ pub fn apply<F: Ip>(
     let new_saddr = pkt.saddr_be != out.saddr_be;
     let new_daddr = pkt.daddr_be != out.daddr_be;
     let readdressed = new_saddr || new_daddr;
-    // IPv4: the header and ports written in place, before any helper call
-    // (which would invalidate the packet's pointers).
+    let (old_ports, new_ports) = ([pkt.sport_be, pkt.dport_be], [out.sport_be, out.dport_be]);
+    let new_port_pair = old_ports != new_ports;
+    // Written in place, before any helper call (which would invalidate the
+    // packet's pointers).
     if F::HDR_CSUM_OFF.is_some() {
         if readdressed || forwards {
             rewrite_ipv4_header(ctx, pkt, out, forwards)?;
         }
-        if pkt.sport_be != out.sport_be || pkt.dport_be != out.dport_be {
-            let ports = ctx
-                .ptr_at::<[u16; 2]>(pkt.l4_off)
-                .ok_or(Counter::DropMalformed)?;
-            // SAFETY: bounds-checked by ptr_at.
-            unsafe { *ports = [out.sport_be, out.dport_be] };
+    } else {
+        if new_saddr {
+            write_at(ctx, F::SADDR_OFF, &out.saddr_be)?;
+        }
+        if new_daddr {
+            write_at(ctx, F::DADDR_OFF, &out.daddr_be)?;
+        }
+        if forwards {
+            write_at(ctx, F::HOP_OFF, &(pkt.ttl - 1))?;
         }
     }
-    let mut addr_diff = 0u32;
-    if new_saddr {
-        addr_diff = add_diff::<F>(addr_diff, &pkt.saddr_be, &out.saddr_be);
-    }
-    if new_daddr {
-        addr_diff = add_diff::<F>(addr_diff, &pkt.daddr_be, &out.daddr_be);
+    if new_port_pair {
+        write_at(ctx, pkt.l4_off, &new_ports)?;
     }
     if readdressed {
-        ctx.l4_csum_replace(
-            csum_off,
-            0,
-            addr_diff as u64,
-            BPF_F_PSEUDO_HDR as u64 | mangled,
-        )
-        .map_err(failed)?;
+        let mut diff = 0u32;
+        if new_saddr {
+            diff = add_diff::<F>(diff, &pkt.saddr_be, &out.saddr_be);
+        }
+        if new_daddr {
+            diff = add_diff::<F>(diff, &pkt.daddr_be, &out.daddr_be);
+        }
+        ctx.l4_csum_replace(csum_off, 0, diff as u64, BPF_F_PSEUDO_HDR as u64 | mangled)
+            .map_err(failed)?;
     }
-    let (old_ports, new_ports) = ([pkt.sport_be, pkt.dport_be], [out.sport_be, out.dport_be]);
-    if old_ports != new_ports {
+    if new_port_pair {
         let (old, new) = (ports_word(old_ports), ports_word(new_ports));
         let diff = csum::add_u32(csum::add_u32(0, !old), new);
         ctx.l4_csum_replace(csum_off, 0, diff as u64, mangled)
             .map_err(failed)?;
-        if F::HDR_CSUM_OFF.is_none() {
-            ctx.store(pkt.l4_off, &new_ports, 0).map_err(failed)?;
-        }
     }
-    if F::HDR_CSUM_OFF.is_some() {
-        return Ok(());
-    }
-    if new_saddr {
-        ctx.store(F::SADDR_OFF, &out.saddr_be, 0).map_err(failed)?;
-    }
-    if new_daddr {
-        ctx.store(F::DADDR_OFF, &out.daddr_be, 0).map_err(failed)?;
-    }
-    if forwards {
-        decrement_hop(ctx, pkt)?;
-    }
+    Ok(())
+}
+
+/// Writes `value` at `offset` of the packet, in place.
+#[inline(always)]
+fn write_at<T: Copy>(ctx: &TcContext, offset: usize, value: &T) -> Result<(), Counter> {
+    let at = ctx.ptr_at::<T>(offset).ok_or(Counter::DropMalformed)?;
+    // SAFETY: bounds-checked by ptr_at; packet memory has no alignment to keep.
+    unsafe { at.write_unaligned(*value) };
     Ok(())
 }
 
@@ -160,18 +155,22 @@ fn rewrite_ipv4_header<F: Ip>(
     Ok(())
 }
 
-/// Decrements the TTL / hop limit of a packet this node forwards itself.
+/// Decrements the TTL / hop limit of a packet this node forwards itself,
+/// in place (in IPv4 with its header checksum).
 #[inline(always)]
 pub fn decrement_hop<F: Ip>(ctx: &TcContext, pkt: &Packet<F>) -> Result<(), Counter> {
-    let failed = |_| Counter::DropRewriteFailed;
-    if let Some(ip_csum_off) = F::HDR_CSUM_OFF {
-        // In IPv4 the TTL is the high byte of its 16-bit checksum word.
-        let old = u16::from_ne_bytes([pkt.ttl, 0]);
-        let new = u16::from_ne_bytes([pkt.ttl - 1, 0]);
-        ctx.l3_csum_replace(ip_csum_off, old as u64, new as u64, 2)
-            .map_err(failed)?;
+    if F::HDR_CSUM_OFF.is_none() {
+        return write_at(ctx, F::HOP_OFF, &(pkt.ttl - 1));
     }
-    ctx.store(F::HOP_OFF, &(pkt.ttl - 1), 0).map_err(failed)
+    let hdr = ctx
+        .ptr_at::<[u16; 2]>(F::HOP_OFF)
+        .ok_or(Counter::DropMalformed)?;
+    // SAFETY: bounds-checked by ptr_at (TTL and protocol, then the checksum).
+    let hdr = unsafe { &mut *hdr };
+    let decremented = u16::from_ne_bytes([pkt.ttl - 1, pkt.proto]);
+    hdr[1] = csum::replace2(hdr[1], hdr[0], decremented);
+    hdr[0] = decremented;
+    Ok(())
 }
 
 /// SCTP: no pseudo-header in its CRC32c, so an address rewrite touches only
