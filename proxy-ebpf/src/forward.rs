@@ -67,7 +67,7 @@ fn fib_len<F: Ip>(pkt: &Packet<F>) -> u16 {
 }
 
 /// Where a translated packet goes.
-pub enum Route {
+enum Route {
     /// Out of `ifindex`, to `dmac` from `smac`.
     Hop {
         ifindex: u32,
@@ -82,12 +82,6 @@ pub enum Route {
 }
 
 impl Route {
-    /// This node sends the packet on itself (it is not the stack's).
-    #[inline(always)]
-    pub fn forwards(&self) -> bool {
-        !matches!(self, Route::Stack)
-    }
-
     #[inline(always)]
     fn of(hop: &NextHop) -> Self {
         Route::Hop {
@@ -162,56 +156,32 @@ fn route<C: Frame, F: Ip>(
     }
 }
 
-/// TC: where a translated packet goes: its next hop (see [`route`]), or
-/// the stack when the route is local or unreachable or the TTL runs out.
-#[inline(always)]
-pub fn tc_route<F: Ip>(
-    ctx: &TcContext,
-    pkt: &Packet<F>,
-    out: &Rewrite<F>,
-    hop: Option<HopCache>,
-) -> Route {
-    if pkt.ttl <= 1 {
-        return Route::Stack;
-    }
-    route(ctx, pkt, out, hop)
-}
-
-/// TC: redirects a translated packet to its next hop (see [`route`]), its
-/// TTL decremented, or leaves it to the stack when the route is local,
+/// TC: redirect to the packet's next hop (see [`route`]), its TTL
+/// decremented, or leave it to the stack when the route is local,
 /// unreachable or the TTL runs out.
 #[inline(always)]
 pub fn tc<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>, hop: Option<HopCache>) -> i32 {
-    let route = tc_route(ctx, pkt, out, hop);
-    if route.forwards() && nat::decrement_hop(ctx, pkt).is_err() {
+    if pkt.ttl <= 1 {
         count(Counter::FibPass);
         return TC_ACT_OK;
     }
-    tc_send(ctx, route)
-}
-
-/// TC: sends on a packet translated for `route` (its TTL decremented when
-/// this node forwards it: [`Route::forwards`]).
-#[inline(always)]
-pub fn tc_send(ctx: &TcContext, route: Route) -> i32 {
+    let route = route(ctx, pkt, out, hop);
+    if matches!(route, Route::Stack) || nat::decrement_hop(ctx, pkt).is_err() {
+        count(Counter::FibPass);
+        return TC_ACT_OK;
+    }
+    count(Counter::FibRedirect);
     match route {
         Route::Hop {
             ifindex,
             dmac,
             smac,
-        } => {
-            count(Counter::FibRedirect);
-            redirect(ctx, ifindex, &dmac, &smac)
-        }
-        Route::Unresolved(ifindex) => {
-            count(Counter::FibRedirect);
-            // SAFETY: a null neighbour means "resolve the packet's own destination".
-            unsafe { bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) as i32 }
-        }
-        Route::Stack => {
-            count(Counter::FibPass);
-            TC_ACT_OK
-        }
+        } => redirect(ctx, ifindex, &dmac, &smac),
+        // SAFETY: a null neighbour means "resolve the packet's own destination".
+        Route::Unresolved(ifindex) => unsafe {
+            bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) as i32
+        },
+        Route::Stack => TC_ACT_OK,
     }
 }
 

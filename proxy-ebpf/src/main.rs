@@ -82,7 +82,7 @@ fn host_reply<F: Ip>(ctx: &TcContext) -> i32 {
         return TC_ACT_OK;
     };
     count(Counter::HostReply);
-    if let Err(reason) = nat::apply(ctx, pkt, &out, false) {
+    if let Err(reason) = nat::apply(ctx, pkt, &out) {
         count(reason);
         monitor::dropped(kind::DROP, hook::FROM_HOST, ctx.ifindex(), pkt, reason);
         return TC_ACT_SHOT;
@@ -261,19 +261,7 @@ fn tc_packet<F: Ip>(ctx: &TcContext, hook: u8) -> i32 {
         }
         Verdict::Forward(out, counter, hop) => {
             count(counter);
-            // IPv4 writes the TTL with the rest of its header (one store),
-            // so its route comes first. IPv6 has no header checksum to
-            // save, and its frame no room for the route held meanwhile.
-            if F::HDR_CSUM_OFF.is_some() {
-                let route = forward::tc_route(ctx, pkt, &out, hop);
-                if let Err(reason) = nat::apply(ctx, pkt, &out, route.forwards()) {
-                    count(reason);
-                    monitor::dropped(kind::DROP, hook, ifindex, pkt, reason);
-                    return TC_ACT_SHOT;
-                }
-                return forward::tc_send(ctx, route);
-            }
-            if let Err(reason) = nat::apply(ctx, pkt, &out, false) {
+            if let Err(reason) = nat::apply(ctx, pkt, &out) {
                 count(reason);
                 monitor::dropped(kind::DROP, hook, ifindex, pkt, reason);
                 return TC_ACT_SHOT;
