@@ -97,7 +97,10 @@ impl AgentMaps {
     }
 
     /// Polls (every 100 µs) until `frontend` balances to `backend` alone:
-    /// how long after `since` that was first seen.
+    /// how long after `since` that was first seen. The polling thread runs
+    /// at real-time priority meanwhile (where it may), so that the figure is
+    /// when the agent wrote the maps, not when a busy node next scheduled
+    /// the observer.
     pub fn wait_serving_only(
         &self,
         frontend: SocketAddrV4,
@@ -105,6 +108,7 @@ impl AgentMaps {
         since: Instant,
         limit: Duration,
     ) -> anyhow::Result<Duration> {
+        let _realtime = RealTime::enter();
         loop {
             if self.serves_only(frontend, backend)? {
                 return Ok(since.elapsed());
@@ -113,6 +117,37 @@ impl AgentMaps {
                 bail!("{frontend} did not balance to {backend} alone within {limit:?}");
             }
             std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
+/// This thread under SCHED_FIFO until dropped (left as it is when that is
+/// not allowed).
+struct RealTime(Option<(libc::c_int, libc::sched_param)>);
+
+impl RealTime {
+    fn enter() -> Self {
+        // SAFETY: pid 0 is the calling thread; the params are valid.
+        unsafe {
+            let policy = libc::sched_getscheduler(0);
+            let mut before = libc::sched_param { sched_priority: 0 };
+            let fifo = libc::sched_param { sched_priority: 50 };
+            if policy < 0
+                || libc::sched_getparam(0, &mut before) != 0
+                || libc::sched_setscheduler(0, libc::SCHED_FIFO, &fifo) != 0
+            {
+                return Self(None);
+            }
+            Self(Some((policy, before)))
+        }
+    }
+}
+
+impl Drop for RealTime {
+    fn drop(&mut self) {
+        if let Some((policy, param)) = self.0 {
+            // SAFETY: restores this thread's own earlier policy.
+            unsafe { libc::sched_setscheduler(0, policy, &param) };
         }
     }
 }
