@@ -21,8 +21,8 @@ use crate::{csum, flow::Rewrite, frame::Frame, ip::Ip, packet::Packet, sctp};
 ///
 /// Two helper calls at most: the address changes enter the L4 checksum as
 /// one difference (`BPF_F_PSEUDO_HDR`, size 0), the port changes as
-/// another; the addresses and ports are written in place (see the module
-/// documentation).
+/// another; IPv4's addresses and ports are written in place (see the
+/// module documentation).
 #[inline(always)]
 pub fn apply<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Result<(), Counter> {
     if pkt.proto == proto::SCTP {
