@@ -80,6 +80,13 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// The `p` percentile of unsorted `values`; none of none.
+fn percentile(values: &[f64], p: f64) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| pct(&v, p))
+}
+
 pub fn render(
     scales: &[usize],
     datapaths: &[Datapath],
@@ -205,13 +212,7 @@ pub fn render(
             ("endpoint change to packets p99", 0.99, to_packets),
         ] {
             let line = cells(&|_, o| {
-                let mut v = of(o).clone();
-                v.sort_by(f64::total_cmp);
-                if v.is_empty() {
-                    "—".into()
-                } else {
-                    format!("{:.1} ms", pct(&v, p))
-                }
+                percentile(of(o), p).map_or_else(|| "—".into(), |v| format!("{v:.1} ms"))
             });
             let _ = writeln!(out, "| {title} | {line} |");
         }
@@ -274,20 +275,12 @@ pub fn plot(
     plots.push((
         "endpoint change to maps, p99".into(),
         "ms",
-        control(|o| {
-            let mut v = o.change_maps_ms.clone();
-            v.sort_by(f64::total_cmp);
-            (!v.is_empty()).then(|| pct(&v, 0.99))
-        }),
+        control(|o| percentile(&o.change_maps_ms, 0.99)),
     ));
     plots.push((
         "endpoint change to packets, p50".into(),
         "ms",
-        control(|o| {
-            let mut v = o.change_ms.clone();
-            v.sort_by(f64::total_cmp);
-            (!v.is_empty()).then(|| pct(&v, 0.5))
-        }),
+        control(|o| percentile(&o.change_ms, 0.5)),
     ));
     plots.push(("agent RSS".into(), "MB", control(|o| o.rss_mb)));
     for (panel, (title, y_label, series)) in panels.iter().zip(plots) {
