@@ -7,7 +7,8 @@
 //! socket's packet) changed by the addresses only. The IPv4 header, ports
 //! and MACs are written in place: a change that the checksum it lies under
 //! absorbs leaves `skb->csum` as it was. IPv6 addresses and ports are
-//! stored with `bpf_skb_store_bytes` (see [`apply`]).
+//! stored with `bpf_skb_store_bytes`, the addresses with `skb->csum`
+//! updated (see [`apply`]).
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_F_RECOMPUTE_CSUM},
@@ -75,11 +76,21 @@ pub fn apply<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Resul
         }
     }
     if !in_place {
+        // CHECKSUM_COMPLETE: the helper took the address difference out of
+        // `skb->csum` with the checksum field's change, as IPv4 needs (its
+        // header checksum absorbs the addresses). No IPv6 header checksum
+        // does: the stores put the difference back (`BPF_F_RECOMPUTE_CSUM`
+        // acts on CHECKSUM_COMPLETE packets only). Every kernel takes this,
+        // unlike the helper's newer `BPF_F_IPV6`, which kernels without
+        // the 2025 fix refuse.
+        let recompute = BPF_F_RECOMPUTE_CSUM as u64;
         if new_saddr {
-            ctx.store(F::SADDR_OFF, &out.saddr_be, 0).map_err(failed)?;
+            ctx.store(F::SADDR_OFF, &out.saddr_be, recompute)
+                .map_err(failed)?;
         }
         if new_daddr {
-            ctx.store(F::DADDR_OFF, &out.daddr_be, 0).map_err(failed)?;
+            ctx.store(F::DADDR_OFF, &out.daddr_be, recompute)
+                .map_err(failed)?;
         }
     }
     Ok(())
