@@ -10,6 +10,9 @@
 //! - **maglev**: a service balanced by a Maglev table (the tuple's hash, the
 //!   table reference and one table element read).
 //!
+//! Beside them, the next packet of each random flow (established: the
+//! conntrack hit and the rewrite), per family.
+//!
 //! Then the agent side of Maglev: rebuilding the table of a service of 100
 //! backends when one of them is replaced (time, and bytes written to the
 //! kernel), beside writing the whole table, in the same run.
@@ -38,6 +41,7 @@ use proxy_common::{Counter, action::TC_ACT_REDIRECT};
 const ROUNDS: usize = 15;
 const FLOWS_PER_ROUND: usize = 60;
 const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
 const CASES: [&str; 4] = [
     "random",
     "affinity, pinned",
@@ -151,6 +155,8 @@ fn run() -> anyhow::Result<()> {
 
     // [family][case] samples in ns.
     let mut samples = vec![vec![Vec::<f64>::new(); CASES.len()]; 2];
+    // [family]: the packet after each random flow's SYN, on the flow it opened.
+    let mut established = vec![Vec::<f64>::new(); 2];
     let mut next_port = 20_000u16;
     let mut next_client = 0u32;
     for round in 0..ROUNDS {
@@ -178,6 +184,18 @@ fn run() -> anyhow::Result<()> {
                     CASES[case]
                 );
                 samples[f][case].push(out.duration.as_nanos() as f64);
+                if case == 0 {
+                    let before = counter(Counter::Established)?;
+                    let ack = tcp(client, next_port, vip, 80, ACK);
+                    let out = test_run::run(&ebpf, test_run::Hook::FromPod, &ack, pod, 1)?;
+                    ensure!(
+                        out.verdict == TC_ACT_REDIRECT
+                            && counter(Counter::Established)? == before + 1,
+                        "{}: the packet after the SYN did not take the established path",
+                        p.name
+                    );
+                    established[f].push(out.duration.as_nanos() as f64);
+                }
             }
             let hits = counter(Counter::AffinityHit)? - hits;
             let want_hits = match case {
@@ -209,6 +227,12 @@ fn run() -> anyhow::Result<()> {
             v6 / r6
         );
     }
+    let (e4, e6) = (median(&established[0]), median(&established[1]));
+    println!(
+        "\nestablished (the packet after a random flow's SYN): IPv4 {e4:.1} ns, IPv6 {e6:.1} ns, \
+         IPv6/IPv4 {:.3}",
+        e6 / e4
+    );
     println!("\n(each figure includes the kernel's per-call cost around a single run)");
     drop(ebpf);
     table_rebuild()?;

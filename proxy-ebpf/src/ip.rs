@@ -18,6 +18,7 @@ use proxy_common::{
 };
 
 use crate::{
+    flow::Rewrite,
     frame::Frame,
     hops::HopSlot,
     maps,
@@ -47,6 +48,21 @@ pub struct Scratch<F: Family> {
     /// The hash of the new flow's client tuple a Maglev table is looked up
     /// by (`lb::select`).
     pub maglev_hash: u32,
+    /// An IPv6 rewrite handed to `nat::nat_rewrite6` (a global function,
+    /// whose arguments are the context and scalars).
+    pub rewrite: RewriteJob<F>,
+}
+
+/// The tuple a packet is rewritten to, and where its L4 header and
+/// checksum are.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RewriteJob<F: Family> {
+    pub to: Rewrite<F>,
+    pub l4_off: u32,
+    pub csum_off: u32,
+    /// Extra `bpf_l4_csum_replace` flags (`BPF_F_MARK_MANGLED_0` for UDP).
+    pub csum_flags: u32,
 }
 
 /// The largest reply a reject builds (an ICMPv6 error with its quote).
