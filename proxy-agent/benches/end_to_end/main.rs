@@ -18,7 +18,8 @@
 //! services of one TCP port, `E2E_ENDPOINTS` endpoints each, as JSON lists;
 //! the last on two servers, also a NodePort with a UDP port), then every round measures every datapath in a rotating
 //! order. Datapaths: `raw` (no agent: the clients go to a server's address,
-//! routed by the node), our `ebpf` mode (TC from pods, XDP from outside;
+//! routed by the node), `raw-again` (raw once more, in a testbed of its own:
+//! its ratio to raw is the run's noise), our `ebpf` mode (TC from pods, XDP from outside;
 //! socket hooks off), `ebpf-socket` (the same agent with its socket hooks on
 //! a cgroup of the bench's; the ClusterIP client is a hostNetwork process:
 //! a worker on the node, in that cgroup, so connect() itself goes to a
@@ -42,13 +43,14 @@
 //!
 //! `cargo xtask bench e2e`, or `cargo bench -p proxy-agent --bench end_to_end`
 //! (root). `E2E_SCALES` (default 1,1000,10000,50000), `E2E_DATAPATHS`
-//! (default raw,ebpf,ebpf-socket,nftables,iptables-legacy), `E2E_RULES_MAX` (the most
+//! (default raw,raw-again,ebpf,ebpf-socket,nftables,iptables-legacy), `E2E_RULES_MAX` (the most
 //! services a rule mode is started with; default 50000), `E2E_ROUNDS` (5),
 //! `E2E_CONNECTIONS` (3000 per round and client), `E2E_STREAM_MS` (1000, the
 //! bulk and UDP runs), `E2E_CHANGES` (20 per scale), `E2E_ENDPOINTS` (10
 //! per service but the target), `E2E_REPORT` (the
 //! report's path), `E2E_AGENT_LOG` (the agents' RUST_LOG, default warn),
-//! `E2E_KEEP_WORK` (keep the agents' logs and the manifests), `E2E_HOSTS`,
+//! `E2E_KEEP_WORK` (keep the agents' logs and the manifests), `E2E_WORKER_CPU`
+//! (the CPU a testbed's workers are pinned to, default the last; `none`), `E2E_HOSTS`,
 //! `E2E_REHEARSAL_VIA` (with `E2E_HOSTS=testbed`: a command prefix before
 //! each namespace's, e.g. an ssh to this machine).
 
@@ -111,14 +113,16 @@ pub struct Datapath {
 impl Datapath {
     fn parse(name: &str) -> anyhow::Result<Self> {
         let (mode, iptables_hint, socket_lb) = match name {
-            "raw" => (None, None, false),
+            // The same as raw, in a testbed of its own: its ratio to raw is
+            // the run's noise (an A/A comparison).
+            "raw" | "raw-again" => (None, None, false),
             "ebpf" => (Some("ebpf"), None, false),
             "ebpf-socket" => (Some("ebpf"), None, true),
             "nftables" => (Some("nftables"), None, false),
             "iptables-legacy" => (Some("iptables"), Some("iptables-legacy"), false),
             "iptables-nft" => (Some("iptables"), Some("iptables-nft"), false),
             other => bail!(
-                "E2E_DATAPATHS: unknown datapath {other:?} (raw, ebpf, ebpf-socket, nftables, iptables-legacy, iptables-nft)"
+                "E2E_DATAPATHS: unknown datapath {other:?} (raw, raw-again, ebpf, ebpf-socket, nftables, iptables-legacy, iptables-nft)"
             ),
         };
         Ok(Self {
@@ -173,6 +177,8 @@ struct Site {
     node: Node,
     client: Host,
     external: Host,
+    /// The CPU every worker of the site is pinned to ([`worker_cpu`]).
+    worker_cpu: Option<usize>,
     servers: Vec<Server>,
 }
 
@@ -193,6 +199,7 @@ impl Site {
             },
             client: netns(&tb.pod("client").ns),
             external: netns(&tb.external_ns),
+            worker_cpu: worker_cpu(),
             servers: SERVERS
                 .iter()
                 .map(|s| Server {
@@ -200,6 +207,24 @@ impl Site {
                     ip: tb.pod(s).ip,
                 })
                 .collect(),
+        }
+    }
+}
+
+/// In a testbed, the CPU every worker (clients, servers, the node's) is
+/// pinned to: `E2E_WORKER_CPU` (`none`: unpinned), by default the last.
+/// A packet between namespaces is handled by the CPU that sends it, so
+/// every datapath's work lands beside its workloads on one CPU and a figure
+/// is their CPU cost; unpinned, whether a client and its server shared a
+/// CPU moved raw's own A/A ratio (`raw-again`) by up to 20%, more than the
+/// datapaths differ (docs/bench/README.md). The agents stay unpinned.
+fn worker_cpu() -> Option<usize> {
+    match std::env::var("E2E_WORKER_CPU").ok().as_deref() {
+        Some("none") => None,
+        Some(n) => Some(n.parse().expect("E2E_WORKER_CPU: a CPU number or none")),
+        None => {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cpus > 1).then_some(cpus - 1)
         }
     }
 }
@@ -244,7 +269,7 @@ impl Bed {
         socket_lb_cgroup: Option<String>,
     ) -> anyhow::Result<Self> {
         let start = |host: &Host, cgroup| {
-            Worker::start(host, cgroup).with_context(|| format!("the {name} bed"))
+            Worker::start(host, cgroup, site.worker_cpu).with_context(|| format!("the {name} bed"))
         };
         let mut servers = Vec::new();
         for (s, name) in site.servers.iter().zip(SERVERS) {
@@ -532,11 +557,21 @@ fn beds(datapaths: &[Datapath], work: &Path) -> anyhow::Result<(Vec<Bed>, Vec<us
             for dp in datapaths {
                 beds.push(Bed::testbed(&dp.name, work, dp.socket_lb, false, &[])?);
             }
-            let setup = "One testbed (node, client pod, server pods, external client; network \
-                         namespaces on veths) per datapath, all alive at once; while one datapath \
-                         is measured, the other testbeds' agents are paused (SIGSTOP), so one \
-                         agent's periodic work does not land in another's figures."
-                .to_owned();
+            let pinned = match worker_cpu() {
+                Some(cpu) => format!(
+                    " Every workload (clients, servers) runs on CPU {cpu} (E2E_WORKER_CPU), \
+                     and a packet between namespaces is handled by the CPU that sends it: a \
+                     figure is the CPU cost of a datapath, not where the scheduler happened to \
+                     place a client and its server; the agents are not pinned."
+                ),
+                None => " The workloads are not pinned to a CPU (E2E_WORKER_CPU=none).".into(),
+            };
+            let setup = format!(
+                "One testbed (node, client pod, server pods, external client; network \
+                 namespaces on veths) per datapath, all alive at once; while one datapath \
+                 is measured, the other testbeds' agents are paused (SIGSTOP), so one \
+                 agent's periodic work does not land in another's figures.{pinned}"
+            );
             Ok((beds, (0..datapaths.len()).collect(), setup))
         }
         Some("testbed") => {
@@ -570,6 +605,7 @@ fn beds(datapaths: &[Datapath], work: &Path) -> anyhow::Result<(Vec<Bed>, Vec<us
                 node: hosts.node,
                 client: hosts.client,
                 external: hosts.external,
+                worker_cpu: None,
                 servers: hosts.servers,
             };
             let setup = shared_setup(&format!(
@@ -595,12 +631,12 @@ fn run() -> anyhow::Result<()> {
     }
     let datapaths = env_list(
         "E2E_DATAPATHS",
-        "raw,ebpf,ebpf-socket,nftables,iptables-legacy",
+        "raw,raw-again,ebpf,ebpf-socket,nftables,iptables-legacy",
     )
     .iter()
     .map(|d| Datapath::parse(d))
     .collect::<anyhow::Result<Vec<_>>>()?;
-    if !datapaths.iter().any(Datapath::is_raw) {
+    if !datapaths.iter().any(|d| d.name == "raw") {
         bail!("E2E_DATAPATHS must hold raw: every figure is a ratio to it");
     }
     let rules_max = env_num("E2E_RULES_MAX", 50_000)?;

@@ -51,7 +51,7 @@ const FIGURES: [Figure; 5] = [
 fn raw_index(datapaths: &[Datapath]) -> usize {
     datapaths
         .iter()
-        .position(Datapath::is_raw)
+        .position(|d| d.name == "raw")
         .expect("checked")
 }
 
@@ -105,7 +105,8 @@ pub fn render(
          the API server lists them in); the clients go to the last one (last by name as well: \
          rule lists walked in order reach it last), which has two server pods behind it, is also \
          a NodePort and has a UDP port. `raw`: no agent, the clients go to a server pod's address, \
-         routed by the same node. {} rounds, the datapaths measured in a rotating order within \
+         routed by the same node; `raw-again`: the same in a testbed of its own, measured as \
+         another datapath, so its ratios to raw are the run's noise. {} rounds, the datapaths measured in a rotating order within \
          each; per round and datapath: {} short connections (connect, a small HTTP request, the \
          reply to EOF, close; one at a time) from the pod to the ClusterIP and as many from \
          outside to the NodePort, one bulk TCP stream from the pod for {} ms, and small UDP \

@@ -34,11 +34,14 @@ pub struct Worker {
 impl Worker {
     /// Starts a worker on `host`; in `cgroup` (a cgroup v2 directory there,
     /// joined before anything else) when given.
-    pub fn start(host: &Host, cgroup: Option<&str>) -> anyhow::Result<Self> {
+    pub fn start(host: &Host, cgroup: Option<&str>, cpu: Option<usize>) -> anyhow::Result<Self> {
         let bench = host.bench_binary()?;
         let mut args = vec!["--worker".to_owned()];
         if let Some(c) = cgroup {
             args.extend(["--cgroup".to_owned(), c.to_owned()]);
+        }
+        if let Some(cpu) = cpu {
+            args.extend(["--cpu".to_owned(), cpu.to_string()]);
         }
         let mut command = host.command(&bench, &args);
         command
@@ -108,14 +111,17 @@ pub fn die_with_this_process(command: &mut std::process::Command) {
     }
 }
 
-/// `--worker [--cgroup DIR]`: serves commands until its input ends.
+/// `--worker [--cgroup DIR] [--cpu N]`: serves commands until its input ends.
 pub fn main(args: &[String]) -> anyhow::Result<()> {
-    if let [flag, dir] = args {
-        anyhow::ensure!(flag == "--cgroup", "worker: unknown arguments {args:?}");
-        std::fs::write(std::path::Path::new(dir).join("cgroup.procs"), "0")
-            .with_context(|| format!("joining cgroup {dir}"))?;
-    } else {
-        anyhow::ensure!(args.is_empty(), "worker: unknown arguments {args:?}");
+    for pair in args.chunks(2) {
+        match pair {
+            [flag, dir] if flag == "--cgroup" => {
+                std::fs::write(std::path::Path::new(dir).join("cgroup.procs"), "0")
+                    .with_context(|| format!("joining cgroup {dir}"))?
+            }
+            [flag, cpu] if flag == "--cpu" => pin_to(cpu.parse().context("--cpu: a number")?)?,
+            _ => bail!("worker: unknown arguments {args:?}"),
+        }
     }
     let stop = Arc::new(AtomicBool::new(false));
     let udp_received = Arc::new(AtomicU64::new(0));
@@ -288,4 +294,19 @@ fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!("{cpus} CPUs ({cpu}), Linux {}", kernel.trim())
+}
+
+/// Runs this process (and the threads it starts) on `cpu` only.
+fn pin_to(cpu: usize) -> anyhow::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it
+    // for a cpu below CPU_SETSIZE, which sched_setaffinity checks.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        anyhow::ensure!(cpu < libc::CPU_SETSIZE as usize, "--cpu {cpu}: no such CPU");
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+            bail!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
