@@ -79,6 +79,11 @@ pub mod iface {
     pub const LOCAL_POD: u32 = 1 << 0;
     /// An external (node) interface.
     pub const EXTERNAL: u32 = 1 << 1;
+    /// A veth or netkit device whose peer is in another network namespace:
+    /// the TC programs hand a packet routed out of it straight to the
+    /// peer's ingress (`bpf_redirect_peer`), skipping the device's transmit
+    /// and the backlog queue. Programs that predate the flag ignore it.
+    pub const PEER_IN_OTHER_NETNS: u32 = 1 << 2;
 }
 
 /// Value of `IFACES`, keyed by ifindex.

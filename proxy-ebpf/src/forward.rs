@@ -3,12 +3,13 @@
 
 use aya_ebpf::{
     bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup},
-    helpers::{bpf_redirect, bpf_redirect_neigh},
+    helpers::{bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer},
     programs::{TcContext, XdpContext},
 };
 use proxy_common::{
     Counter,
     action::{TC_ACT_OK, XDP_DROP, XDP_TX},
+    config::iface,
     conntrack::NextHop,
 };
 
@@ -19,6 +20,7 @@ use crate::{
     frame::Frame,
     hops,
     ip::Ip,
+    maps::IFACES,
     nat,
     packet::Packet,
     stats::count,
@@ -194,8 +196,20 @@ fn redirect(ctx: &TcContext, ifindex: u32, dmac: &[u8; 6], smac: &[u8; 6]) -> i3
     let eth = unsafe { &mut *eth };
     eth[..6].copy_from_slice(dmac);
     eth[6..].copy_from_slice(smac);
-    // SAFETY: helper without preconditions.
-    unsafe { bpf_redirect(ifindex, 0) as i32 }
+    // A pod's veth: straight to the pod's ingress, as the stack would
+    // deliver it after the veth's transmit and the backlog queue (only a TC
+    // ingress program may do this; every caller of `tc` is one).
+    // SAFETY: map values are plain data.
+    let peer =
+        unsafe { IFACES.get(&ifindex) }.is_some_and(|i| i.flags & iface::PEER_IN_OTHER_NETNS != 0);
+    // SAFETY: helpers without preconditions.
+    unsafe {
+        if peer {
+            bpf_redirect_peer(ifindex, 0) as i32
+        } else {
+            bpf_redirect(ifindex, 0) as i32
+        }
+    }
 }
 
 /// XDP: where to send a translated frame when it goes straight back out of

@@ -100,6 +100,7 @@ pub fn prepare(
             name: "eth0".into(),
             index: 2,
             master: None,
+            peer_in_other_netns: false,
             ipv4: addresses
                 .iter()
                 .filter_map(|a| match a {

@@ -57,6 +57,25 @@ fn exercise(client_ns: &str, count: usize) -> (BTreeMap<String, usize>, BTreeMap
     .unwrap()
 }
 
+/// Packets the node's ends of the backends' veths have sent (their transmit counters).
+fn backend_veths_sent(tb: &Testbed) -> u64 {
+    BACKENDS
+        .iter()
+        .map(|b| {
+            let out = std::process::Command::new("ip")
+                .args(["-n", &tb.node_ns, "-s", "-j", "link", "show", "dev"])
+                .arg(&tb.pod(b).host_veth)
+                .output()
+                .expect("ip link show");
+            assert!(out.status.success(), "ip link show: {out:?}");
+            let links: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            links[0]["stats64"]["tx"]["packets"]
+                .as_u64()
+                .expect("transmit counter")
+        })
+        .sum()
+}
+
 fn clusterip_end_to_end(cni: Cni) {
     let mut pods: Vec<&str> = BACKENDS.to_vec();
     pods.push("client");
@@ -82,7 +101,24 @@ fn clusterip_end_to_end(cni: Cni) {
     });
 
     // 300 connections of each protocol reach all three backends, each at least 1/6.
+    let sent_before = backend_veths_sent(&tb);
     let (tcp, udp) = exercise(&client, 300);
+    // Routed pods: what the datapath forwards to a backend goes straight to
+    // the pod's ingress (bpf_redirect_peer), never out of the node's end of
+    // its veth, which sends only what the stack itself does (ARP). Bridged
+    // pods are reached through the bridge.
+    let sent = backend_veths_sent(&tb) - sent_before;
+    if cni == Cni::Routed {
+        assert!(
+            sent < 30,
+            "{sent} packets left the backends' veths for 600 requests: not delivered to the pods' ingress"
+        );
+    } else {
+        assert!(
+            sent >= 600,
+            "{sent} packets through the bridge ports for 600 requests"
+        );
+    }
     for (proto, hits) in [("TCP", &tcp), ("UDP", &udp)] {
         assert_eq!(hits.values().sum::<usize>(), 300);
         for b in BACKENDS {

@@ -190,6 +190,7 @@ fn build(layout: &Layout) -> anyhow::Result<Sandbox> {
             name: "lo".into(),
             index: ifindex("lo")?,
             master: None,
+            peer_in_other_netns: false,
             ipv4: vec![Ipv4Addr::LOCALHOST],
             ipv6: vec![Ipv6Addr::LOCALHOST],
         },
@@ -197,6 +198,7 @@ fn build(layout: &Layout) -> anyhow::Result<Sandbox> {
             name: ext.into(),
             index: external_ifindex,
             master: None,
+            peer_in_other_netns: false,
             ipv4: layout
                 .local_addresses
                 .iter()
@@ -218,6 +220,7 @@ fn build(layout: &Layout) -> anyhow::Result<Sandbox> {
             name: pod.into(),
             index: pod_ifindex,
             master: layout.bridge.clone(),
+            peer_in_other_netns: false,
             ipv4: Vec::new(),
             ipv6: Vec::new(),
         },
@@ -227,6 +230,7 @@ fn build(layout: &Layout) -> anyhow::Result<Sandbox> {
             name: bridge.clone(),
             index: ifindex(bridge)?,
             master: None,
+            peer_in_other_netns: false,
             ipv4: Vec::new(),
             ipv6: Vec::new(),
         });

@@ -156,6 +156,9 @@ impl EbpfNodeSettings {
                 info.flags |= iface::EXTERNAL;
                 roles.external.insert(i.name.clone(), i.index);
             }
+            if i.peer_in_other_netns {
+                info.flags |= iface::PEER_IN_OTHER_NETNS;
+            }
             if info.flags != 0 {
                 roles.flags.insert(i.index, info);
             }

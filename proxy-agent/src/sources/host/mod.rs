@@ -32,7 +32,7 @@ use netlink_packet_core::{
 use netlink_packet_route::{
     AddressFamily, RouteNetlinkMessage,
     address::{AddressAttribute, AddressMessage},
-    link::{LinkAttribute, LinkExtentMask, LinkMessage},
+    link::{InfoKind, LinkAttribute, LinkExtentMask, LinkInfo, LinkMessage},
     route::{RouteAttribute, RouteHeader, RouteMessage, RouteType},
     rule::RuleMessage,
 };
@@ -66,6 +66,10 @@ pub struct HostInterface {
     pub index: u32,
     /// The device this one is enslaved to (a bridge port's bridge).
     pub master: Option<String>,
+    /// A veth or netkit device whose peer is in another network namespace
+    /// (a pod's): a packet for the peer may be handed straight to its
+    /// ingress (`bpf_redirect_peer`).
+    pub peer_in_other_netns: bool,
     pub ipv4: Vec<Ipv4Addr>,
     pub ipv6: Vec<Ipv6Addr>,
 }
@@ -113,6 +117,7 @@ impl HostNetwork {
                     name: link.name.clone(),
                     index,
                     master: link.master.and_then(|m| Some(links.get(&m)?.name.clone())),
+                    peer_in_other_netns: link.peer_in_other_netns,
                     ..HostInterface::default()
                 };
                 (index, iface)
@@ -189,6 +194,8 @@ struct Link {
     name: String,
     /// The master's index.
     master: Option<u32>,
+    /// See [`HostInterface::peer_in_other_netns`].
+    peer_in_other_netns: bool,
 }
 
 /// The links by index.
@@ -211,10 +218,18 @@ impl LinkChange {
                 if m.header.interface_family == AddressFamily::Unspec =>
             {
                 let (mut name, mut master) = (None, None);
+                let (mut paired, mut link_netns) = (false, false);
                 for attribute in &m.attributes {
                     match attribute {
                         LinkAttribute::IfName(n) => name = Some(n.clone()),
                         LinkAttribute::Controller(i) => master = Some(*i),
+                        LinkAttribute::LinkInfo(infos) => {
+                            paired = infos.iter().any(|i| {
+                                matches!(i, LinkInfo::Kind(InfoKind::Veth | InfoKind::Netkit))
+                            })
+                        }
+                        // Sent only when the link's other end is in another namespace.
+                        LinkAttribute::LinkNetNsId(_) => link_netns = true,
                         _ => {}
                     }
                 }
@@ -223,6 +238,7 @@ impl LinkChange {
                     Link {
                         name: name?,
                         master,
+                        peer_in_other_netns: paired && link_netns,
                     },
                 ))
             }

@@ -122,6 +122,7 @@ fn assembly_resolves_masters_and_prefers_the_local_address() {
             name: name.into(),
             index,
             master: master.map(Into::into),
+            peer_in_other_netns: false,
             ipv4: ipv4.iter().map(|a| a.parse().unwrap()).collect(),
             ipv6: ipv6.iter().map(|a| a.parse().unwrap()).collect(),
         };
@@ -197,6 +198,7 @@ fn a_batch_keeps_the_link_notifications_and_counts_all() {
     let veth7 = Link {
         name: "veth7".into(),
         master: Some(3),
+        peer_in_other_netns: false,
     };
     assert_eq!(batch.notifications, 5);
     assert_eq!(
@@ -301,6 +303,7 @@ fn read_reports_links_addresses_masters_and_the_default_route() {
                 name: name.into(),
                 index: ifindex(name),
                 master: master.map(Into::into),
+                peer_in_other_netns: false,
                 ipv4: ipv4.iter().map(|a| a.parse().unwrap()).collect(),
                 ipv6: ipv6.iter().map(|a| a.parse().unwrap()).collect(),
             };
@@ -330,6 +333,66 @@ fn read_reports_links_addresses_masters_and_the_default_route() {
         assert_eq!(host.default_route_interface.as_deref(), Some("hv0"));
         ip("route del default dev hv0");
         assert_eq!(HostNetwork::read().unwrap().default_route_interface, None);
+    });
+}
+
+/// A process in a network namespace of its own, killed on drop.
+struct OtherNetns(std::process::Child);
+
+impl OtherNetns {
+    fn start() -> Self {
+        let child = Command::new("unshare")
+            .args(["--net", "sleep", "60"])
+            .spawn()
+            .expect("unshare");
+        let other = OtherNetns(child);
+        let ours = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
+        let theirs = format!("/proc/{}/ns/net", other.0.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_link(&theirs).ok().as_ref() == Some(&ours) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "unshare did not unshare"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        other
+    }
+}
+
+impl Drop for OtherNetns {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_veth_whose_peer_is_in_another_namespace_is_marked() {
+    in_fresh_netns(|| {
+        let other = OtherNetns::start();
+        ip("link add pv0 type veth peer name pv1");
+        ip("link add pv2 type veth peer name pv3");
+        ip("link add pbr0 type bridge");
+        ip(&format!("link set pv1 netns {}", other.0.id()));
+        let host = HostNetwork::read().unwrap();
+        let marked: Vec<&str> = host
+            .interfaces
+            .iter()
+            .filter(|i| i.peer_in_other_netns)
+            .map(|i| i.name.as_str())
+            .collect();
+        // pv2 and pv3 are each other's peers here; a bridge has none.
+        assert_eq!(marked, ["pv0"]);
+
+        // Once its peer leaves too, pv2 is marked.
+        ip(&format!("link set pv3 netns {}", other.0.id()));
+        let host = HostNetwork::read().unwrap();
+        assert!(
+            host.interfaces
+                .iter()
+                .any(|i| i.name == "pv2" && i.peer_in_other_netns)
+        );
     });
 }
 

@@ -63,6 +63,7 @@ fn iface(index: u32, name: &str, master: Option<&str>, addrs: &[&str]) -> HostIn
         name: name.into(),
         index,
         master: master.map(Into::into),
+        peer_in_other_netns: false,
         ipv4: addrs.iter().map(|a| ip(a)).collect(),
         ipv6: Vec::new(),
     }
@@ -354,6 +355,18 @@ fn external_interfaces_are_the_addressed_non_pod_ones_unless_configured() {
         derive(&s, None, &host()).external_interfaces,
         BTreeMap::from([("eth1".into(), 3)])
     );
+}
+
+#[test]
+fn veths_whose_peer_is_in_a_pod_are_flagged_for_peer_delivery() {
+    let mut host = host();
+    // The routed pod's veth and one bridge port lead into pods.
+    for i in [5, 6] {
+        host.interfaces[i].peer_in_other_netns = true;
+    }
+    let facts = derive(&settings(DetectLocal::None), None, &host);
+    assert_eq!(flagged(&facts, iface::PEER_IN_OTHER_NETNS), vec![6, 7]);
+    assert_eq!(flagged(&facts, iface::EXTERNAL), vec![2, 3], "nothing else changes");
 }
 
 fn options(args: &[&str]) -> ProxyOptions {
