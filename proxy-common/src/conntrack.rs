@@ -114,7 +114,17 @@ pub struct NextHop {
     pub smac: [u8; 6],
     /// The longest packet (IP total length) known to fit; 0: nothing cached.
     pub fits_len: u16,
-    pub _pad: u16,
+    /// [`hop_flags`]; 0 in hops cached before they existed (these bytes
+    /// were padding), which means a plain redirect.
+    pub flags: u16,
+}
+
+/// [`NextHop::flags`].
+pub mod hop_flags {
+    /// The out interface is a veth whose peer is in another namespace
+    /// (`config::iface::PEER_IN_OTHER_NETNS` when the FIB was asked): the
+    /// TC programs deliver to the peer's ingress.
+    pub const PEER: u16 = 1 << 0;
 }
 
 const _: () = assert!(core::mem::size_of::<NextHop>() == 24);

@@ -124,23 +124,26 @@ impl HopCache {
         self.stale
     }
 
-    /// Records the FIB's answer for a packet of `len` bytes from `in_ifindex`.
+    /// Records the FIB's answer `found` for a packet of `len` bytes from
+    /// `in_ifindex` (its `in_ifindex` and `fits_len` are this packet's).
     #[inline(always)]
-    pub fn set(&self, in_ifindex: u32, len: u16, out_ifindex: u32, dmac: &[u8; 6], smac: &[u8; 6]) {
+    pub fn set(&self, in_ifindex: u32, len: u16, found: &NextHop) {
         // SAFETY: points into a map value, valid for this program run.
         let hop = unsafe { &mut *self.at };
         let same = hop.fits_len != 0
             && hop.in_ifindex == in_ifindex
-            && hop.out_ifindex == out_ifindex
-            && hop.dmac == *dmac
-            && hop.smac == *smac;
+            && hop.out_ifindex == found.out_ifindex
+            && hop.dmac == found.dmac
+            && hop.smac == found.smac
+            && hop.flags == found.flags;
         if same && hop.fits_len >= len {
             return;
         }
         hop.in_ifindex = in_ifindex;
-        hop.out_ifindex = out_ifindex;
-        hop.dmac = *dmac;
-        hop.smac = *smac;
+        hop.out_ifindex = found.out_ifindex;
+        hop.dmac = found.dmac;
+        hop.smac = found.smac;
+        hop.flags = found.flags;
         hop.fits_len = len;
     }
 }

@@ -10,7 +10,7 @@ use proxy_common::{
     Counter,
     action::{TC_ACT_OK, XDP_DROP, XDP_TX},
     config::iface,
-    conntrack::NextHop,
+    conntrack::{NextHop, hop_flags},
 };
 
 use crate::{
@@ -70,11 +70,12 @@ fn fib_len<F: Ip>(pkt: &Packet<F>) -> u16 {
 
 /// Where a translated packet goes.
 enum Route {
-    /// Out of `ifindex`, to `dmac` from `smac`.
+    /// Out of `ifindex`, to `dmac` from `smac`; with [`hop_flags`].
     Hop {
         ifindex: u32,
         dmac: [u8; 6],
         smac: [u8; 6],
+        flags: u16,
     },
     /// Out of `ifindex`, whose neighbour is not resolved yet.
     Unresolved(u32),
@@ -90,6 +91,7 @@ impl Route {
             ifindex: hop.out_ifindex,
             dmac: hop.dmac,
             smac: hop.smac,
+            flags: hop.flags,
         }
     }
 }
@@ -121,7 +123,7 @@ fn route<C: Frame, F: Ip>(
         && let Some(found) = hops::get::<F>(&out.daddr_be, ifindex, len, now)
     {
         if let Some(h) = hop {
-            h.set(ifindex, len, found.out_ifindex, &found.dmac, &found.smac);
+            h.set(ifindex, len, &found);
         }
         count(Counter::NextHopCached);
         return Route::of(&found);
@@ -137,24 +139,31 @@ fn route<C: Frame, F: Ip>(
     if ret != BPF_FIB_LKUP_RET_SUCCESS {
         return Route::Stack;
     }
-    if let Some(h) = hop {
-        h.set(ifindex, len, params.ifindex, &params.dmac, &params.smac);
-    }
-    if by_destination {
-        let answer = NextHop {
-            in_ifindex: ifindex,
-            out_ifindex: params.ifindex,
-            dmac: params.dmac,
-            smac: params.smac,
-            fits_len: len,
-            _pad: 0,
-        };
-        hops::set::<F>(&out.daddr_be, &answer, now);
-    }
-    Route::Hop {
-        ifindex: params.ifindex,
+    let answer = NextHop {
+        in_ifindex: ifindex,
+        out_ifindex: params.ifindex,
         dmac: params.dmac,
         smac: params.smac,
+        fits_len: len,
+        flags: out_flags(params.ifindex),
+    };
+    if let Some(h) = hop {
+        h.set(ifindex, len, &answer);
+    }
+    if by_destination {
+        hops::set::<F>(&out.daddr_be, &answer, now);
+    }
+    Route::of(&answer)
+}
+
+/// The [`hop_flags`] of sending out of `ifindex`, from the agent's `IFACES`:
+/// read when the FIB is asked, then cached with its answer.
+#[inline(always)]
+fn out_flags(ifindex: u32) -> u16 {
+    // SAFETY: map values are plain data.
+    match unsafe { IFACES.get(&ifindex) } {
+        Some(i) if i.flags & iface::PEER_IN_OTHER_NETNS != 0 => hop_flags::PEER,
+        _ => 0,
     }
 }
 
@@ -178,7 +187,8 @@ pub fn tc<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>, hop: Option
             ifindex,
             dmac,
             smac,
-        } => redirect(ctx, ifindex, &dmac, &smac),
+            flags,
+        } => redirect(ctx, ifindex, &dmac, &smac, flags),
         // SAFETY: a null neighbour means "resolve the packet's own destination".
         Route::Unresolved(ifindex) => unsafe {
             bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) as i32
@@ -188,7 +198,7 @@ pub fn tc<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>, hop: Option
 }
 
 #[inline(always)]
-fn redirect(ctx: &TcContext, ifindex: u32, dmac: &[u8; 6], smac: &[u8; 6]) -> i32 {
+fn redirect(ctx: &TcContext, ifindex: u32, dmac: &[u8; 6], smac: &[u8; 6], flags: u16) -> i32 {
     let Some(eth) = ctx.ptr_at::<[u8; 12]>(0) else {
         return TC_ACT_OK;
     };
@@ -199,12 +209,9 @@ fn redirect(ctx: &TcContext, ifindex: u32, dmac: &[u8; 6], smac: &[u8; 6]) -> i3
     // A pod's veth: straight to the pod's ingress, as the stack would
     // deliver it after the veth's transmit and the backlog queue (only a TC
     // ingress program may do this; every caller of `tc` is one).
-    // SAFETY: map values are plain data.
-    let peer =
-        unsafe { IFACES.get(&ifindex) }.is_some_and(|i| i.flags & iface::PEER_IN_OTHER_NETNS != 0);
     // SAFETY: helpers without preconditions.
     unsafe {
-        if peer {
+        if flags & hop_flags::PEER != 0 {
             bpf_redirect_peer(ifindex, 0) as i32
         } else {
             bpf_redirect(ifindex, 0) as i32
@@ -232,6 +239,7 @@ pub fn xdp_next_hop<F: Ip>(
             ifindex,
             dmac,
             smac,
+            ..
         } if ifindex == ctx.ifindex() => Some((dmac, smac)),
         _ => None,
     }

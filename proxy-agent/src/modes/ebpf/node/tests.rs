@@ -366,7 +366,11 @@ fn veths_whose_peer_is_in_a_pod_are_flagged_for_peer_delivery() {
     }
     let facts = derive(&settings(DetectLocal::None), None, &host);
     assert_eq!(flagged(&facts, iface::PEER_IN_OTHER_NETNS), vec![6, 7]);
-    assert_eq!(flagged(&facts, iface::EXTERNAL), vec![2, 3], "nothing else changes");
+    assert_eq!(
+        flagged(&facts, iface::EXTERNAL),
+        vec![2, 3],
+        "nothing else changes"
+    );
 }
 
 fn options(args: &[&str]) -> ProxyOptions {
