@@ -291,7 +291,10 @@ fn machine() -> String {
                 .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
         })
         .unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    // The machine's, not this pinned worker's share (available_parallelism
+    // counts the CPUs the process may run on).
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(0);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!("{cpus} CPUs ({cpu}), Linux {}", kernel.trim())
 }
