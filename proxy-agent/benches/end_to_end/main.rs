@@ -44,7 +44,7 @@
 //! `cargo xtask bench e2e`, or `cargo bench -p proxy-agent --bench end_to_end`
 //! (root). `E2E_SCALES` (default 1,1000,10000,50000), `E2E_DATAPATHS`
 //! (default raw,raw-again,ebpf,ebpf-socket,nftables,iptables-legacy), `E2E_RULES_MAX` (the most
-//! services a rule mode is started with; default 50000), `E2E_ROUNDS` (5),
+//! services a rule mode is started with; default 50000), `E2E_ROUNDS` (9),
 //! `E2E_CONNECTIONS` (3000 per round and client), `E2E_STREAM_MS` (1000, the
 //! bulk and UDP runs), `E2E_CHANGES` (20 per scale), `E2E_ENDPOINTS` (10
 //! per service but the target), `E2E_REPORT` (the
@@ -641,7 +641,7 @@ fn run() -> anyhow::Result<()> {
     }
     let rules_max = env_num("E2E_RULES_MAX", 50_000)?;
     let settings = Settings {
-        rounds: env_num("E2E_ROUNDS", 5)?,
+        rounds: env_num("E2E_ROUNDS", 9)?,
         connections: env_num("E2E_CONNECTIONS", 3000)?,
         stream: Duration::from_millis(env_num("E2E_STREAM_MS", 1000)? as u64),
         changes: env_num("E2E_CHANGES", 20)?,
