@@ -130,7 +130,7 @@ pub extern "C" fn nat_rewrite6(skb: *mut __sk_buff) -> i32 {
 }
 
 // Few values live across the helper calls, packed into one word: this
-// frame sits on top of `tc_packet`'s, and the two have 64 bytes to share.
+// frame sits on top of `tc_packet`'s (432 bytes of the 512).
 #[inline(always)]
 fn rewrite6(ctx: &TcContext) -> Result<(), Counter> {
     let job = &V6::scratch().ok_or(Counter::DropRewriteFailed)?.rewrite;
