@@ -129,8 +129,7 @@ pub extern "C" fn nat_rewrite6(skb: *mut __sk_buff) -> i32 {
     }
 }
 
-// Few values live across the helper calls, packed into one word: this
-// frame sits on top of `tc_packet`'s (432 bytes of the 512).
+// This frame sits on top of `tc_packet`'s (432 bytes of the 512).
 #[inline(always)]
 fn rewrite6(ctx: &TcContext) -> Result<(), Counter> {
     let job = &V6::scratch().ok_or(Counter::DropRewriteFailed)?.rewrite;
@@ -173,9 +172,9 @@ fn rewrite6(ctx: &TcContext) -> Result<(), Counter> {
     } else {
         0
     };
-    let csum = CsumCall::pack(job.csum_off, job.csum_flags, readdressed, new_port_pair);
     let failed = |_| Counter::DropRewriteFailed;
-    if csum.readdressed() {
+    let (csum_off, flags) = (job.csum_off as usize, job.csum_flags);
+    if readdressed {
         // CHECKSUM_COMPLETE: the helper below takes the address difference
         // out of `skb->csum` with the checksum field's change, as IPv4 needs
         // (its header checksum absorbs the addresses). No IPv6 header
@@ -183,58 +182,20 @@ fn rewrite6(ctx: &TcContext) -> Result<(), Counter> {
         // `BPF_F_IPV6` says the same, but kernels without the 2025 fix
         // refuse it.) Other packets: an error, ignored.
         // SAFETY: the program's own context.
-        let _ = unsafe { bpf_csum_update(skb_of(ctx), addr_diff) };
+        let _ = unsafe { bpf_csum_update(ctx.skb.skb, addr_diff) };
         ctx.l4_csum_replace(
-            csum.offset(),
+            csum_off,
             0,
             addr_diff as u64,
-            (BPF_F_PSEUDO_HDR | csum.flags()) as u64,
+            (BPF_F_PSEUDO_HDR | flags) as u64,
         )
         .map_err(failed)?;
     }
-    if csum.new_port_pair() {
-        ctx.l4_csum_replace(csum.offset(), 0, port_diff as u64, csum.flags() as u64)
+    if new_port_pair {
+        ctx.l4_csum_replace(csum_off, 0, port_diff as u64, flags as u64)
             .map_err(failed)?;
     }
     Ok(())
-}
-
-/// The checksum field's offset, the helper's flags and what changed, in
-/// one register.
-#[derive(Clone, Copy)]
-struct CsumCall(u64);
-
-impl CsumCall {
-    #[inline(always)]
-    fn pack(offset: u32, flags: u32, readdressed: bool, new_port_pair: bool) -> Self {
-        Self(
-            (offset as u64 & 0xffff)
-                | (flags as u64) << 16
-                | (readdressed as u64) << 48
-                | (new_port_pair as u64) << 49,
-        )
-    }
-    #[inline(always)]
-    fn offset(self) -> usize {
-        (self.0 & 0xffff) as usize
-    }
-    #[inline(always)]
-    fn flags(self) -> u32 {
-        (self.0 >> 16) as u32
-    }
-    #[inline(always)]
-    fn readdressed(self) -> bool {
-        self.0 & 1 << 48 != 0
-    }
-    #[inline(always)]
-    fn new_port_pair(self) -> bool {
-        self.0 & 1 << 49 != 0
-    }
-}
-
-#[inline(always)]
-fn skb_of(ctx: &TcContext) -> *mut __sk_buff {
-    ctx.skb.skb
 }
 
 /// The checksum difference of the port pair changing from `old` to `new`.
