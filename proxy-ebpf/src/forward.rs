@@ -11,6 +11,7 @@ use proxy_common::{
     action::{TC_ACT_OK, XDP_DROP, XDP_TX},
     config::iface,
     conntrack::{NextHop, hop_flags},
+    proto,
 };
 
 use crate::{
@@ -42,7 +43,7 @@ fn lookup<C: Frame, F: Ip>(
     params.sport = out.sport_be;
     params.dport = out.dport_be;
     // Only an MTU check reads it.
-    params.__bindgen_anon_1.tot_len = fib_len(pkt);
+    params.__bindgen_anon_1.tot_len = fib_len(ctx, pkt);
     params.ifindex = ctx.ifindex();
     F::fib_addrs(params, out.saddr_be, out.daddr_be);
     fib(ctx, params)
@@ -61,11 +62,42 @@ fn fib<C: Frame>(ctx: &C, params: &mut bpf_fib_lookup) -> i64 {
     }
 }
 
-/// The IP total length the FIB's MTU check is asked about.
+/// The IP total length the FIB's MTU check is asked about: of what leaves
+/// the interface. A GSO packet (a local socket's bulk TCP) is split into
+/// segments there, so its segments' length is the one that must fit, as the
+/// stack's own forwarding checks it; asked about the whole datagram, the FIB
+/// would answer "fragmentation needed" and every such packet would take the
+/// stack's forwarding path after its translation.
 #[inline(always)]
-fn fib_len<F: Ip>(pkt: &Packet<F>) -> u16 {
+fn fib_len<C: Frame, F: Ip>(ctx: &C, pkt: &Packet<F>) -> u16 {
+    let gso_size = ctx.gso_size();
+    if gso_size != 0
+        && let Some(l4_header) = l4_header_len(ctx, pkt)
+    {
+        let segment = pkt.l3_len() as u32 + l4_header + gso_size.min(u16::MAX as u32);
+        return segment.min(u16::MAX as u32) as u16;
+    }
     // A datagram beyond 64 KiB is a GSO one.
     pkt.tot_len.min(u16::MAX as u32) as u16
+}
+
+/// A GSO segment's L4 header length: TCP's data offset, UDP's 8 bytes;
+/// `None` for SCTP, whose segments are its chunks (`GSO_BY_FRAGS`), of
+/// lengths only the stack can tell.
+#[inline(always)]
+fn l4_header_len<C: Frame, F: Ip>(ctx: &C, pkt: &Packet<F>) -> Option<u32> {
+    match pkt.proto {
+        proto::TCP => {
+            // The data offset is the high nibble of byte 12. Two bytes are
+            // read: the bound check of a one-byte read compiles to a
+            // comparison the verifier cannot take as a bound.
+            let word = ctx.ptr_at::<[u8; 2]>(pkt.l4_off + 12)?;
+            // SAFETY: bounds-checked by ptr_at.
+            Some(((unsafe { (*word)[0] } >> 4) as u32) * 4)
+        }
+        proto::UDP => Some(8),
+        _ => None,
+    }
 }
 
 /// Where a translated packet goes.
@@ -108,7 +140,7 @@ fn route<C: Frame, F: Ip>(
     hop: Option<HopCache>,
 ) -> Route {
     let ifindex = ctx.ifindex();
-    let len = fib_len(pkt);
+    let len = fib_len(ctx, pkt);
     if let Some(cached) = hop.and_then(|h| h.get(ifindex, len)) {
         count(Counter::NextHopCached);
         return Route::of(cached);

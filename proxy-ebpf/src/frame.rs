@@ -13,6 +13,8 @@ pub trait Frame: EbpfContext {
     fn data_end(&self) -> usize;
     /// The interface the packet arrived on.
     fn ifindex(&self) -> u32;
+    /// A GSO packet's payload bytes per segment; 0 for any other packet.
+    fn gso_size(&self) -> u32;
 
     /// A bounds-checked pointer to a `T` at `offset`.
     #[inline(always)]
@@ -44,6 +46,11 @@ impl Frame for TcContext {
         // SAFETY: the context points to a valid __sk_buff for the whole run.
         unsafe { (*self.skb.skb).ifindex }
     }
+    #[inline(always)]
+    fn gso_size(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { (*self.skb.skb).gso_size }
+    }
 }
 
 impl Frame for XdpContext {
@@ -58,5 +65,9 @@ impl Frame for XdpContext {
     #[inline(always)]
     fn ifindex(&self) -> u32 {
         self.ingress_ifindex() as u32
+    }
+    #[inline(always)]
+    fn gso_size(&self) -> u32 {
+        0
     }
 }

@@ -17,7 +17,7 @@ use std::{
 
 use ipnet::IpNet;
 use proxy_agent::{
-    cli::packet::Frame,
+    cli::packet::{Frame, tcp_flags},
     model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName, SessionAffinity},
     modes::ebpf::{
         self,
@@ -35,7 +35,7 @@ use proxy_common::{
 
 use crate::tester::{
     Datapath, In, Out::*, Step, counters, ifindex, in_both_families, ip, mac_str, pkt, rst, send,
-    stay_on_this_cpu, syn, with_ttl,
+    stay_on_this_cpu, syn, tcp_data, with_ttl,
 };
 use Hook::{FromNetdev, FromPod, Xdp};
 
@@ -123,6 +123,7 @@ pub(crate) const IPV6: Net = Net {
 in_both_families!(
     nodeport_from_outside_through_xdp_is_balanced_masqueraded_and_sent_back_out,
     nodeport_from_outside_through_tc_is_redirected_by_the_fib,
+    gso_packets_are_redirected_when_their_segments_fit_the_route,
     established_packets_go_by_their_flows_cached_next_hop_which_the_fib_refreshes,
     new_flows_share_their_destinations_next_hop_while_routing_is_by_destination,
     new_flows_ask_the_fib_when_routing_may_depend_on_more,
@@ -406,6 +407,46 @@ fn nodeport_from_outside_through_tc_is_redirected_by_the_fib(net: &Net) {
                 [Is(Frame::udp(net.node, 30080, net.client, 40000))],
             ),
             counters([(Counter::FibRedirect, 2)]),
+        ],
+    }
+    .run();
+}
+
+/// A GSO packet (GRO's on a NIC, a local socket's bulk TCP) is longer than
+/// the route's MTU but leaves in segments that fit: it is redirected as they
+/// are, not left to the stack's forwarding path. A datagram as long that is
+/// not GSO is the stack's (fragmentation needed).
+fn gso_packets_are_redirected_when_their_segments_fit_the_route(net: &Net) {
+    const SEGMENT: u32 = 1400;
+    let data = || {
+        let frame = Frame::tcp(net.client, 40000, net.node, 30080);
+        tcp_data(frame, tcp_flags::ACK, &[7u8; 2 * SEGMENT as usize])
+    };
+    Scenario {
+        net,
+        config: standard(net),
+        services: vec![remote(net, Protocol::Tcp)],
+        steps: vec![
+            send(
+                FromNetdev,
+                syn(net.client, 40000, net.node, 30080),
+                TC_ACT_REDIRECT,
+                [To(net.remote_backend, TARGET)],
+            ),
+            send(
+                FromNetdev,
+                In::Gso(data(), SEGMENT),
+                TC_ACT_REDIRECT,
+                [To(net.remote_backend, TARGET), EthDst(PEER_MAC), Ttl(63)],
+            ),
+            counters([(Counter::FibRedirect, 2), (Counter::FibPass, 0)]),
+            send(
+                FromNetdev,
+                In::Bytes(data()),
+                TC_ACT_OK,
+                [To(net.remote_backend, TARGET)],
+            ),
+            counters([(Counter::FibRedirect, 2), (Counter::FibPass, 1)]),
         ],
     }
     .run();

@@ -60,11 +60,16 @@ impl Datapath {
     }
 
     pub fn run(&self, hook: Hook, pkt: &[u8]) -> test_run::Outcome {
+        self.run_gso(hook, pkt, 0)
+    }
+
+    /// [`Self::run`], `pkt` a GSO packet of `gso_size` bytes per segment.
+    pub fn run_gso(&self, hook: Hook, pkt: &[u8], gso_size: u32) -> test_run::Outcome {
         let ifindex = match hook {
             Hook::FromPod | Hook::FromHost => self.pod_ifindex,
             Hook::FromNetdev | Hook::Xdp => self.ext_ifindex,
         };
-        test_run::run(&self.ebpf, hook, pkt, ifindex, 1).expect("BPF_PROG_TEST_RUN")
+        test_run::run_gso(&self.ebpf, hook, pkt, ifindex, 1, gso_size).expect("BPF_PROG_TEST_RUN")
     }
 
     pub fn counter(&self, c: Counter) -> u64 {
@@ -82,20 +87,22 @@ impl Datapath {
                     verdict,
                     out,
                 } => {
-                    let input = match packet {
-                        In::Bytes(bytes) => bytes,
+                    let (input, gso_size) = match packet {
+                        In::Bytes(bytes) => (bytes, 0),
+                        In::Gso(bytes, gso_size) => (bytes, gso_size),
                         In::Reply(payload) => {
                             let last = last_out
                                 .as_deref()
                                 .unwrap_or_else(|| panic!("step {i}: no packet to reply to"));
-                            Frame::parse(last)
+                            let reply = Frame::parse(last)
                                 .unwrap_or_else(|| panic!("step {i}: no frame to reply to"))
                                 .reply()
-                                .build(payload)
+                                .build(payload);
+                            (reply, 0)
                         }
                     };
                     let what = format!("step {i}: {hook:?} <- {}", Shown(&input));
-                    let got = self.run(hook, &input);
+                    let got = self.run_gso(hook, &input, gso_size);
                     assert_eq!(got.verdict, verdict, "{what}: verdict");
                     for check in &out {
                         check.assert(&input, &got.packet, &what);
@@ -153,6 +160,9 @@ pub enum In {
     /// The answer of whoever received the last packet out: its frame
     /// reversed, with this payload.
     Reply(&'static [u8]),
+    /// A GSO packet (a local socket's, TC only) of this many payload bytes
+    /// per segment.
+    Gso(Vec<u8>, u32),
 }
 
 /// `frame` with `payload`, as [`Frame::build`] makes it (TCP: a SYN).
@@ -451,7 +461,12 @@ pub fn web_service<A: Into<IpAddr> + Copy>(vip: A, backends: &[A], port: u16) ->
 
 /// `frame` as a TCP segment carrying exactly `flags`, with valid checksums.
 pub fn tcp_segment(frame: Frame, flags: u8) -> Vec<u8> {
-    let mut pkt = frame.build(b"");
+    tcp_data(frame, flags, b"")
+}
+
+/// [`tcp_segment`] with `payload`.
+pub fn tcp_data(frame: Frame, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut pkt = frame.build(payload);
     let l4 = layout(&pkt).l4;
     pkt[l4 + 13] = flags;
     packet::fix_checksums(&mut pkt);

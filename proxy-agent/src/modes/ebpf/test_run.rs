@@ -49,6 +49,19 @@ pub fn run(
     ifindex: u32,
     repeat: u32,
 ) -> anyhow::Result<Outcome> {
+    run_gso(ebpf, hook, packet, ifindex, repeat, 0)
+}
+
+/// [`run`], the packet a GSO one of `gso_size` payload bytes per segment
+/// (TC hooks only; 0: not GSO), as a local socket's bulk TCP reaches TC.
+pub fn run_gso(
+    ebpf: &Ebpf,
+    hook: Hook,
+    packet: &[u8],
+    ifindex: u32,
+    repeat: u32,
+    gso_size: u32,
+) -> anyhow::Result<Outcome> {
     let name = match hook {
         Hook::FromPod => PROG_FROM_POD,
         Hook::FromNetdev => PROG_FROM_NETDEV,
@@ -59,12 +72,19 @@ pub fn run(
         .program(name)
         .with_context(|| format!("program {name} missing"))?;
     if hook == Hook::Xdp {
+        anyhow::ensure!(gso_size == 0, "XDP sees no GSO packet");
         return xdp(prog.try_into()?, packet, ifindex, repeat);
     }
     let prog: &SchedClassifier = prog.try_into()?;
     let skb = SkbContext {
         ifindex,
         ingress_ifindex: ifindex,
+        gso_segs: if gso_size == 0 {
+            0
+        } else {
+            (packet.len() as u32).div_ceil(gso_size)
+        },
+        gso_size,
         ..SkbContext::default()
     };
     // SAFETY: plain data laid out like the kernel's __sk_buff prefix.
@@ -124,7 +144,9 @@ fn context<'a>(options: TestRunOptions<'a>, ifindex: u32, ctx: &'a [u8]) -> Test
     }
 }
 
-/// The `__sk_buff` fields up to `ifindex`, the ones a test run may set.
+/// The `__sk_buff` fields up to `gso_size`, laid out as the kernel's UAPI
+/// has them; a test run may set the interfaces and the GSO fields, the rest
+/// must be 0.
 #[repr(C)]
 #[derive(Default)]
 struct SkbContext {
@@ -139,7 +161,19 @@ struct SkbContext {
     priority: u32,
     ingress_ifindex: u32,
     ifindex: u32,
+    /// `tc_index` up to `data_meta`.
+    _unset: [u32; 25],
+    flow_keys: u64,
+    tstamp: u64,
+    wire_len: u32,
+    gso_segs: u32,
+    sk: u64,
+    gso_size: u32,
+    /// `tstamp_type` and its padding.
+    _tail: u32,
 }
+
+const _: () = assert!(std::mem::offset_of!(SkbContext, gso_size) == 176);
 
 /// `struct xdp_md`.
 #[repr(C)]
