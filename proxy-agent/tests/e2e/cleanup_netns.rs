@@ -201,6 +201,13 @@ fn clean_namespace_reports_nothing() {
         std::path::Path::new("/nonexistent/pins"),
     );
     assert!(r.errors.is_empty() && r.removed.is_empty(), "{r:?}");
+    // Looking for leftovers created no legacy table (whose hooks every packet
+    // would pass): the kernel lists none in the namespace.
+    for names in ["/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"] {
+        if ns.ok("test", &["-e", names]) {
+            assert_eq!(ns.sh("cat", &[names]), "", "{names}");
+        }
+    }
 }
 
 #[test]

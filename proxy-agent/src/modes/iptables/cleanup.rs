@@ -15,21 +15,40 @@ pub const KUBELET_CHAINS: [&str; 4] = [
     "KUBE-IPTABLES-HINT",
 ];
 
-/// (save, restore, family label) for every backend that may hold leftovers.
-pub const BINARIES: [(&str, &str, &str); 4] = [
-    ("iptables-nft-save", "iptables-nft-restore", "IPv4"),
-    ("ip6tables-nft-save", "ip6tables-nft-restore", "IPv6"),
+/// (save, restore, family label, the kernel's list of the network
+/// namespace's tables when the backend is the legacy one) for every backend
+/// that may hold leftovers.
+pub const BINARIES: [(&str, &str, &str, Option<&str>); 4] = [
+    ("iptables-nft-save", "iptables-nft-restore", "IPv4", None),
+    ("ip6tables-nft-save", "ip6tables-nft-restore", "IPv6", None),
     (
         "iptables-legacy-save",
         "iptables-legacy-restore",
         "IPv4 legacy",
+        Some("/proc/net/ip_tables_names"),
     ),
     (
         "ip6tables-legacy-save",
         "ip6tables-legacy-restore",
         "IPv6 legacy",
+        Some("/proc/net/ip6_tables_names"),
     ),
 ];
+
+/// The legacy tables that exist in the network namespace, from the kernel's
+/// list `names` (read where `run` runs commands); `None` when it cannot be
+/// read, and every table is looked at. A legacy table exists in a namespace
+/// only once something asked for it: `iptables-legacy-save -t nat` would
+/// create an empty one, whose hooks (and for nat, connection tracking) every
+/// packet of the node would then pass.
+fn legacy_tables(run: &mut dyn CommandRunner, names: &str) -> Option<Vec<String>> {
+    match run.run("cat", &[names], None) {
+        Ok(o) if o.success => Some(o.stdout.lines().map(|l| l.trim().to_owned()).collect()),
+        // No such file: the legacy tables' module is not loaded, so no namespace has one.
+        Ok(_) => Some(Vec::new()),
+        Err(_) => None,
+    }
+}
 
 pub fn is_ours(chain: &str) -> bool {
     chain.starts_with("KUBE-") && !KUBELET_CHAINS.contains(&chain)
@@ -114,8 +133,15 @@ pub fn plan(table: &str, dump: &str) -> TablePlan {
 
 /// Removes the leftovers from every table of every installed iptables backend.
 pub fn cleanup(run: &mut dyn CommandRunner, report: &mut Report) {
-    for (save, restore, family) in BINARIES {
+    for (save, restore, family, names) in BINARIES {
+        let existing = names.and_then(|names| legacy_tables(run, names));
         for table in TABLES {
+            if existing
+                .as_ref()
+                .is_some_and(|tables| !tables.iter().any(|t| t == table))
+            {
+                continue;
+            }
             let dump = match run.run(save, &["-t", table], None) {
                 Ok(o) if o.success => o.stdout,
                 Ok(_) => continue, // table not present in this kernel / backend
