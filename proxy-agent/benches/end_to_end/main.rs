@@ -46,7 +46,8 @@
 //! (default raw,raw-again,ebpf,ebpf-socket,nftables,iptables-legacy), `E2E_RULES_MAX` (the most
 //! services a rule mode is started with; default 50000), `E2E_ROUNDS` (9),
 //! `E2E_CONNECTIONS` (3000 per round and client), `E2E_STREAM_MS` (1000, the
-//! bulk and UDP runs), `E2E_CHANGES` (20 per scale), `E2E_ENDPOINTS` (10
+//! bulk and UDP runs), `E2E_CHANGES` (20 per scale), `E2E_STARTS` (3 cold
+//! starts of each agent per scale), `E2E_ENDPOINTS` (10
 //! per service but the target), `E2E_REPORT` (the
 //! report's path), `E2E_AGENT_LOG` (the agents' RUST_LOG, default warn),
 //! `E2E_KEEP_WORK` (keep the agents' logs and the manifests), `E2E_WORKER_CPU`
@@ -392,9 +393,10 @@ impl Bed {
         if current == running && !(self.shared && current.is_none()) {
             return Ok(None);
         }
-        // Stopped, not killed: its datapath stays, as upstream's rules do.
-        self.agent = None;
-        if self.shared {
+        // Stopped, not killed: its datapath stays, as upstream's rules do;
+        // cleaned up, so that the next agent starts from cold.
+        let stopped = self.agent.take().is_some();
+        if self.shared || stopped {
             agent::cleanup(&self.site.node)
                 .with_context(|| format!("cleaning the {} node up", self.name))?;
         }
@@ -404,6 +406,15 @@ impl Bed {
         set_iptables_hint(&self.site.node.host, dp.iptables_hint)?;
         let started = self.start_agent(dp, n)?;
         Ok(Some(started))
+    }
+
+    /// Stops the running agent, cleans the node up and starts `dp`'s again:
+    /// one more start from cold, the seconds it took.
+    fn restart_cold(&mut self, dp: &Datapath, n: usize) -> anyhow::Result<f64> {
+        self.agent = None;
+        agent::cleanup(&self.site.node)
+            .with_context(|| format!("cleaning the {} node up", self.name))?;
+        self.start_agent(dp, n)
     }
 
     /// Starts `dp`'s agent and waits until both the ClusterIP (from the
@@ -527,6 +538,8 @@ pub struct Settings {
     pub connections: usize,
     pub stream: Duration,
     pub changes: usize,
+    /// Cold starts of each agent per scale.
+    pub starts: usize,
 }
 
 fn main() {
@@ -645,6 +658,7 @@ fn run() -> anyhow::Result<()> {
         connections: env_num("E2E_CONNECTIONS", 3000)?,
         stream: Duration::from_millis(env_num("E2E_STREAM_MS", 1000)? as u64),
         changes: env_num("E2E_CHANGES", 20)?,
+        starts: env_num("E2E_STARTS", 3)?.max(1),
     };
     let work = tempfile::tempdir()?;
     let keep = std::env::var_os("E2E_KEEP_WORK").is_some();
@@ -680,6 +694,13 @@ fn run() -> anyhow::Result<()> {
             if let Some(s) = bed.switch_to(dp, n)? {
                 row[i].start_s.push(s);
                 eprintln!("e2e: {} programmed {n} services in {s:.2} s", dp.name);
+                // One start is one sample of a figure that varies by tens of
+                // percent on a busy machine.
+                for _ in 1..settings.starts {
+                    let s = bed.restart_cold(dp, n)?;
+                    row[i].start_s.push(s);
+                    eprintln!("e2e: {} programmed {n} services in {s:.2} s", dp.name);
+                }
             }
             let target = bed.cluster_target(dp, n);
             bed.client(dp).ask(&format!("connections {target} 100"))?;

@@ -123,8 +123,9 @@ pub fn render(
     );
     let _ = writeln!(
         out,
-        "Control plane: *start* is the time from the agent's start (a new process per scale, timed from its pid; the median of its starts) to \
-         every service programmed: the later of the target's ClusterIP and the NodePort answering and the \
+        "Control plane: *start* is the time from the agent's start (a new process, timed from its pid; the \
+         median of {} starts per scale, each from cold: the node cleaned up with `proxy-agent --cleanup` \
+         before it) to every service programmed: the later of the target's ClusterIP and the NodePort answering and the \
          end of the first sync (all services), as the agent's `kubeproxy_sync_proxy_rules_last_timestamp_seconds` \
          gives it; *RSS* the agent's resident memory after the rounds; \
          *endpoint change* the time from the target service's endpoints replaced by a third \
@@ -136,7 +137,7 @@ pub fn render(
          each change alone (1.5 s after the previous one took effect: upstream's default \
          minSyncPeriod is 1 s). p99 of {} changes is their maximum; a change that comes within a \
          second of the periodic sync (syncPeriod, 30 s) waits for minSyncPeriod, as upstream's.\n",
-        s.changes, s.changes
+        s.starts, s.changes, s.changes
     );
     for (k, &n) in scales.iter().enumerate() {
         let row = &outcomes[k];
