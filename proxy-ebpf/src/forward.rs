@@ -28,13 +28,15 @@ use crate::{
     xdp_nat,
 };
 
-/// Asks the FIB where `out` goes; the answer is in `params` (scratch memory:
-/// the query is 64 bytes).
+/// Asks the FIB where `out` goes, for a packet of IP length `len`
+/// ([`fib_len`]); the answer is in `params` (scratch memory: the query is 64
+/// bytes).
 #[inline(always)]
 fn lookup<C: Frame, F: Ip>(
     ctx: &C,
     pkt: &Packet<F>,
     out: &Rewrite<F>,
+    len: u16,
     params: &mut bpf_fib_lookup,
 ) -> i64 {
     crate::mem::zero(params);
@@ -43,7 +45,7 @@ fn lookup<C: Frame, F: Ip>(
     params.sport = out.sport_be;
     params.dport = out.dport_be;
     // Only an MTU check reads it.
-    params.__bindgen_anon_1.tot_len = fib_len(ctx, pkt);
+    params.__bindgen_anon_1.tot_len = len;
     params.ifindex = ctx.ifindex();
     F::fib_addrs(params, out.saddr_be, out.daddr_be);
     fib(ctx, params)
@@ -164,7 +166,7 @@ fn route<C: Frame, F: Ip>(
         return Route::Stack;
     };
     let params = &mut scratch.fib;
-    let ret = lookup(ctx, pkt, out, params) as u32;
+    let ret = lookup(ctx, pkt, out, len, params) as u32;
     if ret == BPF_FIB_LKUP_RET_NO_NEIGH {
         return Route::Unresolved(params.ifindex);
     }
