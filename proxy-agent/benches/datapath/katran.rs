@@ -3,8 +3,12 @@
 //! facebookincubator/katran (nothing of it is vendored), loaded with aya and
 //! its maps filled for the same kind of VIP the floor and our NodePort path
 //! serve: one TCP VIP of three reals, the gateway MAC in `ctl_array`.
-//! Per-CPU LRU maps are not created, so Katran uses its `fallback_cache`
-//! LRU, as it does when user space gives it none.
+//! Its flow table is set up as Katran's user space (`KatranLb`) sets it up
+//! in production: one LRU map per forwarding CPU in `lru_mapping`, each of
+//! the total flow capacity divided by the CPUs, here the flows our conntrack
+//! map holds (two entries per flow). Without them it would fall back to its
+//! `fallback_cache` of 1,000 flows, which Katran's source says is for unit
+//! tests, and which stays in the CPU's caches where a production table does not.
 //!
 //! Packets: a flow whose LRU entry exists (established: IPIP encapsulation,
 //! XDP_TX), new flows (consistent-hash ring, LRU insert), and a packet that
@@ -20,13 +24,17 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap},
+    maps::{Array, ArrayOfMaps, HashMap, Map, MapData},
     programs::Xdp,
 };
 
 const PROGRAM: &str = "balancer_ingress";
 /// balancer_consts.h.
 const RING_SIZE: u32 = 65_537;
+/// `struct flow_key` and `struct real_pos_lru` (balancer_structs.h), the
+/// per-CPU LRU's key and value.
+const FLOW_KEY_SIZE: u32 = 40;
+const REAL_POS_LRU_SIZE: u32 = 16;
 const REALS: u32 = 3;
 
 #[repr(C)]
@@ -70,6 +78,8 @@ unsafe impl aya::Pod for CtlValue {}
 
 pub struct Katran {
     ebpf: Ebpf,
+    /// Each CPU's LRU.
+    lrus: Vec<Map>,
 }
 
 /// Builds Katran's balancer from `KATRAN_SRC`, or says why it is not measured.
@@ -123,12 +133,14 @@ fn build(src: &Path, work: &Path) -> anyhow::Result<PathBuf> {
 
 impl Katran {
     /// Loads the object and fills its maps: `vip` (TCP) balanced over
-    /// `reals`, packets sent to `gateway_mac`.
+    /// `reals`, packets sent to `gateway_mac`, room for `flows` flows over
+    /// the per-CPU LRUs.
     pub fn load(
         object: &Path,
         vip: (Ipv4Addr, u16),
         reals: [Ipv4Addr; REALS as usize],
         gateway_mac: [u8; 6],
+        flows: u32,
     ) -> anyhow::Result<Self> {
         let bytes = std::fs::read(object)?;
         let mut ebpf = EbpfLoader::new()
@@ -186,13 +198,58 @@ impl Katran {
             },
             0,
         )?;
-        Ok(Self { ebpf })
+        let lrus = per_cpu_lrus(&mut ebpf, flows)?;
+        Ok(Self { ebpf, lrus })
+    }
+
+    /// The flows its per-CPU LRUs hold, all CPUs together.
+    pub fn per_cpu_flows(&self) -> anyhow::Result<usize> {
+        let mut flows = 0;
+        for lru in &self.lrus {
+            let lru: HashMap<_, [u8; FLOW_KEY_SIZE as usize], [u8; REAL_POS_LRU_SIZE as usize]> =
+                HashMap::try_from(lru)?;
+            flows += lru.keys().count();
+        }
+        Ok(flows)
     }
 
     pub fn program(&self) -> anyhow::Result<&Xdp> {
         let prog = self.ebpf.program(PROGRAM).context("Katran's program")?;
         Ok(prog.try_into()?)
     }
+}
+
+/// The machine's CPUs (not this pinned process's share, which
+/// `available_parallelism` counts): Katran's forwarding cores.
+pub fn online_cpus() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32
+}
+
+/// `KatranLb::initLrus` and `attachLrus`: an LRU of `flows` / CPUs entries
+/// for every CPU, set in `lru_mapping` at the CPU's number.
+fn per_cpu_lrus(ebpf: &mut Ebpf, flows: u32) -> anyhow::Result<Vec<Map>> {
+    let cpus = online_cpus();
+    let per_cpu = (flows / cpus).max(1);
+    let mut mapping: ArrayOfMaps<_, MapData> =
+        ArrayOfMaps::try_from(ebpf.map_mut("lru_mapping").context("lru_mapping")?)?;
+    let mut lrus = Vec::new();
+    for cpu in 0..cpus {
+        let params = aya_obj::Map::new_from_params(
+            aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32,
+            FLOW_KEY_SIZE,
+            REAL_POS_LRU_SIZE,
+            per_cpu,
+            0,
+        );
+        let lru = MapData::create(params, &format!("katran_lru{cpu}"), None)
+            .with_context(|| format!("creating Katran's LRU for CPU {cpu}"))?;
+        mapping
+            .set(cpu, &lru, 0)
+            .with_context(|| format!("setting lru_mapping[{cpu}]"))?;
+        lrus.push(Map::LruHashMap(lru));
+    }
+    Ok(lrus)
 }
 
 /// Checks that Katran sent `out` (the result of a VIP packet) as an IPIP

@@ -53,6 +53,7 @@ use std::{
 };
 
 mod katran;
+mod profile;
 
 use anyhow::{Context as _, bail, ensure};
 use aya::{
@@ -188,11 +189,18 @@ fn run() -> anyhow::Result<()> {
     if let Err(why) = &katran_object {
         println!("Katran: {why}");
     }
+    let profiled = match std::env::var("DATAPATH_PROFILE") {
+        Ok(name) => Some(profile::metric(&name)?),
+        Err(_) => None,
+    };
     let mut tiers = Vec::new();
     for &n in &tier_sizes {
         tiers.push(Tier::new(n, sizes, ifaces, katran_object.as_ref().ok())?);
     }
     println!();
+    if let Some(metric) = profiled {
+        return profile::run(&tiers[0], metric);
+    }
     let mut results: Vec<Results> = tiers.iter().map(|_| Results::default()).collect();
     for round in 0..ROUNDS {
         for i in 0..tiers.len() {
@@ -527,11 +535,18 @@ impl Tier {
                 NODE_PORT_FRONTEND,
                 reals,
                 [0x02, 0, 0, 0, 0, 1],
+                CONNTRACK_ENTRIES / 2,
             )?);
-            // Its first packet creates the LRU entry the established probe hits.
+            // Its first packet creates the LRU entry the established probe
+            // hits, in this CPU's LRU (not the fallback).
             let out = tier.run(Hook::Katran, &tier.node_port_probe, 1)?;
             ensure!(out.verdict == XDP_TX, "Katran: verdict {}", out.verdict);
             katran::check_encapsulated(&out.packet, &reals)?;
+            let katran = tier.katran.as_ref().context("Katran was just loaded")?;
+            ensure!(
+                katran.per_cpu_flows()? == 1,
+                "Katran's per-CPU LRUs do not hold the probe's flow"
+            );
         }
 
         tier.floor_probe = tcp(PROBE_EXTERNAL, (vip, port), tcp_flags::ACK);
@@ -567,54 +582,47 @@ impl Tier {
         let flows: Vec<Vec<u8>> = range.clone().map(|j| self.layout.new_flow(j)).collect();
         let node_port_flows: Vec<Vec<u8>> = range.map(node_port_flow).collect();
         let each = |packets: &[Vec<u8>]| packets.iter().map(|p| (p.clone(), 1)).collect();
-        let calls = |p: &[u8], n: usize, repeat: u32| vec![(p.to_vec(), repeat); n];
-        let mut batches: Vec<(Metric, Calls)> = vec![
-            (PassOne, calls(&self.pass, CALLS_PER_ROUND, 1)),
-            (PassLoop, calls(&self.pass, 1, PASS_LOOP_REPEAT)),
-            (EstablishedOne, calls(&self.probe, CALLS_PER_ROUND, 1)),
-            (
-                EstablishedLoop,
-                calls(&self.probe, LOOP_CALLS_PER_ROUND, LOOP_REPEAT),
-            ),
-            (NewFlow, each(&flows)),
-            (EstablishedMany, each(&flows)),
-            (XdpPassOne, calls(&self.pass_external, CALLS_PER_ROUND, 1)),
-            (XdpPassLoop, calls(&self.pass_external, 1, PASS_LOOP_REPEAT)),
-            (
-                XdpEstablishedOne,
-                calls(&self.node_port_probe, CALLS_PER_ROUND, 1),
-            ),
-            (XdpNewFlow, each(&node_port_flows)),
-            (FloorOne, calls(&self.floor_probe, CALLS_PER_ROUND, 1)),
-            (
-                FloorLoop,
-                calls(&self.floor_probe, LOOP_CALLS_PER_ROUND, LOOP_REPEAT),
-            ),
-            (FloorPassOne, calls(&self.pass_external, CALLS_PER_ROUND, 1)),
-            (
-                FloorPassLoop,
-                calls(&self.pass_external, 1, PASS_LOOP_REPEAT),
-            ),
+        let mut order = vec![
+            PassOne,
+            PassLoop,
+            EstablishedOne,
+            EstablishedLoop,
+            NewFlow,
+            EstablishedMany,
+            XdpPassOne,
+            XdpPassLoop,
+            XdpEstablishedOne,
+            XdpNewFlow,
+            FloorOne,
+            FloorLoop,
+            FloorPassOne,
+            FloorPassLoop,
         ];
         if self.katran.is_some() {
             // Katran's new flows are ours from outside to the NodePort, in
             // its own LRU.
-            batches.extend([
-                (
-                    KatranEstablished,
-                    calls(&self.node_port_probe, CALLS_PER_ROUND, 1),
-                ),
-                (KatranNewFlow, each(&node_port_flows)),
-                (
-                    KatranPassOne,
-                    calls(&self.pass_external, CALLS_PER_ROUND, 1),
-                ),
-                (
-                    KatranPassLoop,
-                    calls(&self.pass_external, 1, PASS_LOOP_REPEAT),
-                ),
+            order.extend([
+                KatranEstablished,
+                KatranNewFlow,
+                KatranPassOne,
+                KatranPassLoop,
             ]);
         }
+        let batches = order.into_iter().map(|metric| {
+            let packets: Calls = match (metric, self.repeated(metric)) {
+                (_, Some((p, repeat))) => {
+                    let n = match repeat {
+                        1 => CALLS_PER_ROUND,
+                        PASS_LOOP_REPEAT => 1,
+                        _ => LOOP_CALLS_PER_ROUND,
+                    };
+                    vec![(p.to_vec(), repeat); n]
+                }
+                (NewFlow | EstablishedMany, None) => each(&flows),
+                (_, None) => each(&node_port_flows),
+            };
+            (metric, packets)
+        });
         for (metric, packets) in batches {
             let (hook, verdict, path) = metric.path();
             let before = self.counters()?;
@@ -626,6 +634,25 @@ impl Tier {
         }
         out.end_round();
         Ok(())
+    }
+
+    /// The packet a metric sends again and again, and its repeat count;
+    /// `None` for the new-flow metrics (and the established flows they
+    /// open), whose every call is a flow of its own.
+    fn repeated(&self, metric: Metric) -> Option<(&[u8], u32)> {
+        use Metric::*;
+        Some(match metric {
+            PassOne => (&self.pass, 1),
+            PassLoop => (&self.pass, PASS_LOOP_REPEAT),
+            EstablishedOne => (&self.probe, 1),
+            EstablishedLoop => (&self.probe, LOOP_REPEAT),
+            XdpPassOne | FloorPassOne | KatranPassOne => (&self.pass_external, 1),
+            XdpPassLoop | FloorPassLoop | KatranPassLoop => (&self.pass_external, PASS_LOOP_REPEAT),
+            XdpEstablishedOne | KatranEstablished => (&self.node_port_probe, 1),
+            FloorOne => (&self.floor_probe, 1),
+            FloorLoop => (&self.floor_probe, LOOP_REPEAT),
+            NewFlow | EstablishedMany | XdpNewFlow | KatranNewFlow => return None,
+        })
     }
 
     /// The kernel's mean time per run in ns, after checking the verdict.
@@ -711,8 +738,21 @@ const TC_ESTABLISHED: &[Counter] = &[Counter::Packets, Counter::Established, Cou
 const XDP_NEW: &[Counter] = &[Counter::Packets, Counter::NewFlow, Counter::XdpTx];
 const XDP_ESTABLISHED: &[Counter] = &[Counter::Packets, Counter::Established, Counter::XdpTx];
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Metric {
+/// Declares `Metric` and `Metric::ALL`, every metric in order, from one list.
+macro_rules! metrics {
+    ($($metric:ident),* $(,)?) => {
+        #[derive(Clone, Copy, PartialEq, Eq)]
+        enum Metric {
+            $($metric),*
+        }
+
+        impl Metric {
+            const ALL: &'static [Metric] = &[$(Metric::$metric),*];
+        }
+    };
+}
+
+metrics!(
     EstablishedLoop,
     EstablishedOne,
     EstablishedMany,
@@ -731,9 +771,9 @@ enum Metric {
     KatranNewFlow,
     KatranPassOne,
     KatranPassLoop,
-}
+);
 
-const METRICS: usize = 18;
+const METRICS: usize = Metric::ALL.len();
 
 impl Metric {
     /// The program, the verdict and the counters (each moved once per run,
@@ -1058,8 +1098,10 @@ fn report(tiers: &[Tier], results: &[Results]) {
         println!(
             "\nKatran (balancer_ingress, built from KATRAN_SRC): the same packets as our XDP \
              NodePort path, its VIP the NodePort frontend (one VIP in every tier: its map holds \
-             512), IPIP to one of three reals, XDP_TX; its fallback LRU of 1,000 flows. \
-             Kernel-reported ns per packet.\n"
+             512), IPIP to one of three reals, XDP_TX; its flows in per-CPU LRUs as KatranLb \
+             sets them up, {} flows (ours) over {} CPUs. Kernel-reported ns per packet.\n",
+            group(CONNTRACK_ENTRIES as usize / 2),
+            katran::online_cpus()
         );
         table(
             tiers,

@@ -575,7 +575,10 @@ fn beds(datapaths: &[Datapath], work: &Path) -> anyhow::Result<(Vec<Bed>, Vec<us
                     " Every workload (clients, servers) runs on CPU {cpu} (E2E_WORKER_CPU), \
                      and a packet between namespaces is handled by the CPU that sends it: a \
                      figure is the CPU cost of a datapath, not where the scheduler happened to \
-                     place a client and its server; the agents are not pinned."
+                     place a client and its server. The agents are not pinned, but while \
+                     endpoint changes are timed their threads are kept off that CPU: woken \
+                     there by the worker that moved the file, an agent otherwise often waited \
+                     behind the workloads (a 2-CPU machine has no other CPU for them)."
                 ),
                 None => " The workloads are not pinned to a CPU (E2E_WORKER_CPU=none).".into(),
             };
@@ -897,6 +900,12 @@ fn change_latencies(
         .to_owned();
     let watch_maps = dp.mode == Some("ebpf");
     let mut times = ChangeTimes::default();
+    // The agent off the CPU the workloads are pinned to while changes are
+    // timed: woken by the worker's move there, it otherwise often ran on
+    // that CPU, behind the client's connection attempts (at 1,000 services,
+    // 6 changes of 80 took 2.4-3.5 ms to the maps, 1.0 ms p50; kept off
+    // it, the slowest of 60 took 2.3 ms and the next 1.4 ms).
+    bed.workers.node.ask(&format!("keep-off {pid}"))?;
     // A first change right after the agent's start (a shared node switched
     // to it) would wait out minSyncPeriod after its first sync.
     std::thread::sleep(Duration::from_millis(1500));
@@ -906,7 +915,7 @@ fn change_latencies(
         if watch_maps {
             change.push_str(&format!(" {pid} {target} {new_backend} 120000"));
         }
-        let t = Instant::now();
+        let (t, at) = (Instant::now(), std::time::SystemTime::now());
         let to_maps = bed.workers.node.ask(&change)?;
         bed.client(dp)
             .ask(&format!("reach {target} {new} 120000"))?;
@@ -917,10 +926,23 @@ fn change_latencies(
                 .with_context(|| format!("{change}: not a number: {to_maps:?}"))?;
             times.maps.push(ns / 1e6);
         }
+        // Each change on its own line, stamped as the agents' logs are, so
+        // a slow one can be found in them (E2E_AGENT_LOG, E2E_KEEP_WORK).
+        eprintln!(
+            "e2e: {} at {n} services: change at {} to maps {} ms, to packets {:.2} ms",
+            dp.name,
+            humantime::format_rfc3339_micros(at),
+            times
+                .maps
+                .last()
+                .map_or("-".into(), |ms| format!("{ms:.2}")),
+            times.packets.last().copied().unwrap_or_default()
+        );
         bed.manifests(n).write_target_slice(n, &serving)?;
         bed.client(dp)
             .ask(&format!("avoid {target} {new} 40 120000"))?;
         std::thread::sleep(Duration::from_millis(1500));
     }
+    bed.workers.node.ask(&format!("release {pid}"))?;
     Ok(times)
 }

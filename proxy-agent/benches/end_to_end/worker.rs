@@ -119,7 +119,11 @@ pub fn main(args: &[String]) -> anyhow::Result<()> {
                 std::fs::write(std::path::Path::new(dir).join("cgroup.procs"), "0")
                     .with_context(|| format!("joining cgroup {dir}"))?
             }
-            [flag, cpu] if flag == "--cpu" => pin_to(cpu.parse().context("--cpu: a number")?)?,
+            [flag, cpu] if flag == "--cpu" => {
+                let cpu = cpu.parse().context("--cpu: a number")?;
+                pin_to(cpu)?;
+                let _ = PINNED_CPU.set(cpu);
+            }
             _ => bail!("worker: unknown arguments {args:?}"),
         }
     }
@@ -225,6 +229,25 @@ fn run(
                 _ => String::new(),
             }
         }
+        // keep-off PID: every thread of the process PID (an agent on this
+        // host) off the CPU this worker is pinned to; the CPUs it may use.
+        Some("keep-off") => {
+            let pid = num(words.get(1))?;
+            let online = online_cpus();
+            let away: Vec<usize> = online
+                .iter()
+                .copied()
+                .filter(|c| Some(c) != PINNED_CPU.get())
+                .collect();
+            let cpus = if away.is_empty() { online } else { away };
+            set_process_affinity(pid, &cpus)?;
+            format!("{cpus:?}")
+        }
+        // release PID: every thread of PID back on every CPU.
+        Some("release") => {
+            set_process_affinity(num(words.get(1))?, &online_cpus())?;
+            String::new()
+        }
         // reach ADDR SERVER TIMEOUT_MS: one attempt a millisecond until
         // SERVER answers; ns that took.
         Some("reach") => {
@@ -297,6 +320,49 @@ fn machine() -> String {
     let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(0);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!("{cpus} CPUs ({cpu}), Linux {}", kernel.trim())
+}
+
+/// The CPU `--cpu` pinned this worker to.
+static PINNED_CPU: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+fn online_cpus() -> Vec<usize> {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
+    (0..n).collect()
+}
+
+/// Every thread of process `pid` (those it starts later inherit it) on `cpus` only.
+fn set_process_affinity(pid: u64, cpus: &[usize]) -> anyhow::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it
+    // for the online CPUs the kernel numbered.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        anyhow::ensure!(
+            cpu < libc::CPU_SETSIZE as usize,
+            "CPU {cpu}: beyond CPU_SETSIZE"
+        );
+        // SAFETY: as above.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    let tasks = format!("/proc/{pid}/task");
+    for task in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
+        let Some(tid) = task?
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: `set` is a valid cpu_set_t of the size passed.
+        if unsafe { libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set) } != 0 {
+            let error = std::io::Error::last_os_error();
+            // A thread that ended meanwhile.
+            if error.raw_os_error() != Some(libc::ESRCH) {
+                bail!("setting the CPUs of thread {tid} of {pid}: {error}");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs this process (and the threads it starts) on `cpu` only.
