@@ -197,6 +197,15 @@ fn run(
         // synced METRICS_ADDR TIMEOUT_MS: when the proxy's last sync finished
         // (seconds since the epoch), an error before its first.
         Some("synced") => workloads::last_sync(addr(words.get(1))?, ms(2)?)?.to_string(),
+        // sync-age METRICS_ADDR TIMEOUT_MS: seconds since the proxy's last
+        // sync finished, by this host's clock (the proxy's).
+        Some("sync-age") => {
+            let at = workloads::last_sync(addr(words.get(1))?, ms(2)?)?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_secs_f64();
+            (now - at).to_string()
+        }
         // change FROM TO [AGENT_PID FRONTEND BACKEND TIMEOUT_MS]: moves a
         // manifest into place; with an agent, then waits until its maps
         // balance FRONTEND to BACKEND alone: the ns from the move to that.

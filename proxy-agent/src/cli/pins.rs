@@ -76,6 +76,7 @@ impl PinnedMaps {
                 maglev: open(dir, names::MAGLEV6)?.0,
                 slots: SlotTable::new(open(dir, names::SLOTS6)?.0)?,
             },
+            deferred: None,
         };
         let slots = maps.slots.capacity();
         Ok(PinnedMaps {

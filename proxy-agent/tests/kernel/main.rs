@@ -13,6 +13,7 @@ mod bpffs;
 mod explain_common;
 mod tester;
 
+mod batched_writes;
 mod datapath_affinity;
 mod datapath_conntrack;
 mod datapath_frontends;

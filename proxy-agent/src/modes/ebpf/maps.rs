@@ -16,6 +16,7 @@ use proxy_common::{
     SourceRangeOf, V4, V6, maglev::MaglevChunk, maps as names,
 };
 
+use super::deferred::{DeferredWrites, Entries};
 use super::family::AgentFamily;
 use super::slot_table::SlotTable;
 
@@ -134,9 +135,47 @@ pub struct KernelMaps {
     pub maglev: Array<MapData, MaglevChunk>,
     pub slots: SlotTable,
     pub v6: Maps6,
+    /// Service and backend writes held back to be written in batches
+    /// ([`KernelMaps::defer_writes`]).
+    pub deferred: Option<Box<DeferredWrites>>,
 }
 
 impl KernelMaps {
+    /// Holds service and backend writes back from now on, to be written in
+    /// batches by [`KernelMaps::write_deferred`]; a delete (or flush of
+    /// flows) writes what is held first, so nothing goes before what
+    /// replaces it.
+    pub fn defer_writes(&mut self) {
+        self.deferred.get_or_insert_default();
+    }
+
+    /// Writes the held-back entries (backends before frontends) and stops
+    /// holding writes back; how many were written. After an error the maps
+    /// hold part of them.
+    pub fn write_deferred(&mut self) -> Result<usize, MapError> {
+        let Some(deferred) = self.deferred.take() else {
+            return Ok(0);
+        };
+        let count = deferred.len();
+        deferred.write(self)?;
+        Ok(count)
+    }
+
+    /// Forgets the held-back writes and stops holding writes back.
+    pub fn discard_deferred(&mut self) {
+        self.deferred = None;
+    }
+
+    /// Writes what is held back before a write that must come after it,
+    /// and keeps holding back the writes after that.
+    fn write_deferred_before(&mut self) -> Result<(), MapError> {
+        if self.deferred.is_some() {
+            self.write_deferred()?;
+            self.defer_writes();
+        }
+        Ok(())
+    }
+
     /// Takes the agent's maps and the per-CPU counters out of a loaded object.
     pub fn take(ebpf: &mut Ebpf) -> anyhow::Result<(KernelMaps, PerCpuArray<MapData, u64>)> {
         let maps = KernelMaps {
@@ -165,6 +204,7 @@ impl KernelMaps {
                 maglev: take_map(ebpf, names::MAGLEV6)?,
                 slots: SlotTable::new(take_map(ebpf, names::SLOTS6)?)?,
             },
+            deferred: None,
         };
         Ok((maps, take_map(ebpf, names::STATS)?))
     }
@@ -333,6 +373,11 @@ pub trait FamilyMapsOf: AgentFamily {
     fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKeyOf<Self>, SockValueOf<Self>>;
     fn maglev(maps: &mut KernelMaps) -> &mut Array<MapData, MaglevChunk>;
     fn slots(maps: &mut KernelMaps) -> &mut SlotTable;
+    fn deferred_services(
+        deferred: &mut DeferredWrites,
+    ) -> &mut Entries<ServiceKeyOf<Self>, ServiceValue>;
+    fn deferred_backends(deferred: &mut DeferredWrites)
+    -> &mut Entries<BackendId, BackendOf<Self>>;
 }
 
 impl FamilyMapsOf for V4 {
@@ -362,6 +407,12 @@ impl FamilyMapsOf for V4 {
     }
     fn slots(maps: &mut KernelMaps) -> &mut SlotTable {
         &mut maps.slots
+    }
+    fn deferred_services(d: &mut DeferredWrites) -> &mut Entries<ServiceKey, ServiceValue> {
+        &mut d.services
+    }
+    fn deferred_backends(d: &mut DeferredWrites) -> &mut Entries<BackendId, Backend> {
+        &mut d.backends
     }
 }
 
@@ -393,6 +444,12 @@ impl FamilyMapsOf for V6 {
     fn slots(maps: &mut KernelMaps) -> &mut SlotTable {
         &mut maps.v6.slots
     }
+    fn deferred_services(d: &mut DeferredWrites) -> &mut Entries<ServiceKey6, ServiceValue> {
+        &mut d.services6
+    }
+    fn deferred_backends(d: &mut DeferredWrites) -> &mut Entries<BackendId, Backend6> {
+        &mut d.backends6
+    }
 }
 
 impl<F: FamilyMapsOf> ServiceMaps<F> for KernelMaps
@@ -404,22 +461,32 @@ where
     SourceRangeOf<F>: Pod,
 {
     fn put_backend(&mut self, id: BackendId, backend: &BackendOf<F>) -> Result<(), MapError> {
+        if let Some(deferred) = self.deferred.as_deref_mut() {
+            F::deferred_backends(deferred).push(id, *backend);
+            return Ok(());
+        }
         F::backends(self)
             .insert(id, backend, 0)
             .map_err(write_error(F::BACKENDS))
     }
 
     fn delete_backend(&mut self, id: BackendId) -> Result<(), MapError> {
+        self.write_deferred_before()?;
         ignore_missing(F::backends(self).remove(&id)).map_err(write_error(F::BACKENDS))
     }
 
     fn put_service(&mut self, key: &ServiceKeyOf<F>, value: &ServiceValue) -> Result<(), MapError> {
+        if let Some(deferred) = self.deferred.as_deref_mut() {
+            F::deferred_services(deferred).push(*key, *value);
+            return Ok(());
+        }
         F::services(self)
             .insert(key, value, 0)
             .map_err(write_error(F::SERVICES))
     }
 
     fn delete_service(&mut self, key: &ServiceKeyOf<F>) -> Result<(), MapError> {
+        self.write_deferred_before()?;
         ignore_missing(F::services(self).remove(key)).map_err(write_error(F::SERVICES))
     }
 
@@ -444,6 +511,7 @@ where
     }
 
     fn delete_source_range(&mut self, service_id: u32, range: F::Net) -> Result<(), MapError> {
+        self.write_deferred_before()?;
         ignore_missing(F::source_ranges(self).remove(&F::source_range_key(service_id, range)))
             .map_err(write_error(F::SOURCE_RANGES))
     }
@@ -458,6 +526,7 @@ where
         &mut self,
         matches: &dyn Fn(&CtKeyOf<F>, &CtValueOf<F>) -> bool,
     ) -> Result<usize, MapError> {
+        self.write_deferred_before()?;
         let conntrack = F::conntrack(self);
         let doomed = matching_entries(F::CONNTRACK, conntrack, matches)?;
         for key in &doomed {

@@ -3,6 +3,7 @@
 
 mod attach;
 pub mod cleanup;
+mod deferred;
 pub mod family;
 mod interfaces;
 pub mod introspect;

@@ -27,6 +27,9 @@ pub struct EbpfProxier {
     applied: Option<NodeFacts>,
     /// The maps were pinned by an earlier agent: the first sync takes them over.
     adopting: bool,
+    /// Fresh maps not synced yet: the first sync writes frontends and
+    /// backends in batches ([`KernelMaps::defer_writes`]).
+    cold_start: bool,
     conntrack_fill: ConntrackFill,
     /// Publishes what the maps' ids stand for; `None`: not published.
     names: Option<NamesPublisher>,
@@ -99,9 +102,7 @@ impl EbpfProxier {
         node: &NodeModel,
     ) -> Result<Self, MapError> {
         let mut node_programmer = NodeProgrammer::new();
-        let mut programmer = Programmer::new();
-        programmer.set_capacity(maps.capacity());
-        programmer.set_maglev(settings.maglev);
+        let mut programmer = fresh_programmer(&maps, &settings);
         let facts = node_facts(&settings, node);
         node_programmer.apply(&facts, &mut maps)?;
         programmer.set_node_addresses(
@@ -117,6 +118,7 @@ impl EbpfProxier {
             settings,
             applied: Some(facts),
             adopting: false,
+            cold_start: true,
             conntrack_fill: ConntrackFill::default(),
             names: None,
             names_current: false,
@@ -129,9 +131,7 @@ impl EbpfProxier {
     /// sync (which runs once Services and EndpointSlices were listed), which
     /// then takes over what they hold and writes only what differs.
     pub fn adopting(maps: KernelMaps, settings: EbpfNodeSettings) -> Self {
-        let mut programmer = Programmer::new();
-        programmer.set_capacity(maps.capacity());
-        programmer.set_maglev(settings.maglev);
+        let programmer = fresh_programmer(&maps, &settings);
         Self {
             maps,
             programmer,
@@ -139,6 +139,7 @@ impl EbpfProxier {
             settings,
             applied: None,
             adopting: true,
+            cold_start: false,
             conntrack_fill: ConntrackFill::default(),
             names: None,
             names_current: false,
@@ -181,6 +182,17 @@ impl EbpfProxier {
             self.names_current = true;
             self.names_published_at = Some(Instant::now());
         }
+    }
+
+    /// After a failed batch the maps hold part of what the programmer
+    /// believes it wrote: the next sync takes over what they do hold, as
+    /// after a restart, and writes the rest.
+    fn start_over(&mut self) {
+        self.maps.discard_deferred();
+        self.programmer = fresh_programmer(&self.maps, &self.settings);
+        self.node_programmer = NodeProgrammer::new();
+        self.applied = None;
+        self.adopting = true;
     }
 
     fn adopt(&mut self, desired: &DesiredState) -> Result<(), MapError> {
@@ -253,6 +265,13 @@ impl EbpfProxier {
     }
 }
 
+fn fresh_programmer(maps: &KernelMaps, settings: &EbpfNodeSettings) -> Programmer {
+    let mut programmer = Programmer::new();
+    programmer.set_capacity(maps.capacity());
+    programmer.set_maglev(settings.maglev);
+    programmer
+}
+
 /// The share of the table in use, and whether that is nearly full.
 fn fill_level(entries: usize, capacity: u32) -> (f64, bool) {
     let fill = entries as f64 / f64::from(capacity.max(1));
@@ -268,12 +287,33 @@ impl Proxier for EbpfProxier {
             self.adopt(desired)?;
         }
         self.apply_node_facts(desired)?;
-        let stats = if changes.full {
-            self.programmer.sync(desired, &mut self.maps)?
+        let batched = std::mem::take(&mut self.cold_start);
+        if batched {
+            self.maps.defer_writes();
+        }
+        let programmed = if changes.full {
+            self.programmer.sync(desired, &mut self.maps)
         } else {
             self.programmer
-                .sync_changed(desired, &changes.changed, &mut self.maps)?
+                .sync_changed(desired, &changes.changed, &mut self.maps)
         };
+        let written = programmed.and_then(|stats| Ok((stats, self.maps.write_deferred()?)));
+        let (stats, batched_writes) = match written {
+            Ok(done) => done,
+            Err(error) => {
+                if batched {
+                    warn!(%error, "the first sync's batched writes failed: the next sync takes over what the maps hold");
+                    self.start_over();
+                }
+                return Err(error);
+            }
+        };
+        if batched {
+            debug!(
+                batched_writes,
+                "first sync: frontends and backends written in batches"
+            );
+        }
         self.end_stale_udp_sockets();
         let took = started.elapsed();
         if let Some(programs) = self.programs.take() {

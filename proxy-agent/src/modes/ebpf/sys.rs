@@ -1,6 +1,6 @@
-//! The few bpf(2) commands aya does not expose: reading a map's entries in
-//! batches, walking the kernel's links with their attach details, and
-//! asking which programs are attached to an interface through tcx.
+//! The few bpf(2) commands aya does not expose: reading and writing a map's
+//! entries in batches, walking the kernel's links with their attach
+//! details, and asking which programs are attached to an interface through tcx.
 
 use std::{
     io,
@@ -11,6 +11,7 @@ const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
 const BPF_LINK_GET_NEXT_ID: libc::c_long = 31;
 
@@ -132,6 +133,49 @@ pub fn walk_batches(
         std::mem::swap(&mut token_in, &mut token_out);
         first = false;
     }
+}
+
+/// Writes `count` entries whose keys and values lie back to back at `keys`
+/// and `values` (`key_size` and `value_size` bytes each), a call per 4,096
+/// entries instead of one per entry (BPF_MAP_UPDATE_BATCH, Linux 5.6).
+/// `Unsupported` when the map type has no batch update (nothing written).
+pub fn update_batches(
+    fd: BorrowedFd<'_>,
+    (keys, key_size): (&[u8], usize),
+    (values, value_size): (&[u8], usize),
+) -> io::Result<()> {
+    let count = keys.len() / key_size.max(1);
+    if keys.len() != count * key_size || values.len() != count * value_size {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "keys and values of different counts",
+        ));
+    }
+    for start in (0..count).step_by(BATCH as usize) {
+        let n = (count - start).min(BATCH as usize);
+        let mut attr = BatchAttr {
+            keys: keys[start * key_size..].as_ptr() as u64,
+            values: values[start * value_size..].as_ptr() as u64,
+            count: n as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        match bpf(BPF_MAP_UPDATE_BATCH, &mut attr) {
+            Ok(_) => {}
+            Err(e)
+                if start == 0
+                    && attr.count == 0
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)
+                    ) =>
+            {
+                return Err(io::Error::new(io::ErrorKind::Unsupported, e));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[repr(C)]
