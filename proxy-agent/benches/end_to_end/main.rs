@@ -867,19 +867,32 @@ fn pause_others(beds: &[Bed], measured: usize) -> anyhow::Result<Vec<agent::Paus
 /// the limit: 550 ms in one change of 20 at 1,000 services.
 fn wait_sync_idle(bed: &mut Bed, metrics: SocketAddr) -> anyhow::Result<()> {
     const IDLE: f64 = 1.2;
+    // A rule mode at 10,000 services syncs for seconds and may not answer
+    // its metrics meanwhile: asked again until this limit.
+    const LIMIT: Duration = Duration::from_secs(180);
     let started = Instant::now();
     loop {
-        let answer = bed.workers.node.ask(&format!("sync-age {metrics} 500"))?;
-        let age: f64 = answer
-            .parse()
-            .with_context(|| format!("sync-age: not a number: {answer:?}"))?;
-        if age >= IDLE {
-            return Ok(());
+        let age = bed
+            .workers
+            .node
+            .ask(&format!("sync-age {metrics} 2000"))
+            .and_then(|answer| {
+                answer
+                    .parse::<f64>()
+                    .with_context(|| format!("sync-age: not a number: {answer:?}"))
+            });
+        let wait = match age {
+            Ok(age) if age >= IDLE => return Ok(()),
+            Ok(age) => IDLE - age.max(0.0) + 0.01,
+            Err(e) if started.elapsed() > LIMIT => {
+                return Err(e.context(format!("the agent's last sync, for {LIMIT:?}")));
+            }
+            Err(_) => 0.1,
+        };
+        if started.elapsed() > LIMIT {
+            bail!("the agent synced again and again for {LIMIT:?}");
         }
-        if started.elapsed() > Duration::from_secs(60) {
-            bail!("the agent synced again and again for a minute (last {age:.2} s ago)");
-        }
-        std::thread::sleep(Duration::from_secs_f64(IDLE - age.max(0.0) + 0.01));
+        std::thread::sleep(Duration::from_secs_f64(wait));
     }
 }
 
