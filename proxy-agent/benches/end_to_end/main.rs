@@ -861,10 +861,10 @@ fn pause_others(beds: &[Bed], measured: usize) -> anyhow::Result<Vec<agent::Paus
 /// Until the agent's last sync is older than its minSyncPeriod (upstream's
 /// default, 1 s, counted from a sync's end) with room to spare, so that the
 /// next change is synced at once: a change is timed through the agent, not
-/// through its rate limit. Without this, a change right after a sync the
-/// agent ran for itself (its periodic one, due at once when it resumes from
-/// a pause the bench gave it while measuring another datapath) waited for
-/// the limit: 550 ms in one change of 20 at 1,000 services.
+/// through its rate limit. Without this, the first change of one set (20
+/// at 1,000 services) took 550 ms: most likely it came right after a sync
+/// the agent ran for itself (its periodic one, due at once when the bench
+/// resumed it from a pause) and waited for the limit.
 fn wait_sync_idle(bed: &mut Bed, metrics: SocketAddr) -> anyhow::Result<()> {
     const IDLE: f64 = 1.2;
     // A rule mode at 10,000 services syncs for seconds and may not answer
@@ -941,7 +941,7 @@ fn change_latencies(
     // timed: woken by the worker's move there, it otherwise often ran on
     // that CPU, behind the client's connection attempts (at 1,000 services,
     // 6 changes of 80 took 2.4-3.5 ms to the maps, 1.0 ms p50; kept off
-    // it, the slowest of 60 took 2.3 ms and the next 1.4 ms).
+    // it, 1 of 63 took 3.05 ms and the rest at most 1.29 ms).
     bed.workers.node.ask(&format!("keep-off {pid}"))?;
     let metrics = SocketAddr::from((bed.site.node.address, METRICS_PORT));
     for _ in 0..settings.changes {

@@ -325,8 +325,7 @@ fn machine() -> String {
         .unwrap_or_default();
     // The machine's, not this pinned worker's share (available_parallelism
     // counts the CPUs the process may run on).
-    // SAFETY: sysconf has no preconditions.
-    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(0);
+    let cpus = online_cpus().len();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!("{cpus} CPUs ({cpu}), Linux {}", kernel.trim())
 }
@@ -340,19 +339,21 @@ fn online_cpus() -> Vec<usize> {
     (0..n).collect()
 }
 
-/// Every thread of process `pid` (those it starts later inherit it) on `cpus` only.
-fn set_process_affinity(pid: u64, cpus: &[usize]) -> anyhow::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it
-    // for the online CPUs the kernel numbered.
+/// The set of `cpus`, for sched_setaffinity.
+fn cpu_set(cpus: &[usize]) -> anyhow::Result<libc::cpu_set_t> {
+    // SAFETY: a zeroed cpu_set_t is an empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &cpu in cpus {
-        anyhow::ensure!(
-            cpu < libc::CPU_SETSIZE as usize,
-            "CPU {cpu}: beyond CPU_SETSIZE"
-        );
-        // SAFETY: as above.
+        anyhow::ensure!(cpu < libc::CPU_SETSIZE as usize, "CPU {cpu}: no such CPU");
+        // SAFETY: `cpu` is below CPU_SETSIZE, within the set.
         unsafe { libc::CPU_SET(cpu, &mut set) };
     }
+    Ok(set)
+}
+
+/// Every thread of process `pid` (those it starts later inherit it) on `cpus` only.
+fn set_process_affinity(pid: u64, cpus: &[usize]) -> anyhow::Result<()> {
+    let set = cpu_set(cpus)?;
     let tasks = format!("/proc/{pid}/task");
     for task in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
         let Some(tid) = task?
@@ -376,15 +377,10 @@ fn set_process_affinity(pid: u64, cpus: &[usize]) -> anyhow::Result<()> {
 
 /// Runs this process (and the threads it starts) on `cpu` only.
 fn pin_to(cpu: usize) -> anyhow::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it
-    // for a cpu below CPU_SETSIZE, which sched_setaffinity checks.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        anyhow::ensure!(cpu < libc::CPU_SETSIZE as usize, "--cpu {cpu}: no such CPU");
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
-            bail!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
-        }
+    let set = cpu_set(&[cpu])?;
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        bail!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
     }
     Ok(())
 }

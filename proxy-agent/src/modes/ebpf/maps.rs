@@ -137,7 +137,7 @@ pub struct KernelMaps {
     pub v6: Maps6,
     /// Service and backend writes held back to be written in batches
     /// ([`KernelMaps::defer_writes`]).
-    pub deferred: Option<Box<DeferredWrites>>,
+    pub(crate) deferred: Option<Box<DeferredWrites>>,
 }
 
 impl KernelMaps {
