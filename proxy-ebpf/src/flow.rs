@@ -90,7 +90,7 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
     let clock = Clock::lazy();
     // One lookup finds either half of a live flow: its own tuple.
     let hit = lookup_own(config, pkt, &clock, None);
-    let now = || clock.now();
+    let now = || clock.now::<F>();
     if let Some(hit) = hit.as_ref().filter(|h| h.direction == CtDirection::Reply) {
         let out = reverse(config, pkt, hit, now());
         return Verdict::Forward(out, Counter::ReplyNat, Some(hit.hop));
@@ -220,7 +220,7 @@ pub struct Arrival {
 pub fn reply<F: Ip>(config: &DatapathConfig, pkt: &Packet<F>) -> Option<Rewrite<F>> {
     let clock = Clock::lazy();
     let hit = lookup_own(config, pkt, &clock, Some(CtDirection::Reply))?;
-    Some(reverse(config, pkt, &hit, clock.now()))
+    Some(reverse(config, pkt, &hit, clock.now::<F>()))
 }
 
 /// A reply, whose entry `hit` was found, rewritten.

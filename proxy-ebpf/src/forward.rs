@@ -15,17 +15,8 @@ use proxy_common::{
 };
 
 use crate::{
-    config,
-    conntrack::{HopCache, now_ns},
-    flow::Rewrite,
-    frame::Frame,
-    hops,
-    ip::Ip,
-    maps::IFACES,
-    nat,
-    packet::Packet,
-    stats::count,
-    xdp_nat,
+    config, conntrack::HopCache, flow::Rewrite, frame::Frame, hops, ip::Ip, maps::IFACES, nat,
+    packet::Packet, stats::count, xdp_nat,
 };
 
 /// Asks the FIB where `out` goes, for a packet of IP length `len`
@@ -148,7 +139,7 @@ fn route<C: Frame, F: Ip>(
         return Route::of(cached);
     }
     let by_destination = config::get().is_some_and(|c| c.flags & F::ROUTES_BY_DESTINATION != 0);
-    let now = if by_destination { now_ns() } else { 0 };
+    let now = if by_destination { F::now_ns() } else { 0 };
     // A flow refreshing its own cache asks the FIB itself: the destination's
     // answer may be nearly a second old, and a flow follows a change within one.
     let refreshing = hop.is_some_and(|h| h.refresh_due());

@@ -18,6 +18,7 @@ use proxy_common::{
 };
 
 use crate::{
+    conntrack::TickClock,
     flow::Rewrite,
     frame::Frame,
     hops::HopSlot,
@@ -30,6 +31,10 @@ use crate::{
 /// would overflow (LLVM's BPF backend reuses few stack slots).
 #[repr(C)]
 pub struct Scratch<F: Family> {
+    /// The one field read across runs: this CPU's clock cache
+    /// ([`crate::conntrack::now_ns`]), first, in the cache line a
+    /// packet's conntrack key is built in.
+    pub clock: TickClock,
     /// A service map key being looked up.
     pub service: ServiceKeyOf<F>,
     pub key: CtKeyOf<F>,
@@ -103,6 +108,8 @@ pub trait Ip: Family + AddrWords {
     fn hops() -> &'static PerCpuArray<HopSlot<Self>>;
     /// This CPU's scratch space (see [`Scratch`]).
     fn scratch() -> Option<&'static mut Scratch<Self>>;
+    /// [`crate::conntrack::now_ns`], inlined where the family's frames leave room.
+    fn now_ns() -> u64;
 
     /// The address masqueraded traffic leaves with (unspecified: none).
     fn masquerade_addr(config: &DatapathConfig) -> Self::Addr;
@@ -133,6 +140,10 @@ pub trait Ip: Family + AddrWords {
 }
 
 impl Ip for V4 {
+    #[inline(always)]
+    fn now_ns() -> u64 {
+        crate::conntrack::now_ns::<V4>()
+    }
     const HDR_LEN: usize = 20;
     const SADDR_OFF: usize = ETH_HLEN + 12;
     const DADDR_OFF: usize = ETH_HLEN + 16;
@@ -219,6 +230,12 @@ impl Ip for V4 {
 }
 
 impl Ip for V6 {
+    // A call: inlined, the clock's registers spill into the IPv6 frame,
+    // which then leaves no room for the calls below it.
+    #[inline(always)]
+    fn now_ns() -> u64 {
+        crate::conntrack::now_ns6()
+    }
     const HDR_LEN: usize = 40;
     const SADDR_OFF: usize = ETH_HLEN + 8;
     const DADDR_OFF: usize = ETH_HLEN + 24;

@@ -117,7 +117,7 @@ pub fn forward<F: Ip>(ctx: &SockAddrContext) -> i32 {
             &frontend,
             true,
             F::masquerade_addr(config),
-            crate::conntrack::now_ns(),
+            F::now_ns(),
         ) {
             Ok(Pick::Backend(id, b)) => Some((id, b.addr_be, b.port_be)),
             Ok(Pick::Empty) => None,
