@@ -16,6 +16,8 @@ pub trait Family:
     const AF: u16;
     /// Bits in an address (LPM prefix lengths count in these).
     const BITS: u32;
+    /// The address as 32-bit words.
+    fn addr_words(addr: &Self::Addr) -> &[u32];
 }
 
 /// IPv4: a `u32` in network byte order.
@@ -31,6 +33,10 @@ impl Family for V4 {
     type TailPad = [u8; 0];
     const AF: u16 = 2;
     const BITS: u32 = 32;
+    #[inline(always)]
+    fn addr_words(addr: &u32) -> &[u32] {
+        core::slice::from_ref(addr)
+    }
 }
 
 impl Family for V6 {
@@ -38,4 +44,8 @@ impl Family for V6 {
     type TailPad = [u8; 4];
     const AF: u16 = 10;
     const BITS: u32 = 128;
+    #[inline(always)]
+    fn addr_words(addr: &[u32; 4]) -> &[u32] {
+        addr
+    }
 }

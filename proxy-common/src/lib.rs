@@ -12,6 +12,7 @@ pub mod config;
 pub mod conntrack;
 pub mod crc32c;
 pub mod family;
+pub mod filter;
 pub mod maglev;
 pub mod maps;
 pub mod monitor;

@@ -34,6 +34,10 @@ pub const MAGLEV6: &str = "MAGLEV6";
 /// at load from the configuration. ABI 7.
 pub const SLOTS: &str = "SLOTS";
 pub const SLOTS6: &str = "SLOTS6";
+/// The XDP filter (`crate::filter`), per family; added without an ABI bump
+/// (a missing pin is created at load, and the agent fills it).
+pub const FILTER: &str = "FILTER";
+pub const FILTER6: &str = "FILTER6";
 /// The per-CPU next-hop caches by destination (proxy-ebpf's `hops`): only
 /// the datapath reads and writes them, and they are never pinned (a cache,
 /// whose layout may change from one version to the next).

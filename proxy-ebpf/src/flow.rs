@@ -87,6 +87,9 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
     let Some(config) = config::get() else {
         return Verdict::Pass;
     };
+    if hook == monitor_hook::XDP && !crate::filter::may_finish(config, pkt) {
+        return no_frontend(config, pkt, hook);
+    }
     let clock = Clock::lazy();
     // One lookup finds either half of a live flow: its own tuple.
     let hit = lookup_own(config, pkt, &clock, None);
@@ -543,24 +546,40 @@ pub extern "C" fn snat_claim_port6(now: u64) -> u32 {
     claim_port::<V6>(now)
 }
 
+/// The masquerade port range and the second one (`(0, 0)`: none), host order.
+#[inline(always)]
+fn snat_port_ranges(config: &DatapathConfig) -> ((u32, u32), (u32, u32)) {
+    let first = if config.snat_port_min == 0 || config.snat_port_max < config.snat_port_min {
+        (61000u32, 65535u32)
+    } else {
+        (config.snat_port_min as u32, config.snat_port_max as u32)
+    };
+    let (min2, max2) = (config.snat_port_min2 as u32, config.snat_port_max2 as u32);
+    let second = if min2 != 0 && max2 >= min2 {
+        (min2, max2)
+    } else {
+        (0, 0)
+    };
+    (first, second)
+}
+
+/// Whether `port` (host order) is one masqueraded flows are given.
+#[inline(always)]
+pub fn is_snat_port(config: &DatapathConfig, port: u16) -> bool {
+    let ((min, max), (min2, max2)) = snat_port_ranges(config);
+    let port = port as u32;
+    (min..=max).contains(&port) || (min2 != 0 && (min2..=max2).contains(&port))
+}
+
 /// The claimed port (network order), 0 when every attempt found its tuple taken.
 #[inline(always)]
 fn claim_port<F: Ip>(now: u64) -> u32 {
     let (Some(config), Some(Scratch { key, value, .. })) = (config::get(), F::scratch()) else {
         return 0;
     };
-    let (min, max) = if config.snat_port_min == 0 || config.snat_port_max < config.snat_port_min {
-        (61000u32, 65535u32)
-    } else {
-        (config.snat_port_min as u32, config.snat_port_max as u32)
-    };
+    let ((min, max), (min2, max2)) = snat_port_ranges(config);
     let span = max - min + 1;
-    let (min2, max2) = (config.snat_port_min2 as u32, config.snat_port_max2 as u32);
-    let span2 = if min2 != 0 && max2 >= min2 {
-        max2 - min2 + 1
-    } else {
-        0
-    };
+    let span2 = if min2 != 0 { max2 - min2 + 1 } else { 0 };
     for _ in 0..SNAT_ATTEMPTS {
         let pick = lb::below(span + span2);
         let port = if pick < span {

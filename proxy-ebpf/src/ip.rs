@@ -105,6 +105,8 @@ pub trait Ip: Family + AddrWords {
     fn affinity() -> &'static LruHashMap<AffinityKeyOf<Self>, AffinityValue>;
     fn maglev() -> &'static Array<MaglevChunk>;
     fn slots() -> &'static Array<SlotPair>;
+    /// The XDP filter's words (`proxy_common::filter`).
+    fn filter() -> &'static Array<u64>;
     fn hops() -> &'static PerCpuArray<HopSlot<Self>>;
     /// This CPU's scratch space (see [`Scratch`]).
     fn scratch() -> Option<&'static mut Scratch<Self>>;
@@ -198,6 +200,10 @@ impl Ip for V4 {
         &maps::SLOTS
     }
     #[inline(always)]
+    fn filter() -> &'static Array<u64> {
+        &maps::FILTER
+    }
+    #[inline(always)]
     fn hops() -> &'static PerCpuArray<HopSlot<Self>> {
         &maps::HOPS
     }
@@ -288,6 +294,10 @@ impl Ip for V6 {
     }
     fn slots() -> &'static Array<SlotPair> {
         &maps::SLOTS6
+    }
+    #[inline(always)]
+    fn filter() -> &'static Array<u64> {
+        &maps::FILTER6
     }
     #[inline(always)]
     fn hops() -> &'static PerCpuArray<HopSlot<Self>> {

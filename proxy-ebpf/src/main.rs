@@ -7,6 +7,7 @@ mod affinity;
 mod config;
 mod conntrack;
 mod csum;
+mod filter;
 mod flow;
 mod forward;
 mod frame;

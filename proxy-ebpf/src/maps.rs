@@ -11,6 +11,7 @@ use proxy_common::{
     CtValue6, DatapathConfig, DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, MonitorSlot,
     ServiceKey, ServiceKey6, ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange,
     SourceRange6, V4, V6,
+    filter::FILTER_WORDS,
     maglev::MaglevChunk,
     maps::{
         MAX_AFFINITY, MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS,
@@ -66,6 +67,9 @@ pub static MAGLEV: Array<MaglevChunk> = Array::with_max_entries(MAX_MAGLEV_CHUNK
 #[map]
 pub static SLOTS: Array<SlotPair> = Array::with_max_entries(MAX_SLOT_ELEMENTS, BPF_F_MMAPABLE);
 
+#[map]
+pub static FILTER: Array<u64> = Array::with_max_entries(FILTER_WORDS, 0);
+
 // The IPv6 maps: the IPv4 ones' names with a `6` (docs/dual-stack.md).
 #[map]
 pub static SERVICES6: HashMap<ServiceKey6, ServiceValue> =
@@ -102,6 +106,9 @@ pub static MAGLEV6: Array<MaglevChunk> = Array::with_max_entries(MAX_MAGLEV_CHUN
 
 #[map]
 pub static SLOTS6: Array<SlotPair> = Array::with_max_entries(MAX_SLOT_ELEMENTS, BPF_F_MMAPABLE);
+
+#[map]
+pub static FILTER6: Array<u64> = Array::with_max_entries(FILTER_WORDS, 0);
 
 #[map]
 pub static SOCKETS6: LruHashMap<SockKey6, SockValue6> =

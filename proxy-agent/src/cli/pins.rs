@@ -63,6 +63,8 @@ impl PinnedMaps {
             affinity: open(dir, names::AFFINITY)?.0,
             maglev,
             slots: SlotTable::new(open(dir, names::SLOTS)?.0)?,
+            // Pinned since the filter exists; an older agent's pins lack it.
+            filter: open(dir, names::FILTER).ok().map(|(m, _)| m),
             v6: Maps6 {
                 services: open(dir, names::SERVICES6)?.0,
                 backends: open(dir, names::BACKENDS6)?.0,
@@ -75,6 +77,7 @@ impl PinnedMaps {
                 affinity: open(dir, names::AFFINITY6)?.0,
                 maglev: open(dir, names::MAGLEV6)?.0,
                 slots: SlotTable::new(open(dir, names::SLOTS6)?.0)?,
+                filter: open(dir, names::FILTER6).ok().map(|(m, _)| m),
             },
             deferred: None,
         };

@@ -143,6 +143,7 @@ in_both_families!(
     masquerade_ports_come_from_both_ranges_of_the_config,
     traffic_to_an_unallocated_address_of_a_service_cidr_is_dropped,
     affinity_keeps_to_the_endpoints_the_traffic_policy_allows,
+    xdp_passes_to_tc_what_its_filter_does_not_name,
 );
 
 pub(crate) const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -1232,6 +1233,54 @@ fn affinity_keeps_to_the_endpoints_the_traffic_policy_allows(net: &Net) {
 
 /// What the node programmer writes for a service CIDR: the prefix, then the
 /// flag that turns its lookup on.
+/// XDP looks a packet up only when its filter (`proxy_common::filter`)
+/// names its destination or source: a flow whose frontend and backend bits
+/// are gone is passed on whole to TC, which forwards it as before; a reply
+/// to a masquerade port needs no bit.
+fn xdp_passes_to_tc_what_its_filter_does_not_name(net: &Net) {
+    let request = |payload: &[u8]| pkt(Frame::udp(net.client, 40000, net.node, 30080), payload);
+    let forwarded = || {
+        [
+            To(net.remote_backend, TARGET),
+            Src(net.node),
+            MasqueradePort,
+        ]
+    };
+    Scenario {
+        net,
+        config: standard(net),
+        services: vec![remote(net, Protocol::Udp)],
+        steps: vec![
+            send(Xdp, request(b"a"), XDP_TX, forwarded()),
+            Step::Setup(clear_filters),
+            send(Xdp, request(b"b"), XDP_PASS, [Unchanged]),
+            send(FromNetdev, request(b"b"), TC_ACT_REDIRECT, forwarded()),
+            send(
+                Xdp,
+                In::Reply(b""),
+                XDP_TX,
+                [
+                    Is(Frame::udp(net.node, 30080, net.client, 40000)),
+                    EthDst(CLIENT_MAC),
+                ],
+            ),
+            // The one established packet counted is TC's: XDP never looked
+            // the passed one up.
+            counters([(Counter::XdpTx, 2), (Counter::Established, 1)]),
+        ],
+    }
+    .run();
+}
+
+fn clear_filters(dp: &mut Datapath) {
+    for filter in [&mut dp.maps.filter, &mut dp.maps.v6.filter] {
+        let filter = filter.as_mut().expect("the agent's maps have the filter");
+        for word in 0..proxy_common::filter::FILTER_WORDS {
+            filter.set(word, 0, 0).unwrap();
+        }
+    }
+}
+
 fn guard_service_cidr(dp: &mut Datapath, cidr: &str) {
     dp.maps.put_service_cidr(cidr.parse().unwrap()).unwrap();
     let mut config = dp.maps.config.get(&0, 0).unwrap();

@@ -28,6 +28,7 @@ pub trait AgentFamily: Family + fmt::Debug {
     const SERVICE_CIDRS: &'static str;
     const MAGLEV: &'static str;
     const SLOTS: &'static str;
+    const FILTER: &'static str;
     const SOCKETS: &'static str;
 
     fn ip(addr: &IpAddr) -> Option<Self::Ip>;
@@ -82,6 +83,7 @@ impl AgentFamily for V4 {
     const SERVICES: &'static str = names::SERVICES;
     const MAGLEV: &'static str = names::MAGLEV;
     const SLOTS: &'static str = names::SLOTS;
+    const FILTER: &'static str = names::FILTER;
     const BACKENDS: &'static str = names::BACKENDS;
     const CONNTRACK: &'static str = names::CONNTRACK;
     const SOCKETS: &'static str = names::SOCKETS;
@@ -135,6 +137,7 @@ impl AgentFamily for V6 {
     const SERVICES: &'static str = names::SERVICES6;
     const MAGLEV: &'static str = names::MAGLEV6;
     const SLOTS: &'static str = names::SLOTS6;
+    const FILTER: &'static str = names::FILTER6;
     const BACKENDS: &'static str = names::BACKENDS6;
     const CONNTRACK: &'static str = names::CONNTRACK6;
     const SOCKETS: &'static str = names::SOCKETS6;

@@ -79,6 +79,8 @@ pub trait ServiceMaps<F: AgentFamily> {
         &mut self,
         matches: &dyn Fn(&CtKeyOf<F>, &CtValueOf<F>) -> bool,
     ) -> Result<usize, MapError>;
+    /// Writes word `index` of XDP's filter (`proxy_common::filter`).
+    fn put_filter_word(&mut self, index: u32, word: u64) -> Result<(), MapError>;
 }
 
 /// What the node programmer writes: the node-wide settings and interface table.
@@ -117,6 +119,7 @@ pub struct Maps6 {
     pub affinity: HashMap<MapData, AffinityKey6, AffinityValue>,
     pub maglev: Array<MapData, MaglevChunk>,
     pub slots: SlotTable,
+    pub filter: Option<Array<MapData, u64>>,
 }
 
 /// The kernel maps of a loaded datapath.
@@ -134,6 +137,9 @@ pub struct KernelMaps {
     pub affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     pub maglev: Array<MapData, MaglevChunk>,
     pub slots: SlotTable,
+    /// XDP's filter words (`proxy_common::filter`); `None` in maps an
+    /// older agent pinned (`PinnedMaps`), which have none.
+    pub filter: Option<Array<MapData, u64>>,
     pub v6: Maps6,
     /// Service and backend writes held back to be written in batches
     /// ([`KernelMaps::defer_writes`]).
@@ -191,6 +197,7 @@ impl KernelMaps {
             affinity: take_map(ebpf, names::AFFINITY)?,
             maglev: take_map(ebpf, names::MAGLEV)?,
             slots: SlotTable::new(take_map(ebpf, names::SLOTS)?)?,
+            filter: Some(take_map(ebpf, names::FILTER)?),
             v6: Maps6 {
                 services: take_map(ebpf, names::SERVICES6)?,
                 backends: take_map(ebpf, names::BACKENDS6)?,
@@ -203,6 +210,7 @@ impl KernelMaps {
                 affinity: take_map(ebpf, names::AFFINITY6)?,
                 maglev: take_map(ebpf, names::MAGLEV6)?,
                 slots: SlotTable::new(take_map(ebpf, names::SLOTS6)?)?,
+                filter: Some(take_map(ebpf, names::FILTER6)?),
             },
             deferred: None,
         };
@@ -373,6 +381,7 @@ pub trait FamilyMapsOf: AgentFamily {
     fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKeyOf<Self>, SockValueOf<Self>>;
     fn maglev(maps: &mut KernelMaps) -> &mut Array<MapData, MaglevChunk>;
     fn slots(maps: &mut KernelMaps) -> &mut SlotTable;
+    fn filter(maps: &mut KernelMaps) -> Option<&mut Array<MapData, u64>>;
     fn deferred_services(
         deferred: &mut DeferredWrites,
     ) -> &mut Entries<ServiceKeyOf<Self>, ServiceValue>;
@@ -407,6 +416,9 @@ impl FamilyMapsOf for V4 {
     }
     fn slots(maps: &mut KernelMaps) -> &mut SlotTable {
         &mut maps.slots
+    }
+    fn filter(maps: &mut KernelMaps) -> Option<&mut Array<MapData, u64>> {
+        maps.filter.as_mut()
     }
     fn deferred_services(d: &mut DeferredWrites) -> &mut Entries<ServiceKey, ServiceValue> {
         &mut d.services
@@ -443,6 +455,9 @@ impl FamilyMapsOf for V6 {
     }
     fn slots(maps: &mut KernelMaps) -> &mut SlotTable {
         &mut maps.v6.slots
+    }
+    fn filter(maps: &mut KernelMaps) -> Option<&mut Array<MapData, u64>> {
+        maps.v6.filter.as_mut()
     }
     fn deferred_services(d: &mut DeferredWrites) -> &mut Entries<ServiceKey6, ServiceValue> {
         &mut d.services6
@@ -533,6 +548,13 @@ where
             ignore_missing(conntrack.remove(key)).map_err(write_error(F::CONNTRACK))?;
         }
         Ok(doomed.len())
+    }
+
+    fn put_filter_word(&mut self, index: u32, word: u64) -> Result<(), MapError> {
+        let Some(filter) = F::filter(self) else {
+            return Ok(());
+        };
+        filter.set(index, word, 0).map_err(write_error(F::FILTER))
     }
 }
 

@@ -11,6 +11,7 @@
 //! reference-counted by the slots naming them, so nothing scans all services.
 
 mod adopt;
+mod filter_bits;
 mod frontends;
 mod ids;
 mod maglev_tables;
@@ -26,10 +27,14 @@ use std::{
 
 use proxy_common::{
     BackendId, BackendOf, CtDirection, FrontendKind, Scope, ServiceKeyOf, ServiceValue, V4, V6,
-    maglev::MAGLEV_SLOT, proto, service::flags,
+    filter::{backend_bit, frontend_bit},
+    maglev::MAGLEV_SLOT,
+    proto,
+    service::flags,
 };
 
 use self::{
+    filter_bits::FilterBits,
     frontends::{
         EndpointSet, PerSet, WantedFrontend, has_endpoint_on, wanted_frontends,
         wanted_source_ranges,
@@ -157,6 +162,8 @@ pub struct FamilyProgrammer<F: AgentFamily> {
     /// Frontends with a Maglev table reference (`Frontend::maglev`).
     maglev_refs: usize,
     slot_ranges: SlotRanges,
+    /// XDP's filter: every frontend's bit and every backend's.
+    filter: FilterBits,
 }
 
 /// The sizes of the maps a sync must fit in.
@@ -207,6 +214,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             maglev: MaglevTables::new(MaglevSettings::default(), u32::MAX),
             maglev_refs: 0,
             slot_ranges: SlotRanges::new(u32::MAX),
+            filter: FilterBits::default(),
         }
     }
 
@@ -374,6 +382,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         self.flush_gone_udp_flows(maps, &mut run)?;
         self.markers.delete_unused(maps, &mut run.stats)?;
         self.delete_unreferenced_backends(maps, &mut run)?;
+        // Not counted in `writes`: words of a derived bitmap, written after
+        // the entries they stand for (and all of them once after adoption).
+        self.filter.write(maps)?;
         Ok(self.totals(run.stats))
     }
 
@@ -638,6 +649,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         self.unreferenced.insert(id);
         self.backends.insert(*backend, id);
         self.backend_by_id.insert(id, *backend);
+        self.filter.add(backend_filter_bit(backend));
         Ok(id)
     }
 
@@ -655,6 +667,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
         let key = f.key;
+        if !self.frontends.contains_key(&key) {
+            self.filter.add(frontend_filter_bit(&key));
+        }
         let frontend = self.frontends.entry(key).or_insert_with(|| Frontend {
             owner: owner.clone(),
             service_id,
@@ -800,6 +815,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         let owner = frontend.owner.clone();
         self.markers.remove(key, maps, &mut run.stats)?;
         self.frontends.remove(&key);
+        self.filter.remove(frontend_filter_bit(&key));
         if let Some(port) = self.ports.get_mut(&owner) {
             port.frontends.remove(&key);
         }
@@ -891,6 +907,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 self.backend_refs.remove(&id);
                 if let Some(backend) = self.backend_by_id.remove(&id) {
                     self.backends.remove(&backend);
+                    self.filter.remove(backend_filter_bit(&backend));
                 }
                 self.backend_ids.give_back(id);
             }
@@ -898,6 +915,14 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         }
         Ok(())
     }
+}
+
+fn frontend_filter_bit<F: AgentFamily>(key: &ServiceKeyOf<F>) -> u32 {
+    frontend_bit::<F>(&key.addr_be, key.port_be, key.proto)
+}
+
+fn backend_filter_bit<F: AgentFamily>(backend: &BackendOf<F>) -> u32 {
+    backend_bit::<F>(&backend.addr_be, backend.port_be, backend.proto)
 }
 
 /// A service port a sync looks at, with what the state wants of it (`None`: remove it).

@@ -69,6 +69,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             self.backends.insert(*backend, *id);
             self.backend_by_id.insert(*id, *backend);
             self.unreferenced.insert(*id);
+            self.filter.add(super::backend_filter_bit(backend));
         }
         self.backend_ids
             .adopt(snapshot.backends.iter().map(|(id, _)| *id));
@@ -126,6 +127,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                     len: u32::from(v.count),
                 })
                 .filter(|r| self.slot_ranges.adopt(*r));
+            self.filter.add(super::frontend_filter_bit(&key));
             self.frontends.insert(
                 key,
                 Frontend {
@@ -158,6 +160,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 self.unreferenced.remove(id);
             }
         }
+        self.filter.rewrite_all();
         stats.backends = self.backends.len();
         stats
     }

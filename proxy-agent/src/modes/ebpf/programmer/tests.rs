@@ -31,6 +31,8 @@ struct FakeMaps {
     source_ranges: BTreeSet<(u32, Ipv4Net)>,
     conntrack: BTreeMap<CtTuple, CtValue>,
     maglev: BTreeMap<u32, proxy_common::maglev::MaglevChunk>,
+    /// XDP's filter words written (not counted as operations).
+    filter: BTreeMap<u32, u64>,
     /// Every service key written or deleted, in order.
     touched: Vec<ServiceKey>,
     ops: usize,
@@ -252,6 +254,10 @@ impl ServiceMaps<V4> for FakeMaps {
             .retain(|k, v| !matches(&CtKey::new(k.0, k.1, k.2, k.3, k.4), v));
         Ok(before - self.conntrack.len())
     }
+    fn put_filter_word(&mut self, index: u32, word: u64) -> Result<(), MapError> {
+        self.filter.insert(index, word);
+        Ok(())
+    }
 }
 
 fn be(ip: [u8; 4]) -> u32 {
@@ -386,6 +392,9 @@ impl ServiceMaps<V6> for NoV6Writes {
         _: &dyn Fn(&proxy_common::CtKeyOf<V6>, &proxy_common::CtValueOf<V6>) -> bool,
     ) -> Result<usize, MapError> {
         Ok(0)
+    }
+    fn put_filter_word(&mut self, _: u32, _: u64) -> Result<(), MapError> {
+        panic!("IPv6 filter written")
     }
 }
 
@@ -1636,3 +1645,50 @@ fn a_sync_that_would_not_fit_is_refused_before_anything_is_written() {
 }
 
 mod maglev;
+
+/// XDP's filter has the bit of every frontend programmed (to it) and of
+/// every backend (from it), and loses them once they are gone; a programmer
+/// taking over pinned maps rewrites every word, clearing what the agent
+/// before it left.
+#[test]
+fn the_xdp_filter_follows_the_frontends_and_backends() {
+    use proxy_common::filter::{FILTER_WORDS, backend_bit, frontend_bit, word_of};
+    let has = |maps: &FakeMaps, bit: u32| {
+        let (word, mask) = word_of(bit);
+        maps.filter.get(&word).is_some_and(|w| w & mask != 0)
+    };
+    let backend = [198, 18, 1, 2];
+    let web = state(vec![service(
+        "web",
+        VIP,
+        80,
+        Protocol::Tcp,
+        vec![ep(backend, 8080)],
+    )]);
+    let to_web = frontend_bit::<V4>(&be(VIP), 80u16.to_be(), proto::TCP);
+    let from_backend = backend_bit::<V4>(&be(backend), 8080u16.to_be(), proto::TCP);
+    let to_backend = frontend_bit::<V4>(&be(backend), 8080u16.to_be(), proto::TCP);
+
+    let mut maps = FakeMaps::default();
+    let mut p = Programmer::new();
+    p.sync(&web, &mut maps).unwrap();
+    assert!(has(&maps, to_web) && has(&maps, from_backend));
+    assert!(!has(&maps, to_backend), "a backend is not a frontend");
+
+    p.sync(&state(vec![]), &mut maps).unwrap();
+    assert!(maps.filter.values().all(|w| *w == 0), "every bit cleared");
+
+    // Pins whose every bit is set, as if by services gone since: the next
+    // agent leaves only its own.
+    p.sync(&web, &mut maps).unwrap();
+    for word in 0..FILTER_WORDS {
+        maps.filter.insert(word, u64::MAX);
+    }
+    let mut next = Programmer::new();
+    next.adopt(&snapshot(&maps), &web, &node(&[]));
+    next.sync(&web, &mut maps).unwrap();
+    let set: u32 = maps.filter.values().map(|w| w.count_ones()).sum();
+    assert_eq!(set, 2, "only the frontend's and the backend's bits");
+    assert!(has(&maps, to_web) && has(&maps, from_backend));
+    assert!(!has(&maps, to_backend));
+}
