@@ -68,7 +68,7 @@ pub static MAGLEV: Array<MaglevChunk> = Array::with_max_entries(MAX_MAGLEV_CHUNK
 pub static SLOTS: Array<SlotPair> = Array::with_max_entries(MAX_SLOT_ELEMENTS, BPF_F_MMAPABLE);
 
 #[map]
-pub static FILTER: Array<u64> = Array::with_max_entries(FILTER_WORDS, 0);
+pub static FILTER: Array<u64> = Array::with_max_entries(FILTER_WORDS, BPF_F_MMAPABLE);
 
 // The IPv6 maps: the IPv4 ones' names with a `6` (docs/dual-stack.md).
 #[map]
@@ -108,7 +108,7 @@ pub static MAGLEV6: Array<MaglevChunk> = Array::with_max_entries(MAX_MAGLEV_CHUN
 pub static SLOTS6: Array<SlotPair> = Array::with_max_entries(MAX_SLOT_ELEMENTS, BPF_F_MMAPABLE);
 
 #[map]
-pub static FILTER6: Array<u64> = Array::with_max_entries(FILTER_WORDS, 0);
+pub static FILTER6: Array<u64> = Array::with_max_entries(FILTER_WORDS, BPF_F_MMAPABLE);
 
 #[map]
 pub static SOCKETS6: LruHashMap<SockKey6, SockValue6> =

@@ -10,7 +10,9 @@ use proxy_common::maps as names;
 
 use crate::{
     cli::values::nonempty_path,
-    modes::ebpf::{KernelMaps, MapSizes, maps::Maps6, pin, slot_table::SlotTable},
+    modes::ebpf::{
+        KernelMaps, MapSizes, mapped_array::MappedArray, maps::Maps6, pin, slot_table::SlotTable,
+    },
 };
 
 /// `--pin-dir`, for any subcommand that reads the agent's pins.
@@ -64,7 +66,9 @@ impl PinnedMaps {
             maglev,
             slots: SlotTable::new(open(dir, names::SLOTS)?.0)?,
             // Pinned since the filter exists; an older agent's pins lack it.
-            filter: open(dir, names::FILTER).ok().map(|(m, _)| m),
+            filter: open(dir, names::FILTER)
+                .ok()
+                .and_then(|(m, _)| MappedArray::new(m, names::FILTER).ok()),
             v6: Maps6 {
                 services: open(dir, names::SERVICES6)?.0,
                 backends: open(dir, names::BACKENDS6)?.0,
@@ -77,7 +81,9 @@ impl PinnedMaps {
                 affinity: open(dir, names::AFFINITY6)?.0,
                 maglev: open(dir, names::MAGLEV6)?.0,
                 slots: SlotTable::new(open(dir, names::SLOTS6)?.0)?,
-                filter: open(dir, names::FILTER6).ok().map(|(m, _)| m),
+                filter: open(dir, names::FILTER6)
+                    .ok()
+                    .and_then(|(m, _)| MappedArray::new(m, names::FILTER6).ok()),
             },
             deferred: None,
         };

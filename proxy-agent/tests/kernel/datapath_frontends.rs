@@ -1276,7 +1276,7 @@ fn clear_filters(dp: &mut Datapath) {
     for filter in [&mut dp.maps.filter, &mut dp.maps.v6.filter] {
         let filter = filter.as_mut().expect("the agent's maps have the filter");
         for word in 0..proxy_common::filter::FILTER_WORDS {
-            filter.set(word, 0, 0).unwrap();
+            assert!(filter.write(word, 0));
         }
     }
 }

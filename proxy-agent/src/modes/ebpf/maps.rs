@@ -18,7 +18,7 @@ use proxy_common::{
 
 use super::deferred::{DeferredWrites, Entries};
 use super::family::AgentFamily;
-use super::slot_table::SlotTable;
+use super::{mapped_array::MappedArray, slot_table::SlotTable};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
@@ -41,6 +41,12 @@ pub enum MapError {
         map: &'static str,
         first: u32,
         count: usize,
+        capacity: u32,
+    },
+    #[error("{map} holds {capacity} words: word {word} is outside it")]
+    FilterOutOfRange {
+        map: &'static str,
+        word: u32,
         capacity: u32,
     },
     #[error("too many backends ({count}): a frontend addresses at most 65534 slots")]
@@ -119,7 +125,7 @@ pub struct Maps6 {
     pub affinity: HashMap<MapData, AffinityKey6, AffinityValue>,
     pub maglev: Array<MapData, MaglevChunk>,
     pub slots: SlotTable,
-    pub filter: Option<Array<MapData, u64>>,
+    pub filter: Option<MappedArray<u64>>,
 }
 
 /// The kernel maps of a loaded datapath.
@@ -139,7 +145,7 @@ pub struct KernelMaps {
     pub slots: SlotTable,
     /// XDP's filter words (`proxy_common::filter`); `None` in maps an
     /// older agent pinned (`PinnedMaps`), which have none.
-    pub filter: Option<Array<MapData, u64>>,
+    pub filter: Option<MappedArray<u64>>,
     pub v6: Maps6,
     /// Service and backend writes held back to be written in batches
     /// ([`KernelMaps::defer_writes`]).
@@ -197,7 +203,10 @@ impl KernelMaps {
             affinity: take_map(ebpf, names::AFFINITY)?,
             maglev: take_map(ebpf, names::MAGLEV)?,
             slots: SlotTable::new(take_map(ebpf, names::SLOTS)?)?,
-            filter: Some(take_map(ebpf, names::FILTER)?),
+            filter: Some(MappedArray::new(
+                take_map(ebpf, names::FILTER)?,
+                names::FILTER,
+            )?),
             v6: Maps6 {
                 services: take_map(ebpf, names::SERVICES6)?,
                 backends: take_map(ebpf, names::BACKENDS6)?,
@@ -210,7 +219,10 @@ impl KernelMaps {
                 affinity: take_map(ebpf, names::AFFINITY6)?,
                 maglev: take_map(ebpf, names::MAGLEV6)?,
                 slots: SlotTable::new(take_map(ebpf, names::SLOTS6)?)?,
-                filter: Some(take_map(ebpf, names::FILTER6)?),
+                filter: Some(MappedArray::new(
+                    take_map(ebpf, names::FILTER6)?,
+                    names::FILTER6,
+                )?),
             },
             deferred: None,
         };
@@ -381,7 +393,7 @@ pub trait FamilyMapsOf: AgentFamily {
     fn sockets(maps: &mut KernelMaps) -> &mut HashMap<MapData, SockKeyOf<Self>, SockValueOf<Self>>;
     fn maglev(maps: &mut KernelMaps) -> &mut Array<MapData, MaglevChunk>;
     fn slots(maps: &mut KernelMaps) -> &mut SlotTable;
-    fn filter(maps: &mut KernelMaps) -> Option<&mut Array<MapData, u64>>;
+    fn filter(maps: &mut KernelMaps) -> Option<&mut MappedArray<u64>>;
     fn deferred_services(
         deferred: &mut DeferredWrites,
     ) -> &mut Entries<ServiceKeyOf<Self>, ServiceValue>;
@@ -417,7 +429,7 @@ impl FamilyMapsOf for V4 {
     fn slots(maps: &mut KernelMaps) -> &mut SlotTable {
         &mut maps.slots
     }
-    fn filter(maps: &mut KernelMaps) -> Option<&mut Array<MapData, u64>> {
+    fn filter(maps: &mut KernelMaps) -> Option<&mut MappedArray<u64>> {
         maps.filter.as_mut()
     }
     fn deferred_services(d: &mut DeferredWrites) -> &mut Entries<ServiceKey, ServiceValue> {
@@ -456,7 +468,7 @@ impl FamilyMapsOf for V6 {
     fn slots(maps: &mut KernelMaps) -> &mut SlotTable {
         &mut maps.v6.slots
     }
-    fn filter(maps: &mut KernelMaps) -> Option<&mut Array<MapData, u64>> {
+    fn filter(maps: &mut KernelMaps) -> Option<&mut MappedArray<u64>> {
         maps.v6.filter.as_mut()
     }
     fn deferred_services(d: &mut DeferredWrites) -> &mut Entries<ServiceKey6, ServiceValue> {
@@ -554,7 +566,15 @@ where
         let Some(filter) = F::filter(self) else {
             return Ok(());
         };
-        filter.set(index, word, 0).map_err(write_error(F::FILTER))
+        if filter.write(index, word) {
+            Ok(())
+        } else {
+            Err(MapError::FilterOutOfRange {
+                map: F::FILTER,
+                word: index,
+                capacity: filter.elements(),
+            })
+        }
     }
 }
 

@@ -8,6 +8,7 @@ pub mod family;
 mod interfaces;
 pub mod introspect;
 pub mod maglev;
+pub mod mapped_array;
 pub mod maps;
 pub mod metrics;
 pub mod migrate;

@@ -2,59 +2,23 @@
 //! memory: writing a frontend's backend slots is a few stores, not one
 //! `bpf()` call per slot.
 
-use std::os::fd::{AsFd as _, AsRawFd as _};
-use std::ptr::NonNull;
-
-use anyhow::Context as _;
-use aya::maps::{Array, IterableMap as _, MapData};
+use aya::maps::{Array, MapData};
 use proxy_common::{BackendId, slots::SlotPair};
 
+use super::mapped_array::MappedArray;
+
 pub struct SlotTable {
-    array: Array<MapData, SlotPair>,
-    base: NonNull<u32>,
+    mapped: MappedArray<SlotPair>,
     /// Slot indexes the array holds.
     slots: u32,
-    bytes: usize,
 }
-
-// SAFETY: the mapping is owned by this value and only written through
-// `&mut self`; the kernel side reads it concurrently by design (each slot is
-// one aligned 32-bit store).
-unsafe impl Send for SlotTable {}
-// SAFETY: as above; `&self` only reads.
-unsafe impl Sync for SlotTable {}
 
 impl SlotTable {
     /// Maps `array` (created `BPF_F_MMAPABLE`) into memory.
     pub fn new(array: Array<MapData, SlotPair>) -> anyhow::Result<Self> {
-        let elements = array.len();
-        let slots = elements * proxy_common::slots::SLOTS_PER_ELEMENT;
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let bytes = (elements as usize * size_of::<SlotPair>()).div_ceil(page) * page;
-        let fd = array.map().fd().as_fd().as_raw_fd();
-        // SAFETY: a shared mapping of the map's fd, of the size the kernel
-        // gives the array's values (page-rounded); unmapped in Drop.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if at == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error())
-                .context("mapping the SLOTS array into memory (is it BPF_F_MMAPABLE?)");
-        }
-        Ok(SlotTable {
-            array,
-            base: NonNull::new(at.cast()).context("mmap returned null")?,
-            slots,
-            bytes,
-        })
+        let mapped = MappedArray::new(array, "SLOTS")?;
+        let slots = mapped.elements() * proxy_common::slots::SLOTS_PER_ELEMENT;
+        Ok(SlotTable { mapped, slots })
     }
 
     /// How many slot indexes the array holds.
@@ -63,7 +27,12 @@ impl SlotTable {
     }
 
     pub fn array(&self) -> &Array<MapData, SlotPair> {
-        &self.array
+        self.mapped.array()
+    }
+
+    /// The slots as ids (a slot pair is two aligned 32-bit ids).
+    fn ids(&mut self) -> *mut BackendId {
+        self.mapped.as_mut_ptr().cast()
     }
 
     /// Writes `ids` at indexes `first..`; `false` (nothing written) when
@@ -72,15 +41,11 @@ impl SlotTable {
         if !self.fits(first, ids.len()) {
             return false;
         }
+        let base = self.ids();
         for (i, id) in ids.iter().enumerate() {
             // SAFETY: in bounds (checked above); a volatile aligned store,
             // which the datapath reads whole.
-            unsafe {
-                self.base
-                    .as_ptr()
-                    .add(first as usize + i)
-                    .write_volatile(*id)
-            };
+            unsafe { base.add(first as usize + i).write_volatile(*id) };
         }
         true
     }
@@ -90,29 +55,28 @@ impl SlotTable {
         if !self.fits(first, count) {
             return Vec::new();
         }
+        let base = self.mapped_ids();
         (0..count)
             // SAFETY: in bounds (checked above).
-            .map(|i| unsafe { self.base.as_ptr().add(first as usize + i).read_volatile() })
+            .map(|i| unsafe { base.add(first as usize + i).read_volatile() })
             .collect()
     }
 
     /// Copies the slots `other` holds (as many as both arrays have).
     pub fn copy_from(&mut self, other: &SlotTable) {
         let n = self.slots.min(other.slots) as usize;
+        let (to, from) = (self.ids(), other.mapped_ids());
         // SAFETY: both mappings hold at least `n` slots, and are distinct.
-        unsafe { std::ptr::copy_nonoverlapping(other.base.as_ptr(), self.base.as_ptr(), n) };
+        unsafe { std::ptr::copy_nonoverlapping(from, to, n) };
+    }
+
+    fn mapped_ids(&self) -> *const BackendId {
+        self.mapped.as_ptr().cast()
     }
 
     fn fits(&self, first: u32, count: usize) -> bool {
         (first as usize)
             .checked_add(count)
             .is_some_and(|end| end <= self.slots as usize)
-    }
-}
-
-impl Drop for SlotTable {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, not used after this.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes) };
     }
 }

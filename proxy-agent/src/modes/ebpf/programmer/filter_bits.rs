@@ -18,6 +18,8 @@ pub struct FilterBits {
     words: Vec<u64>,
     /// Words to write.
     dirty: BTreeSet<u32>,
+    /// Every word is to be written.
+    all_dirty: bool,
 }
 
 impl Default for FilterBits {
@@ -26,6 +28,7 @@ impl Default for FilterBits {
             counts: HashMap::default(),
             words: vec![0; FILTER_WORDS as usize],
             dirty: BTreeSet::new(),
+            all_dirty: false,
         }
     }
 }
@@ -59,7 +62,7 @@ impl FilterBits {
     /// Every word is written by the next [`FilterBits::write`]: adopted maps
     /// hold the bits of the agent before, whatever this one keeps.
     pub fn rewrite_all(&mut self) {
-        self.dirty = (0..FILTER_WORDS).collect();
+        self.all_dirty = true;
     }
 
     /// Writes the words that changed; how many. A failed write keeps the
@@ -69,6 +72,14 @@ impl FilterBits {
         maps: &mut impl ServiceMaps<F>,
     ) -> Result<usize, MapError> {
         let mut written = 0;
+        if self.all_dirty {
+            for (word, value) in (0..FILTER_WORDS).zip(&self.words) {
+                maps.put_filter_word(word, *value)?;
+            }
+            self.all_dirty = false;
+            self.dirty.clear();
+            written += FILTER_WORDS as usize;
+        }
         while let Some(word) = self.dirty.first().copied() {
             maps.put_filter_word(word, self.words[word as usize])?;
             self.dirty.remove(&word);
