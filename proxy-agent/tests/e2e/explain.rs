@@ -146,6 +146,10 @@ fn online_explain_answers_from_the_running_agents_pinned_maps() {
         v["steps"][0]["program"], "xdp_from_netdev",
         "the agent attached XDP to eth0 (auto mode)"
     );
+    // XDP looked it up, as the live one would (the private load has the
+    // agent's XDP filter, not an empty one that passes all to TC), and left
+    // it to TC: the backend is behind another interface.
+    assert_eq!(v["counters"]["xdp_pass"], 1, "{v:#}");
 
     let ct_before = conntrack_entries(&pin_dir);
     let v = online_json(

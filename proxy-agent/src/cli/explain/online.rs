@@ -24,8 +24,20 @@ use super::{
 };
 use crate::{
     cli::pins::PinnedMaps,
-    modes::ebpf::{self, KernelMaps, family::AgentFamily as _},
+    modes::ebpf::{self, KernelMaps, family::AgentFamily as _, mapped_array::MappedArray},
 };
+
+/// XDP's filter as the agent wrote it; pins of an agent before the filter
+/// have none, and its XDP looked every packet up: every bit set.
+fn copy_filter(from: Option<&MappedArray<u64>>, to: Option<&mut MappedArray<u64>>) {
+    let Some(to) = to else {
+        return;
+    };
+    match from {
+        Some(from) => to.copy_from(from),
+        None => to.fill(u64::MAX),
+    }
+}
 
 pub fn prepare(pin_dir: &Path, probe: &Probe) -> anyhow::Result<Datapath> {
     let pinned = PinnedMaps::open(pin_dir)?;
@@ -66,6 +78,7 @@ fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
     )?;
     copy_hash(&from.conntrack, &mut to.conntrack, names::CONNTRACK)?;
     copy_hash(&from.affinity, &mut to.affinity, names::AFFINITY)?;
+    copy_filter(from.filter.as_ref(), to.filter.as_mut());
     let config = from
         .config
         .get(&0, 0)
@@ -78,6 +91,7 @@ fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
     copy_hash(&from.backends, &mut to.backends, names::BACKENDS6)?;
     copy_hash(&from.services, &mut to.services, names::SERVICES6)?;
     to.slots.copy_from(&from.slots);
+    copy_filter(from.filter.as_ref(), to.filter.as_mut());
     copy_trie(
         &from.local_pod_cidrs,
         &mut to.local_pod_cidrs,

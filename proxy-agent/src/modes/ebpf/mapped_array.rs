@@ -76,6 +76,20 @@ impl<T: Pod> MappedArray<T> {
         true
     }
 
+    /// Copies the elements `other` holds (as many as both arrays have).
+    pub fn copy_from(&mut self, other: &MappedArray<T>) {
+        let n = self.len.min(other.len) as usize;
+        // SAFETY: both mappings hold at least `n` elements, and are distinct.
+        unsafe { std::ptr::copy_nonoverlapping(other.as_ptr(), self.as_mut_ptr(), n) };
+    }
+
+    /// Sets every element to `value`.
+    pub fn fill(&mut self, value: T) {
+        for index in 0..self.len {
+            self.write(index, value);
+        }
+    }
+
     /// The mapped elements, for bulk access.
     pub fn as_mut_ptr(&mut self) -> *mut T {
         self.base.as_ptr()
