@@ -383,7 +383,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         self.markers.delete_unused(maps, &mut run.stats)?;
         self.delete_unreferenced_backends(maps, &mut run)?;
         // Not counted in `writes`: words of a derived bitmap, written after
-        // the entries they stand for (and all of them once after adoption).
+        // the entries they stand for (before a cold start's batched ones,
+        // which is harmless: a bit without its entry costs XDP a lookup),
+        // and all of them once after adoption.
         self.filter.write(maps)?;
         Ok(self.totals(run.stats))
     }
