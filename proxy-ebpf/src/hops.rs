@@ -41,7 +41,7 @@ pub struct HopSlot<F: Family> {
 #[inline(always)]
 fn slot<F: Ip>(daddr_be: &F::Addr, in_ifindex: u32) -> Option<&'static mut HopSlot<F>> {
     let mut hash = in_ifindex;
-    for word in F::words(daddr_be) {
+    for word in F::addr_words(daddr_be) {
         hash = (hash ^ word).wrapping_mul(0x9e37_79b1);
     }
     let at = F::hops().get_ptr_mut(hash >> (32 - SLOT_BITS))?;

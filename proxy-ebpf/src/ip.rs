@@ -115,8 +115,6 @@ pub trait Ip: Family + AddrWords {
 
     /// The address masqueraded traffic leaves with (unspecified: none).
     fn masquerade_addr(config: &DatapathConfig) -> Self::Addr;
-    /// The address as the 32-bit words checksums add.
-    fn words(addr: &Self::Addr) -> &[u32];
     fn fib_addrs(params: &mut bpf_fib_lookup, src: Self::Addr, dst: Self::Addr);
     fn sock_addr(sa: &bpf_sock_addr) -> Self::Addr;
     fn set_sock_addr(sa: &mut bpf_sock_addr, addr: Self::Addr);
@@ -131,7 +129,7 @@ pub trait Ip: Family + AddrWords {
     /// RFC 8200 §8.1): both addresses, the protocol and the L4 length.
     #[inline(always)]
     fn pseudo_sum(src: &Self::Addr, dst: &Self::Addr, proto: u8, l4_len: u16) -> u32 {
-        let (src, dst) = (Self::words(src), Self::words(dst));
+        let (src, dst) = (Self::addr_words(src), Self::addr_words(dst));
         let mut sum = 0;
         for i in 0..src.len() {
             sum = crate::csum::add_u32(sum, src[i]);
@@ -215,10 +213,6 @@ impl Ip for V4 {
     #[inline(always)]
     fn masquerade_addr(config: &DatapathConfig) -> u32 {
         config.masquerade_addr_be
-    }
-    #[inline(always)]
-    fn words(addr: &u32) -> &[u32] {
-        core::slice::from_ref(addr)
     }
     #[inline(always)]
     fn fib_addrs(params: &mut bpf_fib_lookup, src: u32, dst: u32) {
@@ -314,10 +308,6 @@ impl Ip for V6 {
             .get(0)
             .map(|c| c.masquerade_addr_be)
             .unwrap_or_default()
-    }
-    #[inline(always)]
-    fn words(addr: &[u32; 4]) -> &[u32] {
-        addr
     }
     #[inline(always)]
     fn fib_addrs(params: &mut bpf_fib_lookup, src: [u32; 4], dst: [u32; 4]) {

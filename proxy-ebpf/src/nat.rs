@@ -217,7 +217,7 @@ fn write_at<T: Copy>(ctx: &TcContext, offset: usize, value: &T) -> Result<(), Co
 /// `diff` plus the checksum difference of an address changing from `old` to `new`.
 #[inline(always)]
 fn add_diff<F: Ip>(mut diff: u32, old: &F::Addr, new: &F::Addr) -> u32 {
-    let (old_words, new_words) = (F::words(old), F::words(new));
+    let (old_words, new_words) = (F::addr_words(old), F::addr_words(new));
     for i in 0..old_words.len() {
         diff = csum::add_u32(csum::add_u32(diff, !old_words[i]), new_words[i]);
     }
@@ -245,10 +245,13 @@ fn rewrite_ipv4_addresses<F: Ip>(
     // SAFETY: bounds-checked by ptr_at (words 5-9 of the header: checksum,
     // source, destination).
     let hdr = unsafe { &mut *hdr };
-    let (saddr, daddr) = (F::words(&out.saddr_be)[0], F::words(&out.daddr_be)[0]);
+    let (saddr, daddr) = (
+        F::addr_words(&out.saddr_be)[0],
+        F::addr_words(&out.daddr_be)[0],
+    );
     let mut check = hdr[0];
-    check = csum::replace4(check, F::words(&pkt.saddr_be)[0], saddr);
-    check = csum::replace4(check, F::words(&pkt.daddr_be)[0], daddr);
+    check = csum::replace4(check, F::addr_words(&pkt.saddr_be)[0], saddr);
+    check = csum::replace4(check, F::addr_words(&pkt.daddr_be)[0], daddr);
     hdr[0] = check;
     hdr[1] = saddr as u16;
     hdr[2] = (saddr >> 16) as u16;
@@ -291,7 +294,7 @@ fn apply_sctp<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Resu
             continue;
         }
         if let Some(ip_csum_off) = F::HDR_CSUM_OFF {
-            let (old_words, new_words) = (F::words(old), F::words(new));
+            let (old_words, new_words) = (F::addr_words(old), F::addr_words(new));
             for i in 0..old_words.len() {
                 ctx.l3_csum_replace(ip_csum_off, old_words[i] as u64, new_words[i] as u64, 4)
                     .map_err(failed)?;

@@ -59,7 +59,7 @@ pub fn send<F: Ip>(ctx: &TcContext, pkt: &Packet<F>) -> Result<i32, Counter> {
 /// Copies `addr` into `buf` at `off`, in network byte order.
 #[inline(always)]
 fn put_addr<F: Ip>(buf: &mut [u8], off: usize, addr: &F::Addr) {
-    for (i, word) in F::words(addr).iter().enumerate() {
+    for (i, word) in F::addr_words(addr).iter().enumerate() {
         buf[off + 4 * i..off + 4 * i + 4].copy_from_slice(&word.to_ne_bytes());
     }
 }

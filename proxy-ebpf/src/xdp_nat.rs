@@ -37,7 +37,7 @@ pub fn apply<F: Ip>(ctx: &XdpContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Resu
         if *addr == *new {
             continue;
         }
-        let (old_words, new_words) = (F::words(addr), F::words(new));
+        let (old_words, new_words) = (F::addr_words(addr), F::addr_words(new));
         for i in 0..old_words.len() {
             l4 = csum::replace4(l4, old_words[i], new_words[i]);
             ip = csum::add_u32(csum::add_u32(ip, !old_words[i]), new_words[i]);

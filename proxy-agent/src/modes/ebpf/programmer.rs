@@ -669,16 +669,17 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
         let key = f.key;
-        if !self.frontends.contains_key(&key) {
-            self.filter.add(frontend_filter_bit(&key));
-        }
-        let frontend = self.frontends.entry(key).or_insert_with(|| Frontend {
-            owner: owner.clone(),
-            service_id,
-            slots: Vec::new(),
-            range: None,
-            written: None,
-            maglev: None,
+        let filter = &mut self.filter;
+        let frontend = self.frontends.entry(key).or_insert_with(|| {
+            filter.add(frontend_filter_bit(&key));
+            Frontend {
+                owner: owner.clone(),
+                service_id,
+                slots: Vec::new(),
+                range: None,
+                written: None,
+                maglev: None,
+            }
         });
         if &frontend.owner != owner {
             // Two service ports claim one address:port (e.g. the same external IP):
