@@ -20,10 +20,7 @@ mod slot_ranges;
 mod small_set;
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
-use std::{
-    collections::{BTreeSet, hash_map::Entry},
-    net::SocketAddr,
-};
+use std::{collections::BTreeSet, net::SocketAddr};
 
 use proxy_common::{
     BackendId, BackendOf, CtDirection, FrontendKind, Scope, ServiceKeyOf, ServiceValue, V4, V6,
@@ -78,6 +75,9 @@ struct Frontend {
     /// The Maglev table reference as written (slot [`MAGLEV_SLOT`]).
     maglev: Option<ServiceValue>,
 }
+
+/// An endpoint set's backends by slot, and its Maglev table when it has one.
+type SetSlots = (Vec<BackendId>, Option<ServiceValue>);
 
 /// What the programmer keeps per service port, in one table: three tables
 /// keyed by the same names held about 10 MB more at 50,000 services.
@@ -340,14 +340,15 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
 
         for ((spn, svc), keep) in ports.iter().zip(&wanted_keys) {
             let spn = *spn;
-            let owned = self
-                .ports
-                .get(spn)
-                .map(|port| port.frontends.clone())
-                .unwrap_or_default();
             let keep = keep.as_ref();
-            for key in owned.iter().filter(|k| keep.is_none_or(|w| !w.contains(k))) {
-                self.remove_frontend(*key, maps, &mut run)?;
+            let gone: Vec<ServiceKeyOf<F>> = self.ports.get(spn).map_or_else(Vec::new, |port| {
+                (port.frontends.iter())
+                    .filter(|k| keep.is_none_or(|w| !w.contains(k)))
+                    .copied()
+                    .collect()
+            });
+            for key in gone {
+                self.remove_frontend(key, maps, &mut run)?;
             }
             if self
                 .ports
@@ -487,9 +488,10 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         self.add_source_ranges(service_id, &ranges, maps, run)?;
 
         let maglev = self.maglev.settings().wanted(svc.balancing);
-        let mut sets: HashMap<EndpointSet, (Vec<BackendId>, Option<ServiceValue>)> = HashMap::new();
+        // A port's frontends use one to three endpoint sets: a list, not a map.
+        let mut sets: Vec<(EndpointSet, SetSlots)> = Vec::new();
         for f in &wanted {
-            if let Entry::Vacant(entry) = sets.entry(f.endpoints) {
+            if !sets.iter().any(|(set, _)| *set == f.endpoints) {
                 let mut ids = Vec::new();
                 for backend in f.endpoints.backends(svc, &self.node.host) {
                     ids.push(self.ensure_backend(&backend, maps, run)?);
@@ -535,9 +537,12 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                     .or_default()
                     .set_slots
                     .insert(set, slots.clone());
-                entry.insert((slots, table));
+                sets.push((set, (slots, table)));
             }
-            let (slots, table) = &sets[&f.endpoints];
+            let (_, (slots, table)) = sets
+                .iter()
+                .find(|(set, _)| *set == f.endpoints)
+                .expect("added above");
             self.program_frontend(f, spn, service_id, slots, *table, maps, run)?;
             if f.kind() == FrontendKind::ClusterIp {
                 run.cluster_ip_frontends.push(f.key);
@@ -549,7 +554,8 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
 
         self.remove_source_ranges(service_id, &ranges, maps, run)?;
         if let Some(port) = self.ports.get_mut(spn) {
-            port.set_slots.retain(|set| sets.contains_key(&set));
+            port.set_slots
+                .retain(|set| sets.iter().any(|(kept, _)| *kept == set));
         }
         Ok(wanted.iter().map(|f| f.key).collect())
     }
