@@ -22,6 +22,8 @@ use serde_json::value::RawValue;
 
 use crate::{model::NamespacedName, sources::SourceEvent};
 
+mod one_pass;
+
 /// The objects of one consistent read of the directory.
 #[derive(Debug, Default, Clone)]
 pub struct Manifests {
@@ -323,12 +325,29 @@ fn parse_json_document(doc: &RawValue) -> ParsedDocument {
         _ => vec![doc],
     };
     let typed = |first: usize, items: &[&RawValue]| {
-        let items = items.iter().map(|item| {
+        // Each item read first as its predecessor's type (`one_pass`).
+        let mut previous: Option<(String, String)> = None;
+        let items = items.iter().map(move |item| {
+            if let Some((api_version, kind)) = &previous
+                && let Some(read) = one_pass::read(item.get(), api_version, kind)
+            {
+                let item = JsonItem {
+                    text: item,
+                    read: Some(read),
+                };
+                return Ok((api_version.clone(), kind.clone(), item));
+            }
             let h = head_of(item)?;
             let text = |c: Option<std::borrow::Cow<'_, str>>| {
                 c.map(|c| c.into_owned()).unwrap_or_default()
             };
-            Ok((text(h.api_version), text(h.kind), JsonItem(item)))
+            let (api_version, kind) = (text(h.api_version), text(h.kind));
+            previous = Some((api_version.clone(), kind.clone()));
+            let item = JsonItem {
+                text: item,
+                read: None,
+            };
+            Ok((api_version, kind, item))
         });
         objects_of(is_list, first, items)
     };
@@ -359,32 +378,39 @@ const PARALLEL_ITEMS: usize = 1024;
 trait Item {
     /// The digest of the item as written, when its text is at hand.
     fn text_digest(&self) -> Option<u64>;
-    fn typed<T: DeserializeOwned>(self) -> Result<T, (Option<String>, String)>;
+    fn typed<T: DeserializeOwned + 'static>(self) -> Result<T, (Option<String>, String)>;
 }
 
 impl Item for serde_yaml::Value {
     fn text_digest(&self) -> Option<u64> {
         None
     }
-    fn typed<T: DeserializeOwned>(self) -> Result<T, (Option<String>, String)> {
+    fn typed<T: DeserializeOwned + 'static>(self) -> Result<T, (Option<String>, String)> {
         serde_path_to_error::deserialize(self).map_err(path_error)
     }
 }
 
-struct JsonItem<'a>(&'a RawValue);
+struct JsonItem<'a> {
+    text: &'a RawValue,
+    /// The item already read, as the type its head names (`one_pass`).
+    read: Option<Box<dyn std::any::Any + Send>>,
+}
 
 impl Item for JsonItem<'_> {
     /// The item's text: the same object written the same way hashes alike,
     /// which is all a re-read must tell (a reformatted object counts as
     /// changed, and changes nothing downstream).
     fn text_digest(&self) -> Option<u64> {
-        Some(hash_bytes(self.0.get().as_bytes()))
+        Some(hash_bytes(self.text.get().as_bytes()))
     }
     /// Read without tracking the path first (a fifth faster), and again with
     /// it only when that fails, for the error to name the field.
-    fn typed<T: DeserializeOwned>(self) -> Result<T, (Option<String>, String)> {
-        serde_json::from_str(self.0.get()).or_else(|_| {
-            let mut de = serde_json::Deserializer::from_str(self.0.get());
+    fn typed<T: DeserializeOwned + 'static>(self) -> Result<T, (Option<String>, String)> {
+        if let Some(read) = self.read.and_then(|r| r.downcast::<T>().ok()) {
+            return Ok(*read);
+        }
+        serde_json::from_str(self.text.get()).or_else(|_| {
+            let mut de = serde_json::Deserializer::from_str(self.text.get());
             serde_path_to_error::deserialize(&mut de).map_err(path_error)
         })
     }

@@ -144,6 +144,7 @@ in_both_families!(
     traffic_to_an_unallocated_address_of_a_service_cidr_is_dropped,
     affinity_keeps_to_the_endpoints_the_traffic_policy_allows,
     xdp_passes_to_tc_what_its_filter_does_not_name,
+    xdp_passes_a_reply_to_a_masquerade_port_of_another_address_when_unfiltered,
 );
 
 pub(crate) const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -1267,6 +1268,64 @@ fn xdp_passes_to_tc_what_its_filter_does_not_name(net: &Net) {
             // The one established packet counted is TC's: XDP never looked
             // the passed one up.
             counters([(Counter::XdpTx, 2), (Counter::Established, 1)]),
+        ],
+    }
+    .run();
+}
+
+/// XDP's filter lets a packet to a masquerade port be looked up by port
+/// only at the masquerade address: a flow given a port of its own at the
+/// client's address (its reply tuple taken by another flow) has its replies
+/// looked up only through the backend's bit, and without it XDP passes them
+/// to TC, which translates them.
+fn xdp_passes_a_reply_to_a_masquerade_port_of_another_address_when_unfiltered(net: &Net) {
+    let other = net.service(12);
+    Scenario {
+        net,
+        // No local detection: cluster IPs reached from outside keep the client's address.
+        config: masquerading(0),
+        services: vec![
+            web(net),
+            cluster_ip(
+                "other",
+                Protocol::Tcp,
+                other,
+                80,
+                vec![endpoint(net.remote_backend, false)],
+            ),
+        ],
+        steps: vec![
+            send(
+                Xdp,
+                syn(net.client, 40000, net.cluster_ip, 80),
+                XDP_TX,
+                [
+                    To(net.remote_backend, TARGET),
+                    Src(net.client),
+                    SrcPort(40000),
+                ],
+            ),
+            // The same client port to the same endpoint through another
+            // frontend: the reply tuple is taken, so a port of its own.
+            send(
+                Xdp,
+                syn(net.client, 40000, other, 80),
+                XDP_TX,
+                [
+                    To(net.remote_backend, TARGET),
+                    Src(net.client),
+                    MasqueradePort,
+                ],
+            ),
+            Step::Setup(clear_filters),
+            send(Xdp, In::Reply(b""), XDP_PASS, [Unchanged]),
+            send(
+                FromNetdev,
+                In::Again,
+                TC_ACT_REDIRECT,
+                [Is(Frame::tcp(other, 80, net.client, 40000))],
+            ),
+            counters([(Counter::NewFlow, 2), (Counter::ReplyNat, 1)]),
         ],
     }
     .run();

@@ -79,6 +79,7 @@ impl Datapath {
     /// Runs `steps` in order; panics at the first that fails, naming it.
     pub fn play(&mut self, steps: impl IntoIterator<Item = Step>) {
         let mut last_out: Option<Vec<u8>> = None;
+        let mut last_in: Option<Vec<u8>> = None;
         for (i, step) in steps.into_iter().enumerate() {
             match step {
                 Step::Send {
@@ -100,6 +101,12 @@ impl Datapath {
                                 .build(payload);
                             (reply, 0)
                         }
+                        In::Again => {
+                            let last = last_in
+                                .clone()
+                                .unwrap_or_else(|| panic!("step {i}: no packet to send again"));
+                            (last, 0)
+                        }
                     };
                     let what = format!("step {i}: {hook:?} <- {}", Shown(&input));
                     let got = self.run_gso(hook, &input, gso_size);
@@ -108,6 +115,7 @@ impl Datapath {
                         check.assert(&input, &got.packet, &what);
                     }
                     last_out = Some(got.packet);
+                    last_in = Some(input);
                 }
                 Step::Counters(want) => {
                     let got: Vec<(Counter, u64)> =
@@ -160,6 +168,8 @@ pub enum In {
     /// The answer of whoever received the last packet out: its frame
     /// reversed, with this payload.
     Reply(&'static [u8]),
+    /// The last packet in, again (to show another hook what one passed).
+    Again,
     /// A GSO packet (a local socket's, TC only) of this many payload bytes
     /// per segment.
     Gso(Vec<u8>, u32),
