@@ -489,6 +489,84 @@ fn a_long_json_list_keeps_its_order_and_names_its_first_bad_item() {
     );
 }
 
+/// A list's items are read first as the type of the item before them; an
+/// item whose own head says otherwise is judged by it, as it always was.
+#[test]
+fn each_json_list_item_is_judged_by_its_own_apiversion_and_kind() {
+    let svc = |name: &str| to_json(&SERVICE.replace("name: web,", &format!("name: {name},")));
+    let slice = |name: &str| to_json(&SLICE.replace("name: web-1,", &format!("name: {name},")));
+    let list = |items: Vec<serde_json::Value>| {
+        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+    };
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}});
+    let mixed = list(vec![
+        svc("a"),
+        svc("b"),
+        slice("s1"),
+        slice("s2"),
+        pod.clone(),
+        svc("c"),
+    ]);
+    let m = load(&[("mixed.json", &mixed)]).unwrap();
+    let names = |objects: Vec<Option<String>>| objects.into_iter().flatten().collect::<Vec<_>>();
+    assert_eq!(
+        names(m.services.iter().map(|s| s.metadata.name.clone()).collect()),
+        ["a", "b", "c"]
+    );
+    assert_eq!(
+        names(
+            m.endpoint_slices
+                .iter()
+                .map(|s| s.metadata.name.clone())
+                .collect()
+        ),
+        ["s1", "s2"]
+    );
+
+    // After an item of its type, an item without its kind or apiVersion is
+    // still rejected for it, and one of another type read as that type.
+    for (field, item) in [("kind", "kind"), ("apiVersion", "apiVersion")] {
+        let mut bare = svc("b");
+        bare.as_object_mut().unwrap().remove(field);
+        let e = rejection(&[("list.json", &list(vec![svc("a"), bare]))]);
+        assert_eq!(
+            e.field.as_deref(),
+            Some(format!("items[1].{item}").as_str()),
+            "{e}"
+        );
+    }
+    // The YAML parser (no one-pass read) judges every list alike.
+    let mut relabelled = slice("s1");
+    relabelled["kind"] = "Service".into();
+    relabelled["apiVersion"] = "v1".into();
+    let mut bad_port = slice("s2");
+    bad_port["ports"][0]["port"] = "eighty".into();
+    for (items, rejected_at) in [
+        (vec![svc("a"), relabelled], None),
+        (vec![slice("s1"), bad_port], Some("items[1].ports[0].port")),
+        (vec![pod, slice("s1"), svc("a")], None),
+    ] {
+        let json = load(&[("list.json", &list(items.clone()))]);
+        let as_yaml = serde_yaml::to_string(&serde_json::json!({
+            "apiVersion": "v1", "kind": "List", "items": items
+        }))
+        .unwrap();
+        let yaml = load(&[("list.yaml", &as_yaml)]);
+        match (json, yaml) {
+            (Ok(j), Ok(y)) => {
+                assert_eq!(rejected_at, None);
+                assert_eq!(j.services, y.services);
+                assert_eq!(j.endpoint_slices, y.endpoint_slices);
+            }
+            (Err(j), Err(y)) => {
+                assert_eq!(j.field.as_deref(), rejected_at, "{j}");
+                assert_eq!(j.field, y.field, "{j} / {y}");
+            }
+            (j, y) => panic!("JSON {j:?}, YAML {y:?}"),
+        }
+    }
+}
+
 /// A JSON list re-read sends only the items whose text changed (their
 /// digest is taken from the text, on the threads that type them).
 #[test]
