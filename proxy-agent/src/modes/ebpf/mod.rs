@@ -318,10 +318,8 @@ mod tests {
     #[test]
     fn a_verifying_thread_runs_at_a_lower_priority_than_the_agent() {
         // SAFETY: plain syscalls about the calling thread.
-        let nice = || unsafe {
-            *libc::__errno_location() = 0;
-            libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t)
-        };
+        let nice =
+            || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
         let before = nice();
         let verifying = std::thread::spawn(move || {
             lower_verifier_priority();
