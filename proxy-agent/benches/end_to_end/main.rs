@@ -690,9 +690,24 @@ fn run() -> anyhow::Result<()> {
         let measured: Vec<usize> = (0..datapaths.len())
             .filter(|&i| row[i].skipped.is_none())
             .collect();
+        // A testbed none of whose datapaths runs at this scale (a rule mode
+        // above E2E_RULES_MAX) has its agent stopped: paused or not, an agent
+        // left from the last scale is no part of this one's figures.
+        for (b, bed) in beds.iter_mut().enumerate() {
+            let used = measured.iter().any(|&i| bed_of[i] == b);
+            if !used && bed.agent.is_some() {
+                bed.agent = None;
+                agent::cleanup(&bed.site.node)
+                    .with_context(|| format!("cleaning the {} node up", bed.name))?;
+            }
+        }
         // A warm-up, unrecorded: the first connections of a testbed pay for
         // neighbour resolution and cold caches.
         for &i in &measured {
+            // A start is timed with the other agents paused, as every other
+            // figure is: at 10,000 services a rule mode's periodic resync
+            // takes seconds of CPU, which a 2-CPU machine would give to it.
+            let _others = pause_others(&beds, bed_of[i])?;
             let (dp, bed) = (&datapaths[i], &mut beds[bed_of[i]]);
             if let Some(s) = bed.switch_to(dp, n)? {
                 row[i].start_s.push(s);
