@@ -125,7 +125,7 @@ pub fn render(
         out,
         "Control plane: *start* is the time from the agent's start (a new process, timed from its pid; the \
          median of {} starts per scale, each from cold: the node cleaned up with `proxy-agent --cleanup` \
-         before it) to every service programmed: the later of the target's ClusterIP and the NodePort answering and the \
+         before it, the other testbeds' agents paused) to every service programmed: the later of the target's ClusterIP and the NodePort answering and the \
          end of the first sync (all services), as the agent's `kubeproxy_sync_proxy_rules_last_timestamp_seconds` \
          gives it; *RSS* the agent's resident memory after the rounds; \
          *endpoint change* the time from the target service's endpoints replaced by a third \
