@@ -299,7 +299,7 @@ fn the_node_itself_and_host_network_endpoints_are_served_like_upstream() {
     let both_webs = set(&["web-a", "web-b"]);
     for op in [Op::Tcp, Op::Udp, Op::UdpConnected] {
         assert_eq!(
-            host_identities(&scene, &host_a, op, at(WEB_VIP, 80), 16),
+            host_identities(&scene, &host_a, op, at(WEB_VIP, 80), 24),
             both_webs,
             "{op:?}"
         );
@@ -309,7 +309,7 @@ fn the_node_itself_and_host_network_endpoints_are_served_like_upstream() {
             at(Ipv4Addr::LOCALHOST, WEB_NODE_PORT),
         ] {
             assert_eq!(
-                host_identities(&scene, &host_a, op, dst, 16),
+                host_identities(&scene, &host_a, op, dst, 24),
                 both_webs,
                 "{op:?} {dst}"
             );
