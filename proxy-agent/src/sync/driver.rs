@@ -91,7 +91,7 @@ where
         // slices reduced on every core, then fed in order.
         let events = events.ready_chunks(FEED_BATCH);
         futures::pin_mut!(events);
-        while let Some(batch) = events.next().await {
+        while let Some(batch) = next_batch(&mut events).await {
             let prepared = prepare(batch);
             let mut wants_sync = false;
             {
@@ -104,6 +104,9 @@ where
                 observer.queued();
                 handle.run();
             }
+            // Batches are taken without tokio's budget (see `next_batch`):
+            // the sync loop, polled by this same task, gets its turn here.
+            tokio::task::yield_now().await;
         }
     };
     // A finite source (manifests) ends its stream; keep syncing until shutdown.
@@ -120,6 +123,18 @@ where
 
 /// Events fed to the trackers under one lock.
 const FEED_BATCH: usize = 8_192;
+
+/// The next batch of ready events, up to [`FEED_BATCH`]. Taken outside
+/// tokio's cooperative budget: the agent's sources come through a tokio
+/// channel, which otherwise ended every batch at the budget's 128 events,
+/// too few for [`prepare`]'s threads, so a first listing's slices were all
+/// reduced on the one thread that feeds the trackers.
+async fn next_batch<S>(events: &mut S) -> Option<Vec<SourceEvent>>
+where
+    S: Stream<Item = Vec<SourceEvent>> + Unpin,
+{
+    tokio::task::unconstrained(events.next()).await
+}
 /// From this many events on, a batch's slices are reduced on several threads.
 const PARALLEL_EVENTS: usize = 1_024;
 
@@ -146,6 +161,23 @@ fn prepare(batch: Vec<SourceEvent>) -> Vec<PreparedEvent> {
 mod tests {
     use super::*;
     use crate::model::{DesiredState, NamespacedName};
+
+    #[tokio::test]
+    async fn a_listing_sent_through_a_tokio_channel_comes_as_one_batch() {
+        // As the agent's `read_ahead` passes a source's events on.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for _ in 0..5_000 {
+            tx.send(SourceEvent::ServicesSynced).unwrap();
+        }
+        let events =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })
+                .ready_chunks(FEED_BATCH);
+        futures::pin_mut!(events);
+        let batch = next_batch(&mut events).await.unwrap();
+        // Within tokio's budget it was 128 events, below the threaded path's threshold.
+        assert_eq!(batch.len(), 5_000);
+        assert!(batch.len() >= PARALLEL_EVENTS);
+    }
 
     fn service(i: usize) -> SourceEvent {
         SourceEvent::ServiceApplied(Box::new(
