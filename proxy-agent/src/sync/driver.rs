@@ -135,6 +135,7 @@ where
 {
     tokio::task::unconstrained(events.next()).await
 }
+
 /// From this many events on, a batch's slices are reduced on several threads.
 const PARALLEL_EVENTS: usize = 1_024;
 
