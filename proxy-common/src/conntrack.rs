@@ -1,4 +1,4 @@
-//! The conntrack map (LRU hash).
+//! The conntrack tables (plain hashes, swept by [`crate::collector`]).
 //!
 //! A new flow to a service writes two entries: the original direction keyed by
 //! the client's tuple towards the frontend (`Forward`, remembers the backend

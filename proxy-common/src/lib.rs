@@ -8,6 +8,7 @@
 pub mod action;
 pub mod affinity;
 pub mod backend;
+pub mod collector;
 pub mod config;
 pub mod conntrack;
 pub mod crc32c;
@@ -39,7 +40,7 @@ pub use stats::Counter;
 
 /// Bumped whenever a map type changes layout, so an agent never reuses maps
 /// pinned by an incompatible version.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 /// IP protocol numbers as stored in keys.
 pub mod proto {
@@ -87,3 +88,4 @@ assert_layout!(DatapathConfig6, size = 16, align = 4);
 assert_layout!(AffinityKey, size = 8, align = 4);
 assert_layout!(AffinityKey6, size = 20, align = 4);
 assert_layout!(AffinityValue, size = 16, align = 8);
+assert_layout!(collector::CollectorValue, size = 80, align = 8);

@@ -2,6 +2,7 @@
 
 pub const SERVICES: &str = "SERVICES";
 pub const BACKENDS: &str = "BACKENDS";
+/// Plain hashes since ABI 8 (LRU before), swept by `CT_COLLECTOR`.
 pub const CONNTRACK: &str = "CONNTRACK";
 pub const STATS: &str = "STATS";
 pub const CONFIG: &str = "CONFIG";
@@ -53,6 +54,9 @@ pub const MONITOR_RINGS: [&str; crate::monitor::MONITOR_SLOTS] = [
     "MONITOR_RING_2",
     "MONITOR_RING_3",
 ];
+
+/// The conntrack collector's timer and stats (`crate::collector`). ABI 8.
+pub const CT_COLLECTOR: &str = "CT_COLLECTOR";
 
 /// Frontends (slot 0, Maglev references) and cluster-IP markers.
 pub const MAX_SERVICE_ENTRIES: u32 = 262_144;

@@ -48,7 +48,7 @@ pub fn now_ns6() -> u64 {
 }
 
 #[inline(always)]
-fn coarse_ns() -> u64 {
+pub fn coarse_ns() -> u64 {
     // SAFETY: helper without preconditions.
     unsafe { bpf_ktime_get_coarse_ns() }
 }
@@ -239,12 +239,21 @@ pub fn live<F: Ip>(
     (idle <= idle_timeout(config, key.proto, entry.flags)).then_some(entry)
 }
 
+/// Inserts or replaces. A full table refuses (as the kernel's conntrack
+/// drops a new flow's packet when its table is full) and asks the
+/// collector for a sweep.
 #[inline(always)]
 pub fn insert<F: Ip>(key: &CtKeyOf<F>, value: &CtValueOf<F>) -> Result<(), Counter> {
-    F::conntrack()
-        .insert(key, value, 0)
-        .map_err(|_| Counter::DropConntrackFull)
+    F::conntrack().insert(key, value, 0).map_err(|e| {
+        if e == -E2BIG {
+            crate::collector::kick(coarse_ns());
+        }
+        Counter::DropConntrackFull
+    })
 }
+
+/// The error of an insert into a full hash.
+const E2BIG: i32 = 7;
 
 /// Inserts only if `key` holds no entry at all (live or expired).
 #[inline(always)]

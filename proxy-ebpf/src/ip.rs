@@ -97,7 +97,7 @@ pub trait Ip: Family + AddrWords {
 
     fn services() -> &'static HashMap<ServiceKeyOf<Self>, ServiceValue>;
     fn backends() -> &'static HashMap<BackendId, BackendOf<Self>>;
-    fn conntrack() -> &'static LruHashMap<CtKeyOf<Self>, CtValueOf<Self>>;
+    fn conntrack() -> &'static HashMap<CtKeyOf<Self>, CtValueOf<Self>>;
     fn local_pod_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8>;
     fn service_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8>;
     fn source_ranges() -> &'static LpmTrie<SourceRangeOf<Self>, u8>;
@@ -167,7 +167,7 @@ impl Ip for V4 {
         &maps::BACKENDS
     }
     #[inline(always)]
-    fn conntrack() -> &'static LruHashMap<CtKeyOf<Self>, CtValueOf<Self>> {
+    fn conntrack() -> &'static HashMap<CtKeyOf<Self>, CtValueOf<Self>> {
         &maps::CONNTRACK
     }
     #[inline(always)]
@@ -259,7 +259,7 @@ impl Ip for V6 {
         &maps::BACKENDS6
     }
     #[inline(always)]
-    fn conntrack() -> &'static LruHashMap<CtKeyOf<Self>, CtValueOf<Self>> {
+    fn conntrack() -> &'static HashMap<CtKeyOf<Self>, CtValueOf<Self>> {
         &maps::CONNTRACK6
     }
     #[inline(always)]

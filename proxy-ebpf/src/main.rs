@@ -4,6 +4,7 @@
 #![no_main]
 
 mod affinity;
+mod collector;
 mod config;
 mod conntrack;
 mod csum;
@@ -273,6 +274,17 @@ fn tc_packet<F: Ip>(ctx: &TcContext, hook: u8) -> i32 {
 }
 
 #[cfg(not(test))]
+/// Run by the agent (BPF_PROG_TEST_RUN, any frame) to arm the conntrack
+/// collector: XDP_PASS when armed, XDP_DROP when the kernel refused.
+#[xdp]
+pub fn ct_collector_arm(_ctx: XdpContext) -> u32 {
+    if collector::arm() == 0 {
+        XDP_PASS as u32
+    } else {
+        XDP_DROP as u32
+    }
+}
+
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}

@@ -32,7 +32,7 @@ pub static SERVICES: HashMap<ServiceKey, ServiceValue> =
 pub static BACKENDS: HashMap<BackendId, Backend> = HashMap::with_max_entries(MAX_BACKENDS, 0);
 
 #[map]
-pub static CONNTRACK: LruHashMap<CtKey, CtValue> = LruHashMap::with_max_entries(MAX_CONNTRACK, 0);
+pub static CONNTRACK: HashMap<CtKey, CtValue> = HashMap::with_max_entries(MAX_CONNTRACK, 0);
 
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_MAX, 0);
@@ -79,8 +79,7 @@ pub static SERVICES6: HashMap<ServiceKey6, ServiceValue> =
 pub static BACKENDS6: HashMap<BackendId, Backend6> = HashMap::with_max_entries(MAX_BACKENDS, 0);
 
 #[map]
-pub static CONNTRACK6: LruHashMap<CtKey6, CtValue6> =
-    LruHashMap::with_max_entries(MAX_CONNTRACK6, 0);
+pub static CONNTRACK6: HashMap<CtKey6, CtValue6> = HashMap::with_max_entries(MAX_CONNTRACK6, 0);
 
 #[map]
 pub static CONFIG6: Array<DatapathConfig6> = Array::with_max_entries(1, 0);

@@ -2,8 +2,9 @@
 //! (BPF_PROG_TEST_RUN): TCP flows expire by state (a reset one after the
 //! close timeout, a finished one after TIME_WAIT, a half-closed one after
 //! CLOSE_WAIT, an unanswered SYN after SYN_SENT), a SYN on a finished flow's
-//! tuple opens a new, newly balanced connection, and a full table still
-//! balances new flows. Needs root.
+//! tuple opens a new, newly balanced connection; a full table refuses new
+//! flows and keeps the live ones, and the collector frees expired (and
+//! under pressure, unanswered) flows. Needs root.
 
 use std::{
     collections::BTreeSet,
@@ -22,7 +23,9 @@ use proxy_agent::{
 };
 use proxy_common::{
     Counter, CtDirection, CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf, DatapathConfig,
-    Family, action::TC_ACT_OK,
+    Family,
+    action::{TC_ACT_OK, TC_ACT_SHOT},
+    collector::CollectorStats,
 };
 
 /// The addresses of these scenarios in one family.
@@ -57,7 +60,8 @@ in_both_families!(
     fins_both_ways_mean_time_wait_and_one_way_close_wait,
     an_unanswered_syn_expires_after_syn_sent_but_an_answered_one_does_not,
     a_syn_on_a_finished_flows_tuple_is_a_new_connection_balanced_again,
-    a_full_conntrack_table_still_balances_new_flows,
+    a_full_conntrack_table_refuses_new_flows_and_keeps_the_live_ones,
+    the_collector_frees_expired_flows_and_under_pressure_unanswered_ones,
     an_evicted_half_of_a_live_flow_is_rebuilt_from_the_other,
 );
 
@@ -98,6 +102,16 @@ impl Fixture {
             test_run::from_pod(&self.ebpf, &tcp_segment(frame, flags)).expect("BPF_PROG_TEST_RUN");
         assert_eq!(out.verdict, TC_ACT_OK);
         Frame::parse(&out.packet).unwrap()
+    }
+
+    /// A TCP segment with `flags` through `tc_from_pod`, whatever the verdict.
+    fn try_send(&self, frame: Frame, flags: u8) -> test_run::Outcome {
+        test_run::from_pod(&self.ebpf, &tcp_segment(frame, flags)).expect("BPF_PROG_TEST_RUN")
+    }
+
+    /// What the conntrack collector did so far.
+    fn collector(&self) -> CollectorStats {
+        ebpf::collector::stats(&self.ebpf).unwrap()
     }
 
     /// The client opens a connection from `sport`: SYN, SYN-ACK, ACK. Returns the backend.
@@ -266,28 +280,88 @@ fn a_syn_on_a_finished_flows_tuple_is_a_new_connection_balanced_again(net: &'sta
     assert_eq!(f.counter(Counter::Reopened), 59);
 }
 
-fn a_full_conntrack_table_still_balances_new_flows(net: &'static Net) {
+fn a_full_conntrack_table_refuses_new_flows_and_keeps_the_live_ones(net: &'static Net) {
     const ENTRIES: u32 = 256;
-    // The LRU keeps a free list per CPU: a thread moved between CPUs
-    // mid-test (a loaded machine) strands entries in the other's list.
-    crate::tester::stay_on_this_cpu();
     let f = Fixture::new(net, timeouts(60_000, 60_000, 60_000, 60_000), ENTRIES);
     let mut reached = BTreeSet::new();
-    for sport in 0..1_000u16 {
-        reached.insert(f.connect(20_000 + sport));
+    let flows: Vec<(u16, IpAddr)> = (0..ENTRIES as u16 / 2)
+        .map(|i| (20_000 + i, f.connect(20_000 + i)))
+        .collect();
+    for (_, backend) in &flows {
+        reached.insert(*backend);
     }
-    assert_eq!(f.counter(Counter::NewFlow), 1_000);
-    assert_eq!(f.counter(Counter::DropConntrackFull), 0);
     assert_eq!(reached.len(), 3);
-    // The LRU map evicted the least recently used flows: it is full, and the
-    // most recent flow is intact in both directions.
-    let entries = f.conntrack_entries();
-    assert!(
-        entries <= ENTRIES as usize && entries >= ENTRIES as usize * 3 / 4,
-        "{entries} of {ENTRIES}"
+    assert_eq!(f.conntrack_entries(), ENTRIES as usize);
+    assert_eq!(f.counter(Counter::DropConntrackFull), 0);
+
+    // As the kernel's conntrack: the new flow's packet is dropped, no
+    // live flow is evicted for it.
+    let refused = f.try_send(f.request(30_000), tcp_flags::SYN);
+    assert_eq!(refused.verdict, TC_ACT_SHOT);
+    assert_eq!(f.counter(Counter::DropConntrackFull), 1);
+    for (sport, backend) in &flows {
+        assert_eq!(f.send(f.request(*sport), tcp_flags::ACK).dst, *backend);
+        assert!(f.reply_translated(*backend, *sport));
+    }
+    // The refusal asked for a sweep under pressure: every flow here was
+    // answered and is live, so nothing is removed and the table stays full.
+    sleep_ms(300);
+    let stats = f.collector();
+    assert!(stats.sweeps >= 1, "{stats:?}");
+    assert_eq!(stats.removed, 0, "{stats:?}");
+    assert_eq!(f.conntrack_entries(), ENTRIES as usize);
+}
+
+fn the_collector_frees_expired_flows_and_under_pressure_unanswered_ones(net: &'static Net) {
+    const ENTRIES: u32 = 256;
+    // Resets expire after 150 ms; nothing else expires during the test.
+    let f = Fixture::new(net, timeouts(150, 60_000, 60_000, 60_000), ENTRIES);
+    let reset: Vec<u16> = (0..40).map(|i| 20_000 + i).collect();
+    let live: Vec<(u16, IpAddr)> = (0..40)
+        .map(|i| (21_000 + i, f.connect(21_000 + i)))
+        .collect();
+    for sport in &reset {
+        f.connect(*sport);
+        f.send(f.request(*sport), tcp_flags::RST | tcp_flags::ACK);
+    }
+    // Unanswered SYNs (a flood, or backends that do not answer) fill the rest.
+    for i in 0..48 {
+        f.send(f.request(22_000 + i), tcp_flags::SYN);
+    }
+    assert_eq!(f.conntrack_entries(), ENTRIES as usize);
+
+    // Past the resets' timeout, and the SYNs idle for a second: a new flow
+    // finds the table full, is dropped, and asks for a sweep at once.
+    sleep_ms(1_200);
+    let before = f.collector();
+    assert_eq!(
+        f.try_send(f.request(30_000), tcp_flags::SYN).verdict,
+        TC_ACT_SHOT
     );
-    let last = f.send(f.request(20_999), tcp_flags::ACK);
-    assert!(f.reply_translated(last.dst, 20_999));
+    sleep_ms(300);
+    let after = f.collector();
+    assert_eq!(after.sweeps, before.sweeps + 1, "{after:?}");
+    assert_eq!(after.removed - before.removed, 80 + 96, "{after:?}");
+    assert_eq!(
+        after.removed_under_pressure - before.removed_under_pressure,
+        96,
+        "{after:?}"
+    );
+    let left = if net.client.is_ipv6() {
+        after.live6
+    } else {
+        after.live
+    };
+    assert_eq!(left, 80, "{after:?}");
+    assert_eq!(f.conntrack_entries(), 80);
+
+    // The live flows kept their backends; new flows get in again.
+    for (sport, backend) in &live {
+        assert_eq!(f.send(f.request(*sport), tcp_flags::ACK).dst, *backend);
+        assert!(f.reply_translated(*backend, *sport));
+    }
+    let again = f.send(f.request(30_000), tcp_flags::SYN);
+    assert!(f.net.backends.contains(&again.dst));
 }
 
 fn an_evicted_half_of_a_live_flow_is_rebuilt_from_the_other(net: &'static Net) {

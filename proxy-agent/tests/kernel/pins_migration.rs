@@ -12,7 +12,7 @@ use std::{net::Ipv4Addr, path::PathBuf};
 use aya::maps::{Array, HashMap, Map, MapData};
 
 use crate::{
-    abi5::{conntrack_to_abi_5, services_to_abi_6},
+    abi5::{conntrack_to_abi_5, conntrack_to_lru, services_to_abi_6},
     bpffs::BpfFs,
     tester::{tcp_segment, web_service},
 };
@@ -79,6 +79,11 @@ fn error_of(result: anyhow::Result<Opened>) -> String {
 }
 
 #[test]
+fn maps_of_abi_7_are_migrated_and_established_flows_keep_their_backend() {
+    migrates_from(7);
+}
+
+#[test]
 fn maps_of_abi_6_are_migrated_and_established_flows_keep_their_backend() {
     migrates_from(6);
 }
@@ -124,21 +129,28 @@ fn migrates_from(version: u32) {
         root(&fs).join(format!("v{version}")),
     )
     .unwrap();
+    // No collector before 8, and LRU conntrack tables.
+    std::fs::remove_file(old_dir.join("CT_COLLECTOR")).unwrap();
     if version <= 5 {
         assert_eq!(
             conntrack_to_abi_5::<V4>(&fs, &old_dir.join("CONNTRACK")),
             flows
         );
+    } else {
+        conntrack_to_lru::<V4>(&fs, &old_dir.join("CONNTRACK"));
+        conntrack_to_lru::<V6>(&fs, &old_dir.join("CONNTRACK6"));
     }
     if version == 5 {
         to_abi_5_conntrack6(&fs, &old_dir);
     }
-    // Frontend, its marker and its three slots.
-    assert_eq!(
-        services_to_abi_6::<V4>(&fs, &old_dir, "SERVICES", "SLOTS"),
-        5
-    );
-    services_to_abi_6::<V6>(&fs, &old_dir, "SERVICES6", "SLOTS6");
+    if version <= 6 {
+        // Frontend, its marker and its three slots.
+        assert_eq!(
+            services_to_abi_6::<V4>(&fs, &old_dir, "SERVICES", "SLOTS"),
+            5
+        );
+        services_to_abi_6::<V6>(&fs, &old_dir, "SERVICES6", "SLOTS6");
+    }
     let masquerade_addr_be = u32::from(Ipv4Addr::new(198, 18, 0, 1)).to_be();
     let expected = if version >= 5 {
         let config: Array<MapData, DatapathConfig> =
@@ -239,6 +251,7 @@ fn migrates_from(version: u32) {
         "the new map is pinned"
     );
     assert!(layout.maps_dir().join("CONFIG").exists());
+    assert!(layout.maps_dir().join("CT_COLLECTOR").exists());
     let migrated = second.maps.config.get(&0, 0).unwrap();
     assert_eq!(migrated, expected);
     assert_eq!(conntrack_entries(&second), flows);
@@ -494,4 +507,67 @@ fn maglev_tables_survive_a_restart_unchanged() {
         before,
         "the same tuples, the same backends"
     );
+}
+
+/// The conntrack collector is the datapath's, not the agent's: after the
+/// agent that armed it is gone, it still sweeps the pinned tables and
+/// deletes the flows whose timeout passed, and a new agent takes it over.
+#[test]
+fn the_conntrack_collector_keeps_sweeping_after_the_agent_is_gone() {
+    use proxy_agent::modes::ebpf::collector::Value;
+    use proxy_common::collector::SWEEP_INTERVAL_NS;
+
+    let fs = BpfFs::new();
+    let layout = PinLayout::new(root(&fs));
+    let mut first = open_pinned(&layout, sizes()).unwrap();
+    program(&mut first);
+    first
+        .maps
+        .put_config(&DatapathConfig {
+            tcp_close_ns: 100_000_000,
+            ..DatapathConfig::default()
+        })
+        .unwrap();
+    for sport in [40000, 40001] {
+        let syn = send(&first, Frame::tcp(CLIENT, sport, VIP, 80), tcp_flags::SYN);
+        send(&first, syn.reply(), tcp_flags::SYN | tcp_flags::ACK);
+    }
+    // One flow is reset (gone after 100 ms), the other stays.
+    send(
+        &first,
+        Frame::tcp(CLIENT, 40000, VIP, 80),
+        tcp_flags::RST | tcp_flags::ACK,
+    );
+    assert_eq!(conntrack_entries(&first), 4);
+    drop(first);
+
+    // No agent: only the pins hold the datapath.
+    std::thread::sleep(std::time::Duration::from_nanos(
+        SWEEP_INTERVAL_NS + 1_500_000_000,
+    ));
+    let pinned = |name: &str| {
+        Map::from_map_data(MapData::from_pin(layout.maps_dir().join(name)).unwrap()).unwrap()
+    };
+    let conntrack: HashMap<MapData, CtKey, CtValue> = pinned("CONNTRACK").try_into().unwrap();
+    let left: Vec<CtKey> = conntrack.keys().map(Result::unwrap).collect();
+    assert_eq!(
+        left.len(),
+        2,
+        "the reset flow's halves were swept: {left:?}"
+    );
+    assert!(
+        left.iter()
+            .all(|k| k.sport_be == 40001u16.to_be() || k.dport_be == 40001u16.to_be())
+    );
+    let collector: Array<MapData, Value> = pinned("CT_COLLECTOR").try_into().unwrap();
+    let stats = collector.get(&0, 0).unwrap().0.stats;
+    assert!(stats.sweeps >= 1 && stats.removed == 2, "{stats:?}");
+    assert_eq!(stats.live, 2, "{stats:?}");
+    drop((conntrack, collector));
+
+    // A new agent takes the datapath over, collector included.
+    let second = open_pinned(&layout, sizes()).unwrap();
+    assert_eq!(second.takeover, Takeover::Adopt);
+    let taken = proxy_agent::modes::ebpf::collector::stats(&second.ebpf).unwrap();
+    assert_eq!(taken.removed, 2, "the collector's counts carry over");
 }

@@ -27,26 +27,7 @@ where
     v5::CtKeyOf<F>: Pod,
     v5::CtValueOf<F>: Pod,
 {
-    let pinned = MapData::from_pin(path).unwrap();
-    let capacity = pinned.info().unwrap().max_entries();
-    let now: HashMap<MapData, CtKeyOf<F>, CtValueOf<F>> =
-        Map::from_map_data(pinned).unwrap().try_into().unwrap();
-    let entries: Vec<(CtKeyOf<F>, CtValueOf<F>)> = now.iter().map(Result::unwrap).collect();
-    drop(now);
-    std::fs::remove_file(path).unwrap();
-    let size = |n: usize| u32::try_from(n).unwrap();
-    fs.pin_map_of(
-        path,
-        "lru_hash",
-        size(size_of::<v5::CtKeyOf<F>>()),
-        size(size_of::<v5::CtValueOf<F>>()),
-        capacity,
-    );
-    let mut old: HashMap<MapData, v5::CtKeyOf<F>, v5::CtValueOf<F>> =
-        Map::from_map_data(MapData::from_pin(path).unwrap())
-            .unwrap()
-            .try_into()
-            .unwrap();
+    let (entries, mut old) = repin_as_lru::<F, v5::CtKeyOf<F>, v5::CtValueOf<F>>(fs, path);
     for (k, v) in entries.iter().copied() {
         let key = v5::CtKeyOf::<F> {
             saddr_be: k.saddr_be,
@@ -143,4 +124,49 @@ where
         old.insert(k, v, 0).unwrap();
     }
     old_entries.len()
+}
+
+/// Replaces the conntrack table pinned at `path` with an LRU hash, as ABI 7
+/// and older had, holding the same entries with the same capacity.
+pub fn conntrack_to_lru<F: Family>(fs: &BpfFs, path: &Path)
+where
+    CtKeyOf<F>: Pod,
+    CtValueOf<F>: Pod,
+{
+    let (entries, mut old) = repin_as_lru::<F, CtKeyOf<F>, CtValueOf<F>>(fs, path);
+    for (k, v) in entries {
+        old.insert(k, v, 0).unwrap();
+    }
+}
+
+/// The entries of the conntrack table pinned at `path`, and an empty LRU
+/// hash of keys `K` and values `V` pinned in its place, of its capacity.
+fn repin_as_lru<F: Family, K: Pod, V: Pod>(
+    fs: &BpfFs,
+    path: &Path,
+) -> (Vec<(CtKeyOf<F>, CtValueOf<F>)>, HashMap<MapData, K, V>)
+where
+    CtKeyOf<F>: Pod,
+    CtValueOf<F>: Pod,
+{
+    let pinned = MapData::from_pin(path).unwrap();
+    let capacity = pinned.info().unwrap().max_entries();
+    let now: HashMap<MapData, CtKeyOf<F>, CtValueOf<F>> =
+        Map::from_map_data(pinned).unwrap().try_into().unwrap();
+    let entries: Vec<(CtKeyOf<F>, CtValueOf<F>)> = now.iter().map(Result::unwrap).collect();
+    drop(now);
+    std::fs::remove_file(path).unwrap();
+    let size = |n: usize| u32::try_from(n).unwrap();
+    fs.pin_map_of(
+        path,
+        "lru_hash",
+        size(size_of::<K>()),
+        size(size_of::<V>()),
+        capacity,
+    );
+    let lru = Map::from_map_data(MapData::from_pin(path).unwrap())
+        .unwrap()
+        .try_into()
+        .unwrap();
+    (entries, lru)
 }

@@ -6,7 +6,10 @@
 //! Names (all prefixed `kubeproxy_`): `ebpf_datapath_events_total{event}`,
 //! `ebpf_map_entries{map}`, `ebpf_map_capacity{map}`,
 //! `ebpf_interface_attached{interface,program,mode}`,
-//! `ebpf_program_run_seconds_total{program}`, `ebpf_program_runs_total{program}`.
+//! `ebpf_program_run_seconds_total{program}`, `ebpf_program_runs_total{program}`,
+//! `ebpf_conntrack_collector_events_total{event}` (sweeps, entries removed
+//! as expired and as unanswered under pressure) and
+//! `ebpf_conntrack_collector_last_sweep_seconds`.
 
 use std::{
     collections::BTreeSet,
@@ -34,13 +37,15 @@ pub mod family {
     pub const INTERFACE_ATTACHED: &str = "ebpf_interface_attached";
     pub const PROGRAM_RUN_SECONDS: &str = "ebpf_program_run_seconds";
     pub const PROGRAM_RUNS: &str = "ebpf_program_runs";
+    pub const COLLECTOR_EVENTS: &str = "ebpf_conntrack_collector_events";
+    pub const COLLECTOR_LAST_SWEEP: &str = "ebpf_conntrack_collector_last_sweep_seconds";
 }
 
 /// Every sample name a scrape can show, prefixed (for dashboards and alerts).
 pub fn sample_names() -> Vec<String> {
     use family::*;
-    let counters =
-        [EVENTS, PROGRAM_RUN_SECONDS, PROGRAM_RUNS].map(|c| format!("kubeproxy_{c}_total"));
+    let counters = [EVENTS, PROGRAM_RUN_SECONDS, PROGRAM_RUNS, COLLECTOR_EVENTS]
+        .map(|c| format!("kubeproxy_{c}_total"));
     let gauges = [MAP_ENTRIES, MAP_CAPACITY, INTERFACE_ATTACHED].map(|g| format!("kubeproxy_{g}"));
     counters.into_iter().chain(gauges).collect()
 }
@@ -233,9 +238,45 @@ impl DatapathMetrics {
     }
 }
 
+impl DatapathMetrics {
+    fn encode_collector(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        let Some((_, map)) = self.maps.iter().find(|(n, _)| n == names::CT_COLLECTOR) else {
+            return Ok(());
+        };
+        let stats = match super::collector::read(map) {
+            Ok(stats) => stats,
+            Err(e) => {
+                debug!(error = %format!("{e:#}"), "reading the conntrack collector");
+                return Ok(());
+            }
+        };
+        let mut events = encoder.encode_descriptor(
+            family::COLLECTOR_EVENTS,
+            "The conntrack collector's sweeps and the entries they removed: expired, or unanswered while a table was full",
+            None,
+            MetricType::Counter,
+        )?;
+        for (event, total) in [
+            ("sweep", stats.sweeps),
+            ("expired", stats.removed - stats.removed_under_pressure),
+            ("unanswered_under_pressure", stats.removed_under_pressure),
+        ] {
+            ConstCounter::new(total).encode(events.encode_family(&[("event", event)])?)?;
+        }
+        let last = encoder.encode_descriptor(
+            family::COLLECTOR_LAST_SWEEP,
+            "How long the conntrack collector's last sweep held its CPU",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(stats.last_sweep_took_ns as f64 / 1e9).encode(last)
+    }
+}
+
 impl Collector for DatapathMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         self.encode_counters(&mut encoder)?;
+        self.encode_collector(&mut encoder)?;
         self.encode_maps(&mut encoder)?;
         self.encode_programs(&mut encoder)
     }

@@ -24,7 +24,7 @@ use tracing::info;
 use super::{KernelMaps, slot_table::SlotTable};
 
 /// The versions this agent migrates from.
-const FROM: &[u32] = &[3, 4, 5, 6];
+const FROM: &[u32] = &[3, 4, 5, 6, 7];
 
 pub fn can_migrate(version: u32) -> bool {
     FROM.contains(&version)
@@ -53,15 +53,22 @@ pub fn migrate(
     // flow in one tuple space, the reply half marked in its value), and the
     // value gained the next-hop cache (empty until a packet fills it).
     // Version 6 -> 7: backend slots moved from service-map entries to the
-    // SLOTS arrays, named by the frontend's `first_slot`. Maps added without
-    // a bump are copied when the old version has them.
+    // SLOTS arrays, named by the frontend's `first_slot`. Version 7 -> 8:
+    // the conntrack tables became plain hashes swept by CT_COLLECTOR (LRU
+    // hashes before; same keys and values). Maps added without a bump are
+    // copied when the old version has them.
     let mut done = Migrated::default();
-    done.entries += copy_services(
-        old_dir,
-        names::SERVICES,
-        &mut maps.services,
-        &mut maps.slots,
-    )?;
+    done.entries += if version >= 7 {
+        copy_hash(old_dir, names::SERVICES, &mut maps.services)?
+            + copy_slots(old_dir, names::SLOTS, &mut maps.slots)?
+    } else {
+        copy_services(
+            old_dir,
+            names::SERVICES,
+            &mut maps.services,
+            &mut maps.slots,
+        )?
+    };
     done.entries += copy_hash(old_dir, names::BACKENDS, &mut maps.backends)?;
     done.conntrack = if version >= 6 {
         copy_hash(old_dir, names::CONNTRACK, &mut maps.conntrack)?
@@ -91,7 +98,12 @@ pub fn migrate(
         })?;
         let v6 = &mut maps.v6;
         done.entries += copy_if_pinned(old_dir, names::SERVICES6, |d, n| {
-            copy_services(d, n, &mut v6.services, &mut v6.slots)
+            if version >= 7 {
+                Ok(copy_hash(d, n, &mut v6.services)?
+                    + copy_slots(d, names::SLOTS6, &mut v6.slots)?)
+            } else {
+                copy_services(d, n, &mut v6.services, &mut v6.slots)
+            }
         })?;
         done.entries += copy_if_pinned(old_dir, names::BACKENDS6, |d, n| {
             copy_hash(d, n, &mut v6.backends)
@@ -226,6 +238,14 @@ where
         copied += 1;
     }
     Ok(copied)
+}
+
+/// Copies a slots array of ABI 7 or newer (as many slots as both hold);
+/// returns the slots copied.
+fn copy_slots(dir: &Path, name: &str, into: &mut SlotTable) -> anyhow::Result<usize> {
+    let from = SlotTable::new(open(dir, name)?).with_context(|| format!("mapping {name}"))?;
+    into.copy_from(&from);
+    Ok(from.capacity().min(into.capacity()) as usize)
 }
 
 /// Runs `copy` on map `name` when `dir` has it: maps added without an ABI

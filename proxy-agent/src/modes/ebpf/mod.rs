@@ -3,6 +3,7 @@
 
 mod attach;
 pub mod cleanup;
+pub mod collector;
 mod deferred;
 pub mod family;
 mod interfaces;
@@ -130,11 +131,19 @@ pub fn create_maps(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyho
 
 /// Verifies and loads the packet programs (TC and XDP) of an object from
 /// [`create_maps`].
+/// The conntrack collector comes with them: armed once they load.
 pub fn load_packet_programs(ebpf: &mut Ebpf) -> anyhow::Result<()> {
     load_programs(
         ebpf,
-        &[PROG_FROM_POD, PROG_FROM_NETDEV, PROG_FROM_HOST, PROG_XDP],
-    )
+        &[
+            PROG_FROM_POD,
+            PROG_FROM_NETDEV,
+            PROG_FROM_HOST,
+            PROG_XDP,
+            collector::PROG_ARM,
+        ],
+    )?;
+    collector::arm(ebpf)
 }
 
 /// Loads the socket-level balancing programs. A kernel without one of

@@ -8,9 +8,10 @@ use aya::{
     sys::{is_map_supported, is_program_supported},
 };
 
-/// The oldest kernel our programs load on: `bpf_redirect_neigh` (used by the TC programs to
-/// forward to a backend on another interface) arrived in 5.10.
-pub const MIN_KERNEL: (u32, u32) = (5, 10);
+/// The oldest kernel our programs load on: the conntrack collector's BPF
+/// timer arrived in 5.15 (`bpf_redirect_neigh`, which the TC programs
+/// forward with, in 5.10).
+pub const MIN_KERNEL: (u32, u32) = (5, 15);
 
 /// `major.minor` of a kernel release string such as `6.1.0-18-amd64`.
 pub fn parse_kernel_release(release: &str) -> Option<(u32, u32)> {
@@ -21,7 +22,7 @@ pub fn parse_kernel_release(release: &str) -> Option<(u32, u32)> {
 }
 
 /// A recent enough kernel with BTF, permission to load a TC (`sched_cls`)
-/// program, and the LRU hash map our conntrack uses.
+/// program, and the LRU hash map of session affinity and the socket hooks.
 pub fn probe() -> Result<(), String> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
@@ -29,7 +30,7 @@ pub fn probe() -> Result<(), String> {
     match parse_kernel_release(&release) {
         Some(v) if v < MIN_KERNEL => {
             return Err(format!(
-                "kernel {release} is older than {}.{} (our TC programs use bpf_redirect_neigh)",
+                "kernel {release} is older than {}.{} (the conntrack collector uses BPF timers)",
                 MIN_KERNEL.0, MIN_KERNEL.1
             ));
         }

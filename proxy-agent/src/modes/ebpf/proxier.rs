@@ -48,9 +48,9 @@ const NAMES_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Above this share of its capacity the table is reported as nearly full.
 const FILL_WARNING: f64 = 0.9;
 
-/// Watches the conntrack table fill up: the LRU map never refuses a new
-/// flow, it evicts the least recently used one, so a full table quietly
-/// forgets idle connections (whose next packet is then balanced anew).
+/// Watches the conntrack table fill up: a full table refuses new flows (as
+/// the kernel's conntrack drops them) until the collector frees expired
+/// flows, and under that pressure the unanswered ones.
 #[derive(Debug, Default)]
 struct ConntrackFill {
     last: Option<Instant>,
@@ -79,8 +79,8 @@ impl ConntrackFill {
                 entries,
                 capacity,
                 fill = format!("{:.0}%", fill * 100.0),
-                "the conntrack table is nearly full: idle flows are evicted to make room \
-                 (raise conntrack.maxPerCore / min or the extension's maps.conntrack)"
+                "the conntrack table is nearly full: when full it refuses new flows until \
+                 flows expire (raise conntrack.maxPerCore / min or the extension's maps.conntrack)"
             );
         } else {
             info!(

@@ -1,0 +1,193 @@
+//! The conntrack collector (`proxy_common::collector`): a BPF timer that
+//! sweeps both conntrack tables and deletes the entries whose idle timeout
+//! passed. The agent arms it once (`ct_collector_arm`, run through
+//! BPF_PROG_TEST_RUN); from then on it fires by itself for as long as
+//! `CT_COLLECTOR` is pinned, agent or no agent.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::bpf_timer,
+    btf_maps::Array,
+    helpers::{
+        bpf_for_each_map_elem, bpf_ktime_get_ns, bpf_map_delete_elem, bpf_timer_init,
+        bpf_timer_set_callback, bpf_timer_start,
+    },
+    macros::btf_map,
+};
+use proxy_common::{
+    CtKeyOf, CtValueOf, DatapathConfig, Family, V4, V6,
+    collector::{
+        CollectorStats, CollectorValue, KICK_GAP_NS, SWEEP_INTERVAL_NS,
+        UNANSWERED_UNDER_PRESSURE_NS,
+    },
+    conntrack::flags,
+};
+
+use crate::{
+    conntrack::{coarse_ns, idle_timeout},
+    maps::{CONNTRACK, CONNTRACK6},
+};
+
+/// The map value: the kernel finds the timer by its BTF type, so the
+/// element is declared here with `bpf_timer`; user space reads it as
+/// [`CollectorValue`].
+#[repr(C)]
+pub struct Collector {
+    timer: bpf_timer,
+    stats: CollectorStats,
+}
+
+const _: () = assert!(core::mem::size_of::<Collector>() == core::mem::size_of::<CollectorValue>());
+
+#[btf_map]
+pub static CT_COLLECTOR: Array<Collector, 1> = Array::new();
+
+const CLOCK_MONOTONIC: u64 = 1;
+const EBUSY: i64 = 16;
+
+/// Arms the timer: the next sweep after [`SWEEP_INTERVAL_NS`]. A timer an
+/// earlier agent armed (a pinned `CT_COLLECTOR`) takes this program's
+/// callback, and the old program is released. 0 or a negative errno.
+#[inline(always)]
+pub fn arm() -> i64 {
+    let Some(slot) = CT_COLLECTOR.get_ptr_mut(0) else {
+        return -1;
+    };
+    // SAFETY: `slot` points into the array's only value; the helpers check the timer.
+    unsafe {
+        let timer = &raw mut (*slot).timer;
+        let map = &CT_COLLECTOR as *const _ as *mut c_void;
+        let e = bpf_timer_init(timer, map, CLOCK_MONOTONIC);
+        if e != 0 && e != -EBUSY {
+            return e;
+        }
+        let e = bpf_timer_set_callback(timer, sweep as *mut c_void);
+        if e != 0 {
+            return e;
+        }
+        bpf_timer_start(timer, SWEEP_INTERVAL_NS, 0)
+    }
+}
+
+/// A new flow found a table full: a sweep now (at most every
+/// [`KICK_GAP_NS`]), under pressure.
+#[inline(always)]
+pub fn kick(now: u64) {
+    let Some(slot) = CT_COLLECTOR.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: as in `arm`; two CPUs kicking at once both start the timer, harmless.
+    unsafe {
+        let stats = &mut (*slot).stats;
+        if now.saturating_sub(stats.kicked_ns) < KICK_GAP_NS {
+            return;
+        }
+        stats.kicked_ns = now;
+        bpf_timer_start(&raw mut (*slot).timer, 0, 0);
+    }
+}
+
+/// One sweep's context, handed to the per-entry callbacks.
+#[repr(C)]
+struct Sweep {
+    config: *const DatapathConfig,
+    now: u64,
+    pressure: u64,
+    visited: u64,
+    removed: u64,
+    removed_under_pressure: u64,
+}
+
+extern "C" fn sweep(_map: *mut c_void, _key: *mut u32, slot: *mut Collector) -> i32 {
+    // SAFETY: the kernel hands the timer's map value; the map
+    // pointers are the programs' own maps.
+    unsafe {
+        let started = bpf_ktime_get_ns();
+        let stats = &mut (*slot).stats;
+        let Some(config) = crate::config::get() else {
+            bpf_timer_start(&raw mut (*slot).timer, SWEEP_INTERVAL_NS, 0);
+            return 0;
+        };
+        let mut ctx = Sweep {
+            config,
+            now: coarse_ns(),
+            pressure: u64::from(stats.kicked_ns != 0 && stats.kicked_ns >= stats.last_sweep_ns),
+            visited: 0,
+            removed: 0,
+            removed_under_pressure: 0,
+        };
+        let ctx_ptr = &raw mut ctx as *mut c_void;
+        bpf_for_each_map_elem(
+            &CONNTRACK as *const _ as *mut c_void,
+            visit4 as *mut c_void,
+            ctx_ptr,
+            0,
+        );
+        let live = ctx.visited - ctx.removed;
+        let removed4 = ctx.removed;
+        ctx.visited = 0;
+        bpf_for_each_map_elem(
+            &CONNTRACK6 as *const _ as *mut c_void,
+            visit6 as *mut c_void,
+            ctx_ptr,
+            0,
+        );
+        stats.live = live;
+        stats.live6 = ctx.visited - (ctx.removed - removed4);
+        stats.sweeps += 1;
+        stats.removed += ctx.removed;
+        stats.removed_under_pressure += ctx.removed_under_pressure;
+        stats.last_sweep_ns = ctx.now;
+        stats.last_sweep_took_ns = bpf_ktime_get_ns() - started;
+        bpf_timer_start(&raw mut (*slot).timer, SWEEP_INTERVAL_NS, 0);
+    }
+    0
+}
+
+extern "C" fn visit4(
+    map: *mut c_void,
+    key: *mut CtKeyOf<V4>,
+    value: *mut CtValueOf<V4>,
+    ctx: *mut Sweep,
+) -> i64 {
+    visit(map, key, value, ctx)
+}
+
+extern "C" fn visit6(
+    map: *mut c_void,
+    key: *mut CtKeyOf<V6>,
+    value: *mut CtValueOf<V6>,
+    ctx: *mut Sweep,
+) -> i64 {
+    visit(map, key, value, ctx)
+}
+
+/// Deletes the entry if it expired (or, under pressure, never saw a reply
+/// and was idle [`UNANSWERED_UNDER_PRESSURE_NS`]). Always 0: go on.
+#[inline(always)]
+fn visit<F: Family>(
+    map: *mut c_void,
+    key: *mut CtKeyOf<F>,
+    value: *mut CtValueOf<F>,
+    ctx: *mut Sweep,
+) -> i64 {
+    // SAFETY: the kernel hands the current element and our context.
+    unsafe {
+        let ctx = &mut *ctx;
+        let value = &*value;
+        ctx.visited += 1;
+        let idle = ctx.now.saturating_sub(value.last_seen_ns);
+        let expired = idle > idle_timeout(&*ctx.config, (*key).proto, value.flags);
+        let unanswered = ctx.pressure != 0
+            && value.flags & flags::SEEN_REPLY == 0
+            && idle >= UNANSWERED_UNDER_PRESSURE_NS;
+        if (expired || unanswered) && bpf_map_delete_elem(map, key as *const c_void) == 0 {
+            ctx.removed += 1;
+            if !expired {
+                ctx.removed_under_pressure += 1;
+            }
+        }
+    }
+    0
+}
