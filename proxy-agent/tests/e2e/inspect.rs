@@ -212,6 +212,10 @@ fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments()
         &["conntrack", "--client", &client],
     );
     assert_eq!(v["total"], entries.len(), "{v:#}");
+    assert!(
+        v["collector"]["sweeps"].is_u64(),
+        "the datapath's collector is reported: {v:#}"
+    );
     assert_eq!(
         v["matched"],
         2 * NODEPORT_CONNECTIONS,

@@ -139,12 +139,15 @@ where
     }
 }
 
+/// A conntrack table's entries.
+type Entries<F> = Vec<(CtKeyOf<F>, CtValueOf<F>)>;
+
 /// The entries of the conntrack table pinned at `path`, and an empty LRU
 /// hash of keys `K` and values `V` pinned in its place, of its capacity.
 fn repin_as_lru<F: Family, K: Pod, V: Pod>(
     fs: &BpfFs,
     path: &Path,
-) -> (Vec<(CtKeyOf<F>, CtValueOf<F>)>, HashMap<MapData, K, V>)
+) -> (Entries<F>, HashMap<MapData, K, V>)
 where
     CtKeyOf<F>: Pod,
     CtValueOf<F>: Pod,

@@ -117,6 +117,44 @@ pub struct ConntrackReport {
     pub entries: Vec<EntryView>,
     /// With --top.
     pub top: Option<Top>,
+    /// What the datapath's collector did (absent when its map is not pinned).
+    pub collector: Option<CollectorView>,
+}
+
+/// The conntrack collector's counts (`proxy_common::collector`).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CollectorView {
+    pub sweeps: u64,
+    pub removed_expired: u64,
+    pub removed_unanswered_under_pressure: u64,
+    /// How long ago the last sweep started, and how long it held its CPU.
+    pub last_sweep_seconds_ago: Option<f64>,
+    pub last_sweep_took_ms: Option<f64>,
+}
+
+impl CollectorView {
+    pub fn of(stats: &proxy_common::collector::CollectorStats, now_ns: u64) -> Self {
+        let swept = stats.sweeps > 0;
+        CollectorView {
+            sweeps: stats.sweeps,
+            removed_expired: stats.removed - stats.removed_under_pressure,
+            removed_unanswered_under_pressure: stats.removed_under_pressure,
+            last_sweep_seconds_ago: swept
+                .then(|| now_ns.saturating_sub(stats.last_sweep_ns) as f64 / 1e9),
+            last_sweep_took_ms: swept.then(|| stats.last_sweep_took_ns as f64 / 1e6),
+        }
+    }
+
+    fn text(&self) -> String {
+        let last = match (self.last_sweep_seconds_ago, self.last_sweep_took_ms) {
+            (Some(ago), Some(took)) => format!("last {ago:.0}s ago, took {took:.1} ms"),
+            _ => "none yet".into(),
+        };
+        format!(
+            "collector: {} sweeps ({last}); removed {} expired, {} unanswered under pressure\n",
+            self.sweeps, self.removed_expired, self.removed_unanswered_under_pressure
+        )
+    }
 }
 
 /// The client and backend of an entry: the client sent the forward
@@ -191,6 +229,7 @@ pub fn report(
         matched,
         entries: shown,
         top,
+        collector: None,
     }
 }
 
@@ -269,6 +308,9 @@ impl ConntrackReport {
             self.capacity,
             self.entries.len()
         ));
+        if let Some(collector) = &self.collector {
+            out.push_str(&collector.text());
+        }
         if !self.entries.is_empty() {
             let mut t = Table::new(&[
                 "DIR", "PROTO", "CLIENT", "BACKEND", "SERVICE", "SNAT", "FLAGS", "IDLE",
@@ -356,6 +398,30 @@ mod tests {
             ..Default::default()
         };
         Flow::of::<V4>(&k, &v)
+    }
+
+    #[test]
+    fn the_collector_line_says_what_the_sweeps_removed() {
+        use proxy_common::collector::CollectorStats;
+        let none = CollectorView::of(&CollectorStats::default(), 5_000_000_000);
+        assert_eq!(
+            none.text(),
+            "collector: 0 sweeps (none yet); removed 0 expired, 0 unanswered under pressure\n"
+        );
+        let stats = CollectorStats {
+            sweeps: 3,
+            removed: 10,
+            removed_under_pressure: 4,
+            last_sweep_ns: 2_000_000_000,
+            last_sweep_took_ns: 1_250_000,
+            ..CollectorStats::default()
+        };
+        let view = CollectorView::of(&stats, 9_000_000_000);
+        assert_eq!(view.removed_expired, 6);
+        assert_eq!(
+            view.text(),
+            "collector: 3 sweeps (last 7s ago, took 1.2 ms); removed 6 expired, 4 unanswered under pressure\n"
+        );
     }
 
     #[test]

@@ -106,7 +106,8 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
             let entries6 = pinned.maps.v6.conntrack.iter().filter_map(Result::ok);
             let entries = (entries4.map(|(k, v)| conntrack::Flow::of::<V4>(&k, &v)))
                 .chain(entries6.map(|(k, v)| conntrack::Flow::of::<V6>(&k, &v)));
-            let report = conntrack::report(entries, &naming, &opts);
+            let mut report = conntrack::report(entries, &naming, &opts);
+            report.collector = collector(&dir, opts.now_ns)?;
             out.render(&report, conntrack::ConntrackReport::text)
         }
         What::Counters => out.render(
@@ -133,6 +134,21 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
             out.render(&summary, Summary::text)
         }
     }
+}
+
+/// The collector's counts, from its pinned map (none before ABI 8 pinned it).
+fn collector(
+    dir: &std::path::Path,
+    now_ns: u64,
+) -> anyhow::Result<Option<conntrack::CollectorView>> {
+    let path = dir.join(proxy_common::maps::CT_COLLECTOR);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let map = aya::maps::MapData::from_pin(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let stats = crate::modes::ebpf::collector::read(&map)?;
+    Ok(Some(conntrack::CollectorView::of(&stats, now_ns)))
 }
 
 fn interfaces(set: &PinnedMapSet) -> anyhow::Result<kernel::InterfacesReport> {
