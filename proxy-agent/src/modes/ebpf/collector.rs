@@ -9,7 +9,7 @@ use aya::{
 };
 use proxy_common::{
     action::XDP_PASS,
-    collector::{CollectorStats, CollectorValue},
+    collector::{CollectorStats, CollectorValue, SWEEP_INTERVAL_NS},
     maps::CT_COLLECTOR,
 };
 
@@ -44,6 +44,10 @@ pub fn arm(ebpf: &mut Ebpf) -> anyhow::Result<()> {
     ensure!(
         out.verdict == XDP_PASS,
         "the kernel refused the conntrack collector's timer (BPF timers need Linux 5.15)"
+    );
+    tracing::info!(
+        every = ?std::time::Duration::from_nanos(SWEEP_INTERVAL_NS),
+        "conntrack collector armed: the datapath sweeps expired flows itself, agent or no agent"
     );
     Ok(())
 }
