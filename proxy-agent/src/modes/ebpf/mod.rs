@@ -130,8 +130,8 @@ pub fn create_maps(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyho
 }
 
 /// Verifies and loads the packet programs (TC and XDP) of an object from
-/// [`create_maps`].
-/// The conntrack collector comes with them: armed once they load.
+/// [`create_maps`]. The conntrack collector comes with them: armed once
+/// they load.
 pub fn load_packet_programs(ebpf: &mut Ebpf) -> anyhow::Result<()> {
     load_programs(
         ebpf,
