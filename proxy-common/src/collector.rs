@@ -39,7 +39,7 @@ pub struct CollectorValue {
 
 /// The time between two sweeps. A sweep holds its CPU (in softirq) for
 /// its whole length, about 2 ms for two empty tables of 262,144 entries
-/// and 19 ms with 250,000 flows on the VMs of docs/datapath.md; a full
+/// and 19 ms with 250,000 entries on the VMs of docs/datapath.md; a full
 /// table asks for one sooner ([`KICK_GAP_NS`]).
 pub const SWEEP_INTERVAL_NS: u64 = 10_000_000_000;
 /// A full table asks for a sweep at once, at most this often.

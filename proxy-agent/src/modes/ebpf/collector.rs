@@ -24,7 +24,7 @@ pub struct Value(pub CollectorValue);
 // SAFETY: plain data of fixed layout (proxy_common's layout checks).
 unsafe impl aya::Pod for Value {}
 
-/// Loads and runs the arming program of a loaded object: the collector
+/// Runs the arming program (loaded with the packet programs): the collector
 /// then sweeps on its own for as long as `CT_COLLECTOR` lives (pinned: past
 /// this process). Arming a pinned collector again hands it this object's
 /// programs.
@@ -34,10 +34,6 @@ pub fn arm(ebpf: &mut Ebpf) -> anyhow::Result<()> {
         .with_context(|| format!("program {PROG_ARM} missing from the object"))?
         .try_into()
         .with_context(|| format!("{PROG_ARM} is not an XDP program"))?;
-    if prog.fd().is_err() {
-        prog.load()
-            .with_context(|| format!("the kernel verifier rejected {PROG_ARM}"))?;
-    }
     // Any frame will do: the program reads nothing of it.
     let out = super::test_run::xdp(prog, &[0u8; 64], 0, 1)
         .context("running the collector's arming program")?;
@@ -57,8 +53,10 @@ pub fn stats(ebpf: &Ebpf) -> anyhow::Result<CollectorStats> {
     let map = ebpf
         .map(CT_COLLECTOR)
         .with_context(|| format!("map {CT_COLLECTOR} missing from the object"))?;
-    let array: Array<&MapData, Value> = Array::try_from(map)?;
-    Ok(array.get(&0, 0)?.0.stats)
+    match map {
+        Map::Array(data) => read(data),
+        _ => anyhow::bail!("{CT_COLLECTOR} is not an array"),
+    }
 }
 
 /// The same from a handle on the `CT_COLLECTOR` map.
