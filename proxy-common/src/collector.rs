@@ -1,10 +1,13 @@
 //! The conntrack collector (`CT_COLLECTOR`, one element). The conntrack
 //! tables are plain hashes: a new flow never evicts a live one, as in the
-//! kernel's conntrack, and nothing is removed by being old. A BPF timer
-//! in this map's value sweeps both tables and deletes the entries whose idle
-//! timeout passed; the timer, armed by the agent, keeps firing while the
-//! map is pinned, so the tables keep room for new flows whether the agent
-//! runs or not.
+//! kernel's conntrack, and nothing is removed by being old. Sweeps of both
+//! tables delete the entries whose idle timeout passed. A running agent
+//! sweeps every [`SWEEP_INTERVAL_NS`] from a thread of its own (in process
+//! context: the CPU's softirqs go on meanwhile), and each of its sweeps
+//! holds off a BPF timer in this map's value for [`AGENT_GRACE_NS`]. The
+//! timer, armed by the agent, keeps firing while the map is pinned: it
+//! sweeps when no agent did (so the tables keep room for new flows whether
+//! the agent runs or not), and at once when a table is full.
 
 /// What the sweeps did, the value's fields after the kernel's timer.
 #[repr(C)]
@@ -37,11 +40,16 @@ pub struct CollectorValue {
     pub stats: CollectorStats,
 }
 
-/// The time between two sweeps. A sweep holds its CPU (in softirq) for
-/// its whole length, about 2 ms for two empty tables of 262,144 entries
-/// and 19 ms with 250,000 entries on the VMs of docs/datapath.md; a full
-/// table asks for one sooner ([`KICK_GAP_NS`]).
+/// The time between two sweeps. A sweep takes about 2 ms for two empty
+/// tables of 262,144 entries and 19 ms with 250,000 entries on the VMs of
+/// docs/datapath.md: the agent's with its CPU's preemption off, the
+/// timer's in softirq (that CPU's packets wait for it). A full table asks
+/// the timer for one sooner ([`KICK_GAP_NS`]).
 pub const SWEEP_INTERVAL_NS: u64 = 10_000_000_000;
+/// An agent's sweep pushes the timer's next firing this far back: while the
+/// agent sweeps every [`SWEEP_INTERVAL_NS`], the timer never sweeps but
+/// under pressure; once it stops, the timer takes over within this.
+pub const AGENT_GRACE_NS: u64 = 2 * SWEEP_INTERVAL_NS;
 /// A full table asks for a sweep at once, at most this often.
 pub const KICK_GAP_NS: u64 = 100_000_000;
 /// Under pressure (a full table) a sweep also deletes the flows that never

@@ -1,8 +1,14 @@
-//! The conntrack collector (`proxy_common::collector`): a BPF timer that
-//! sweeps both conntrack tables and deletes the entries whose idle timeout
-//! passed. The agent arms it once (`ct_collector_arm`, run through
-//! BPF_PROG_TEST_RUN); from then on it fires by itself for as long as
-//! `CT_COLLECTOR` is pinned, agent or no agent.
+//! The conntrack collector (`proxy_common::collector`): sweeps of both
+//! conntrack tables that delete the entries whose idle timeout passed.
+//!
+//! While an agent runs, it sweeps (`ct_collector_sweep`, run through
+//! BPF_PROG_TEST_RUN from a thread of its own): in process context, where
+//! the CPU's softirqs, and so its packets, go on during the sweep. Each of
+//! those sweeps pushes the timer back ([`AGENT_GRACE_NS`]). The timer, which
+//! the agent arms once (`ct_collector_arm`), sweeps in softirq: when no
+//! agent swept for that long (the agent is gone), and at once when a new
+//! flow finds a table full. It fires for as long as `CT_COLLECTOR` is
+//! pinned, agent or no agent.
 
 use core::ffi::c_void;
 
@@ -18,7 +24,7 @@ use aya_ebpf::{
 use proxy_common::{
     CtKeyOf, CtValueOf, DatapathConfig, Family, V4, V6,
     collector::{
-        CollectorStats, CollectorValue, KICK_GAP_NS, SWEEP_INTERVAL_NS,
+        AGENT_GRACE_NS, CollectorStats, CollectorValue, KICK_GAP_NS, SWEEP_INTERVAL_NS,
         UNANSWERED_UNDER_PRESSURE_NS,
     },
     conntrack::flags,
@@ -62,7 +68,7 @@ pub fn arm() -> i64 {
         if e != 0 && e != -EBUSY {
             return e;
         }
-        let e = bpf_timer_set_callback(timer, sweep as *mut c_void);
+        let e = bpf_timer_set_callback(timer, on_timer as *mut c_void);
         if e != 0 {
             return e;
         }
@@ -99,20 +105,50 @@ struct Sweep {
     removed_under_pressure: u64,
 }
 
-extern "C" fn sweep(_map: *mut c_void, _key: *mut u32, slot: *mut Collector) -> i32 {
-    // SAFETY: the kernel hands the timer's map value; the map
-    // pointers are the programs' own maps.
+/// The timer's callback: a sweep (under pressure when a full table kicked
+/// it), then the next one in [`SWEEP_INTERVAL_NS`].
+extern "C" fn on_timer(_map: *mut c_void, _key: *mut u32, slot: *mut Collector) -> i32 {
+    // SAFETY: the kernel hands the timer's map value.
+    unsafe {
+        let stats = &(*slot).stats;
+        let pressure = stats.kicked_ns != 0 && stats.kicked_ns >= stats.last_sweep_ns;
+        sweep(&mut (*slot).stats, pressure);
+        bpf_timer_start(&raw mut (*slot).timer, SWEEP_INTERVAL_NS, 0);
+    }
+    0
+}
+
+/// The agent's sweep (never under pressure: that is the timer's, at once);
+/// the timer is pushed back by [`AGENT_GRACE_NS`]. 0, or -1 without the
+/// collector's value.
+#[inline(always)]
+pub fn sweep_for_agent() -> i64 {
+    let Some(slot) = CT_COLLECTOR.get_ptr_mut(0) else {
+        return -1;
+    };
+    // SAFETY: `slot` points into the array's only value; the helper checks the timer.
+    unsafe {
+        sweep(&mut (*slot).stats, false);
+        // Fails only while the timer is unarmed, as before the agent's first
+        // arming: then there is nothing to push back.
+        bpf_timer_start(&raw mut (*slot).timer, AGENT_GRACE_NS, 0);
+    }
+    0
+}
+
+/// Both tables, once.
+#[inline(always)]
+fn sweep(stats: &mut CollectorStats, pressure: bool) {
+    let Some(config) = crate::config::get() else {
+        return;
+    };
+    // SAFETY: the kernel's clock helpers and the programs' own maps.
     unsafe {
         let started = bpf_ktime_get_ns();
-        let stats = &mut (*slot).stats;
-        let Some(config) = crate::config::get() else {
-            bpf_timer_start(&raw mut (*slot).timer, SWEEP_INTERVAL_NS, 0);
-            return 0;
-        };
         let mut ctx = Sweep {
             config,
             now: coarse_ns(),
-            pressure: u64::from(stats.kicked_ns != 0 && stats.kicked_ns >= stats.last_sweep_ns),
+            pressure: u64::from(pressure),
             visited: 0,
             removed: 0,
             removed_under_pressure: 0,
@@ -140,9 +176,7 @@ extern "C" fn sweep(_map: *mut c_void, _key: *mut u32, slot: *mut Collector) -> 
         stats.removed_under_pressure += ctx.removed_under_pressure;
         stats.last_sweep_ns = ctx.now;
         stats.last_sweep_took_ns = bpf_ktime_get_ns() - started;
-        bpf_timer_start(&raw mut (*slot).timer, SWEEP_INTERVAL_NS, 0);
     }
-    0
 }
 
 extern "C" fn visit4(

@@ -27,8 +27,8 @@ mod stats;
 mod xdp_nat;
 
 use aya_ebpf::{
-    macros::{cgroup_sock_addr, classifier, xdp},
-    programs::{SockAddrContext, TcContext, XdpContext},
+    macros::{cgroup_sock_addr, classifier, flow_dissector, xdp},
+    programs::{FlowDissectorContext, SockAddrContext, TcContext, XdpContext},
 };
 use proxy_common::{
     Counter, V4, V6,
@@ -282,6 +282,21 @@ pub fn ct_collector_arm(_ctx: XdpContext) -> u32 {
         XDP_PASS as u32
     } else {
         XDP_DROP as u32
+    }
+}
+
+/// Run by the agent (BPF_PROG_TEST_RUN, any frame of 14 bytes or more)
+/// every `SWEEP_INTERVAL_NS` to sweep the conntrack tables in process
+/// context. A flow dissector program because its test run leaves the CPU's
+/// softirqs enabled (as the sk_lookup one does; XDP and TC runs disable
+/// them, and tracing programs may not use a map holding a timer); it is
+/// never attached. 0 when swept.
+#[flow_dissector]
+pub fn ct_collector_sweep(_ctx: FlowDissectorContext) -> u32 {
+    if collector::sweep_for_agent() == 0 {
+        0
+    } else {
+        1
     }
 }
 

@@ -213,8 +213,8 @@ fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments()
     );
     assert_eq!(v["total"], entries.len(), "{v:#}");
     assert!(
-        v["collector"]["sweeps"].is_u64(),
-        "the datapath's collector is reported: {v:#}"
+        v["collector"]["sweeps"].as_u64().is_some_and(|n| n >= 1),
+        "the running agent swept conntrack once its programs loaded: {v:#}"
     );
     assert_eq!(
         v["matched"],

@@ -571,3 +571,89 @@ fn the_conntrack_collector_keeps_sweeping_after_the_agent_is_gone() {
     let taken = proxy_agent::modes::ebpf::collector::stats(&second.ebpf).unwrap();
     assert_eq!(taken.removed, 2, "the collector's counts carry over");
 }
+
+/// While an agent runs it sweeps itself (in process context, where the
+/// CPU's softirqs go on), and each of its sweeps holds the datapath's timer
+/// off for `AGENT_GRACE_NS`; once the agent stops sweeping, the timer
+/// sweeps again.
+#[test]
+fn the_agents_sweeps_hold_the_timer_off_until_they_stop() {
+    use proxy_agent::modes::ebpf::collector::{self, Sweeper};
+    use proxy_common::collector::AGENT_GRACE_NS;
+    use std::{
+        os::fd::AsFd as _,
+        sync::{Arc, atomic::AtomicBool},
+        time::{Duration, Instant},
+    };
+
+    let fs = BpfFs::new();
+    let layout = PinLayout::new(root(&fs));
+    let mut agent = open_pinned(&layout, sizes()).unwrap();
+    program(&mut agent);
+    agent
+        .maps
+        .put_config(&DatapathConfig {
+            tcp_close_ns: 100_000_000,
+            ..DatapathConfig::default()
+        })
+        .unwrap();
+    let sweeps = |agent: &Opened| collector::stats(&agent.ebpf).unwrap().sweeps;
+    let reset = |agent: &Opened, sport: u16| {
+        send(
+            agent,
+            Frame::tcp(CLIENT, sport, VIP, 80),
+            tcp_flags::RST | tcp_flags::ACK,
+        );
+    };
+    for sport in [40000, 40001, 40002] {
+        let syn = send(&agent, Frame::tcp(CLIENT, sport, VIP, 80), tcp_flags::SYN);
+        send(&agent, syn.reply(), tcp_flags::SYN | tcp_flags::ACK);
+    }
+    assert_eq!(conntrack_entries(&agent), 6);
+
+    // The agent's sweeper thread: a sweep at once, then one per period,
+    // until it is stopped.
+    let program = collector::sweep_program(&agent.ebpf).unwrap();
+    let stopped = Arc::new(AtomicBool::new(false));
+    let before = sweeps(&agent);
+    reset(&agent, 40000);
+    std::thread::sleep(Duration::from_millis(150));
+    let thread = Sweeper {
+        program: program.try_clone().unwrap(),
+        every: Duration::from_millis(100),
+        stopped: stopped.clone(),
+    }
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(450));
+    stopped.store(true, std::sync::atomic::Ordering::Relaxed);
+    let stopping = Instant::now();
+    thread.join().unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_millis(500),
+        "the sweeper ends soon after its stop"
+    );
+    let by_thread = sweeps(&agent) - before;
+    assert!(
+        (4..=6).contains(&by_thread),
+        "a sweep at once and one per 100 ms: {by_thread}"
+    );
+    assert_eq!(conntrack_entries(&agent), 4, "the reset flow was swept");
+
+    // One more sweep of the agent's, then none: the timer does not sweep
+    // for AGENT_GRACE_NS (twice its own period), then it does.
+    reset(&agent, 40001);
+    std::thread::sleep(Duration::from_millis(150));
+    collector::sweep(program.as_fd()).unwrap();
+    let swept_at = Instant::now();
+    let after_agent = sweeps(&agent);
+    assert_eq!(conntrack_entries(&agent), 2);
+    reset(&agent, 40002);
+    let grace = Duration::from_nanos(AGENT_GRACE_NS);
+    std::thread::sleep(grace - Duration::from_millis(1_500) - swept_at.elapsed());
+    assert_eq!(sweeps(&agent), after_agent, "the timer was held off");
+    assert_eq!(conntrack_entries(&agent), 2, "expired, not swept yet");
+    std::thread::sleep(Duration::from_millis(3_000));
+    assert_eq!(sweeps(&agent), after_agent + 1, "the timer took over");
+    assert_eq!(conntrack_entries(&agent), 0);
+}

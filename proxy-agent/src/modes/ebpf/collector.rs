@@ -1,20 +1,32 @@
-//! Arms the datapath's conntrack collector (`proxy_common::collector`) and
-//! reads what its sweeps did.
+//! Arms the datapath's conntrack collector (`proxy_common::collector`),
+//! sweeps while the agent runs, and reads what the sweeps did.
+
+use std::{
+    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, ensure};
 use aya::{
     Ebpf,
     maps::{Array, Map, MapData},
-    programs::Xdp,
+    programs::{FlowDissector, Xdp},
 };
 use proxy_common::{
     action::XDP_PASS,
     collector::{CollectorStats, CollectorValue, SWEEP_INTERVAL_NS},
     maps::CT_COLLECTOR,
 };
+use tracing::{debug, info, warn};
 
 /// The program that arms the timer.
 pub const PROG_ARM: &str = "ct_collector_arm";
+/// The program of the agent's sweeps (a flow dissector, never attached).
+pub const PROG_SWEEP: &str = "ct_collector_sweep";
 
 /// `CollectorValue` as a map value.
 #[repr(transparent)]
@@ -41,11 +53,87 @@ pub fn arm(ebpf: &mut Ebpf) -> anyhow::Result<()> {
         out.verdict == XDP_PASS,
         "the kernel refused the conntrack collector's timer (BPF timers need Linux 5.15)"
     );
-    tracing::info!(
-        every = ?std::time::Duration::from_nanos(SWEEP_INTERVAL_NS),
-        "conntrack collector armed: the datapath sweeps expired flows itself, agent or no agent"
+    info!(
+        every = ?Duration::from_nanos(SWEEP_INTERVAL_NS),
+        "conntrack collector armed: the datapath sweeps expired flows itself when no agent does"
     );
     Ok(())
+}
+
+/// The sweep program's fd, for a [`Sweeper`] that outlives the borrow.
+pub fn sweep_program(ebpf: &Ebpf) -> anyhow::Result<OwnedFd> {
+    let prog: &FlowDissector = ebpf
+        .program(PROG_SWEEP)
+        .with_context(|| format!("program {PROG_SWEEP} missing from the object"))?
+        .try_into()
+        .with_context(|| format!("{PROG_SWEEP} is not a flow dissector program"))?;
+    let fd = prog
+        .fd()
+        .with_context(|| format!("{PROG_SWEEP} is not loaded"))?;
+    Ok(fd.as_fd().try_clone_to_owned()?)
+}
+
+/// One sweep of both tables, now, on this thread's CPU and in its context
+/// (softirqs enabled), holding the timer off for `AGENT_GRACE_NS`.
+pub fn sweep(program: BorrowedFd<'_>) -> anyhow::Result<()> {
+    // A frame is required (at least an Ethernet header); the program reads none of it.
+    let verdict = super::sys::test_run(program, &[0u8; 64])
+        .with_context(|| format!("running {PROG_SWEEP}"))?;
+    ensure!(
+        verdict == 0,
+        "{PROG_SWEEP} found no collector (returned {verdict})"
+    );
+    Ok(())
+}
+
+/// The agent's sweeps, on a thread of their own, every `every` until
+/// `stopped`: while they run, the timer sweeps only when a table is full.
+pub struct Sweeper {
+    pub program: OwnedFd,
+    pub every: Duration,
+    pub stopped: Arc<AtomicBool>,
+}
+
+impl Sweeper {
+    /// The first sweep at once, so that the timer armed a moment ago is
+    /// held off from the start.
+    pub fn spawn(self) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("ct-sweeper".into())
+            .spawn(move || self.run())
+    }
+
+    fn run(self) {
+        let mut failing = false;
+        while !self.stopped.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            match sweep(self.program.as_fd()) {
+                Ok(()) => {
+                    if failing {
+                        info!("conntrack sweeps work again");
+                    }
+                    failing = false;
+                    debug!(took = ?started.elapsed(), "conntrack swept");
+                }
+                Err(e) if !failing => {
+                    failing = true;
+                    warn!(
+                        error = %format!("{e:#}"),
+                        "the agent cannot sweep the conntrack tables: the datapath's timer does, in softirq"
+                    );
+                }
+                Err(_) => {}
+            }
+            // Slept in short steps, so that a stop ends the thread soon.
+            let next = started + self.every;
+            while !self.stopped.load(Ordering::Relaxed) && Instant::now() < next {
+                std::thread::sleep(
+                    next.saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(200)),
+                );
+            }
+        }
+    }
 }
 
 /// What the collector's sweeps did so far.

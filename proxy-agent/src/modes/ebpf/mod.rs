@@ -141,6 +141,7 @@ pub fn load_packet_programs(ebpf: &mut Ebpf) -> anyhow::Result<()> {
             PROG_FROM_HOST,
             PROG_XDP,
             collector::PROG_ARM,
+            collector::PROG_SWEEP,
         ],
     )?;
     collector::arm(ebpf)
@@ -259,6 +260,7 @@ fn load_program(name: &str, prog: &mut aya::programs::Program) -> anyhow::Result
             aya::programs::Program::SchedClassifier(p) => p.load(),
             aya::programs::Program::Xdp(p) => p.load(),
             aya::programs::Program::CgroupSockAddr(p) => p.load(),
+            aya::programs::Program::FlowDissector(p) => p.load(),
             _ => bail!("program {name} has an unexpected type"),
         };
         match result {

@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use super::introspect::names::names_path;
 use super::{
-    Attacher, EbpfNodeSettings, EbpfProxier, KernelMaps, MapSizes, cleanup, create_maps,
+    Attacher, EbpfNodeSettings, EbpfProxier, KernelMaps, MapSizes, cleanup, collector, create_maps,
     load_packet_programs, migrate,
     node::masquerade_port_ranges,
     object_maps,
@@ -177,6 +177,22 @@ fn attach_once_verified(
         }
         loaded?;
         info!(took = ?started.elapsed(), "packet programs verified");
+        // The agent sweeps conntrack itself while it runs (in process
+        // context); without it, the datapath's timer does.
+        let sweeper = collector::sweep_program(&ebpf).and_then(|program| {
+            let sweeper = collector::Sweeper {
+                program,
+                every: Duration::from_nanos(proxy_common::collector::SWEEP_INTERVAL_NS),
+                stopped: stopped.clone(),
+            };
+            Ok(sweeper.spawn()?)
+        });
+        if let Err(e) = sweeper {
+            warn!(
+                error = %format!("{e:#}"),
+                "the agent's conntrack sweeper did not start: the datapath's timer sweeps, in softirq"
+            );
+        }
         // After every program loaded: the metrics name the maps they use.
         let _ = metrics.set(super::metrics::DatapathMetrics::of(&ebpf));
         let mut slot = first_attacher.lock().unwrap_or_else(|e| e.into_inner());

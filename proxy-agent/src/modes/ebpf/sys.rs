@@ -1,6 +1,7 @@
 //! The few bpf(2) commands aya does not expose: reading and writing a map's
 //! entries in batches, walking the kernel's links with their attach
-//! details, and asking which programs are attached to an interface through tcx.
+//! details, asking which programs are attached to an interface through tcx,
+//! and a test run by program fd alone (aya's needs the program object).
 
 use std::{
     io,
@@ -8,6 +9,7 @@ use std::{
 };
 
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
@@ -55,6 +57,41 @@ struct BatchAttr {
     map_fd: u32,
     elem_flags: u64,
     flags: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+/// Runs the program `fd` once on `data` (BPF_PROG_TEST_RUN, nothing
+/// written back) on the calling thread's CPU; its return value.
+pub fn test_run(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<u32> {
+    let mut attr = TestRunAttr {
+        prog_fd: fd.as_raw_fd() as u32,
+        data_size_in: data.len() as u32,
+        data_in: data.as_ptr() as u64,
+        repeat: 1,
+        ..Default::default()
+    };
+    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
+    Ok(attr.retval)
 }
 
 /// Entries per batch: 1M entries take 256 calls.
