@@ -14,6 +14,7 @@ mod explain_common;
 mod tester;
 
 mod batched_writes;
+mod collector_softirqs;
 mod datapath_affinity;
 mod datapath_conntrack;
 mod datapath_frontends;
