@@ -53,6 +53,10 @@ pub const SWEEP_INTERVAL_NS: u64 = 10_000_000_000;
 pub const AGENT_GRACE_NS: u64 = 2 * SWEEP_INTERVAL_NS;
 /// A full table asks for a sweep at once, at most this often.
 pub const KICK_GAP_NS: u64 = 100_000_000;
+/// ... and at most once per this many lengths of the last sweep: a table
+/// full of live flows, which a sweep cannot free, keeps the timer's CPU in
+/// sweeps for at most a tenth of its time.
+pub const KICK_GAP_SWEEPS: u64 = 10;
 /// Under pressure (a full table) a sweep also deletes the flows that never
 /// saw a reply and were idle this long, as the kernel's early drop evicts
 /// unassured entries first: a flood of unanswered SYNs cannot hold the table.

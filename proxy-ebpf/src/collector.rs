@@ -24,8 +24,8 @@ use aya_ebpf::{
 use proxy_common::{
     CtKeyOf, CtValueOf, DatapathConfig, Family, V4, V6,
     collector::{
-        AGENT_GRACE_NS, CollectorStats, CollectorValue, KICK_GAP_NS, SWEEP_INTERVAL_NS,
-        UNANSWERED_UNDER_PRESSURE_NS,
+        AGENT_GRACE_NS, CollectorStats, CollectorValue, KICK_GAP_NS, KICK_GAP_SWEEPS,
+        SWEEP_INTERVAL_NS, UNANSWERED_UNDER_PRESSURE_NS,
     },
     conntrack::flags,
 };
@@ -77,7 +77,8 @@ pub fn arm() -> i64 {
 }
 
 /// A new flow found a table full: a sweep now (at most every
-/// [`KICK_GAP_NS`]), under pressure.
+/// [`KICK_GAP_NS`], and every [`KICK_GAP_SWEEPS`] lengths of the last
+/// sweep), under pressure.
 #[inline(always)]
 pub fn kick(now: u64) {
     let Some(slot) = CT_COLLECTOR.get_ptr_mut(0) else {
@@ -86,7 +87,9 @@ pub fn kick(now: u64) {
     // SAFETY: as in `arm`; two CPUs kicking at once both start the timer, harmless.
     unsafe {
         let stats = &mut (*slot).stats;
-        if now.saturating_sub(stats.kicked_ns) < KICK_GAP_NS {
+        // Capped (at 18 minutes) so the product fits: a 128-bit multiply is no BPF instruction.
+        let gap = KICK_GAP_NS.max(stats.last_sweep_took_ns.min(1 << 40) * KICK_GAP_SWEEPS);
+        if now.saturating_sub(stats.kicked_ns) < gap {
             return;
         }
         stats.kicked_ns = now;
