@@ -44,8 +44,8 @@ pub struct CollectorValue {
 /// tables of 262,144 entries, 19 ms with 250,000 entries and over 100 ms
 /// for a full table of 2^20 on the VMs of docs/datapath.md: the agent's
 /// with its CPU's preemption off, the timer's in softirq (that CPU's
-/// packets wait for it). A full table asks
-/// the timer for one sooner ([`KICK_GAP_NS`]).
+/// packets wait for it). A full table asks the timer for one sooner
+/// ([`KICK_GAP_NS`]).
 pub const SWEEP_INTERVAL_NS: u64 = 10_000_000_000;
 /// An agent's sweep pushes the timer's next firing this far back: while the
 /// agent sweeps every [`SWEEP_INTERVAL_NS`], the timer never sweeps but
