@@ -113,17 +113,23 @@ struct Sweep {
 extern "C" fn on_timer(_map: *mut c_void, _key: *mut u32, slot: *mut Collector) -> i32 {
     // SAFETY: the kernel hands the timer's map value.
     unsafe {
-        let stats = &(*slot).stats;
-        let pressure = stats.kicked_ns != 0 && stats.kicked_ns >= stats.last_sweep_ns;
+        let pressure = kick_pending(&(*slot).stats);
         sweep(&mut (*slot).stats, pressure);
         bpf_timer_start(&raw mut (*slot).timer, SWEEP_INTERVAL_NS, 0);
     }
     0
 }
 
-/// The agent's sweep (never under pressure: that is the timer's, at once);
-/// the timer is pushed back by [`AGENT_GRACE_NS`]. 0, or -1 without the
-/// collector's value.
+/// Whether a full table asked for a sweep that has not run yet.
+#[inline(always)]
+fn kick_pending(stats: &CollectorStats) -> bool {
+    stats.kicked_ns != 0 && stats.kicked_ns >= stats.last_sweep_ns
+}
+
+/// The agent's sweep; the timer is pushed back by [`AGENT_GRACE_NS`]. A
+/// kick's sweep is the timer's, at once, but a push landing between the
+/// kick and its firing cancels that firing: then this sweep runs under
+/// pressure in its place. 0, or -1 without the collector's value.
 #[inline(always)]
 pub fn sweep_for_agent() -> i64 {
     let Some(slot) = CT_COLLECTOR.get_ptr_mut(0) else {
@@ -131,7 +137,8 @@ pub fn sweep_for_agent() -> i64 {
     };
     // SAFETY: `slot` points into the array's only value; the helper checks the timer.
     unsafe {
-        sweep(&mut (*slot).stats, false);
+        let pressure = kick_pending(&(*slot).stats);
+        sweep(&mut (*slot).stats, pressure);
         // Fails only while the timer is unarmed, as before the agent's first
         // arming: then there is nothing to push back.
         bpf_timer_start(&raw mut (*slot).timer, AGENT_GRACE_NS, 0);

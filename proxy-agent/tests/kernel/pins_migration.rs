@@ -657,3 +657,50 @@ fn the_agents_sweeps_hold_the_timer_off_until_they_stop() {
     assert_eq!(sweeps(&agent), after_agent + 1, "the timer took over");
     assert_eq!(conntrack_entries(&agent), 0);
 }
+
+/// A kick whose firing was cancelled (here: the timer is gone, as an
+/// agent's push landing between a kick and its firing cancels that firing)
+/// is served by the agent's next sweep, under pressure.
+#[test]
+fn an_agents_sweep_serves_a_kick_the_timer_did_not() {
+    use proxy_agent::modes::ebpf::collector::{self, Value};
+    use std::os::fd::AsFd as _;
+
+    let fs = BpfFs::new();
+    let layout = PinLayout::new(root(&fs));
+    let mut agent = open_pinned(&layout, sizes()).unwrap();
+    program(&mut agent);
+    agent.maps.put_config(&DatapathConfig::default()).unwrap();
+    // Three unanswered SYNs, idle past UNANSWERED_UNDER_PRESSURE_NS.
+    for sport in [40000, 40001, 40002] {
+        send(&agent, Frame::tcp(CLIENT, sport, VIP, 80), tcp_flags::SYN);
+    }
+    assert_eq!(conntrack_entries(&agent), 6);
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    let program_fd = collector::sweep_program(&agent.ebpf).unwrap();
+    collector::sweep(program_fd.as_fd()).unwrap();
+    assert_eq!(conntrack_entries(&agent), 6, "no pressure, nothing removed");
+
+    // A pending kick, and no timer to serve it (a write from user space
+    // frees the value's timer).
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the timespec only.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    let map = agent
+        .ebpf
+        .map_mut(proxy_common::maps::CT_COLLECTOR)
+        .unwrap();
+    let mut collector_map: Array<&mut MapData, Value> = Array::try_from(map).unwrap();
+    let mut value = collector_map.get(&0, 0).unwrap();
+    value.0.stats.kicked_ns = now;
+    collector_map.set(0, value, 0).unwrap();
+
+    collector::sweep(program_fd.as_fd()).unwrap();
+    let stats = collector::stats(&agent.ebpf).unwrap();
+    assert_eq!(stats.removed_under_pressure, 6, "{stats:?}");
+    assert_eq!(conntrack_entries(&agent), 0);
+}
