@@ -28,7 +28,7 @@ use testbed::{cleanup, netns};
 
 use crate::{
     bpffs::BpfFs,
-    tester::{tcp_segment, web_service},
+    tester::{coarse_now_ns, tcp_segment, web_service},
 };
 
 const ENTRIES: u32 = 1 << 20;
@@ -53,16 +53,6 @@ fn realtime() {
     // SAFETY: plain call on this thread.
     let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
     assert_eq!(rc, 0, "SCHED_FIFO");
-}
-
-fn coarse_now() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes the timespec only.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn net_rx_on_sweep_cpu() -> u64 {
@@ -217,7 +207,7 @@ fn the_agents_sweeps_leave_the_cpus_softirqs_running_the_timers_hold_them_at_mos
     // A full table of live, answered flows: sweeps visit them all and delete none.
     {
         let ct: &mut HashMap<MapData, CtKey, CtValue> = &mut opened.maps.conntrack;
-        let now = coarse_now();
+        let now = coarse_now_ns();
         for i in 0..ENTRIES {
             let client = 0xc612_8000u32 + (i >> 16);
             let key = CtKey::new(
@@ -273,7 +263,7 @@ fn the_agents_sweeps_leave_the_cpus_softirqs_running_the_timers_hold_them_at_mos
         test_run::from_pod(&opened.ebpf, &syn).unwrap();
     };
     let gap = timer.last_sweep_took_ns * proxy_common::collector::KICK_GAP_SWEEPS;
-    let since_kick = coarse_now().saturating_sub(timer.kicked_ns);
+    let since_kick = coarse_now_ns().saturating_sub(timer.kicked_ns);
     assert!(since_kick < gap, "the check below comes within the gap");
     syn(40001);
     std::thread::sleep(Duration::from_millis(300));
@@ -283,7 +273,7 @@ fn the_agents_sweeps_leave_the_cpus_softirqs_running_the_timers_hold_them_at_mos
         "no sweep within ten sweep lengths"
     );
     std::thread::sleep(Duration::from_nanos(
-        (timer.kicked_ns + gap).saturating_sub(coarse_now()) + 50_000_000,
+        (timer.kicked_ns + gap).saturating_sub(coarse_now_ns()) + 50_000_000,
     ));
     syn(40002);
     std::thread::sleep(Duration::from_millis(500));

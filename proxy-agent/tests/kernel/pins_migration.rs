@@ -683,13 +683,7 @@ fn an_agents_sweep_serves_a_kick_the_timer_did_not() {
 
     // A pending kick, and no timer to serve it (a write from user space
     // frees the value's timer).
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes the timespec only.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    let now = crate::tester::coarse_now_ns();
     let map = agent
         .ebpf
         .map_mut(proxy_common::maps::CT_COLLECTOR)
