@@ -99,6 +99,9 @@ pub fn slice_info(slice: &EndpointSlice) -> Option<SliceInfo> {
         })
         .collect();
     ports.sort_by_key(|p| p.port);
+    // A slice's endpoints are mostly placed alike: the previous one's
+    // placement is reused without the interner's lock and allocations.
+    let mut previous: Option<Arc<Placement>> = None;
     let mut endpoints: Vec<SliceEndpoint> = slice
         .endpoints
         .iter()
@@ -123,18 +126,33 @@ pub fn slice_info(slice: &EndpointSlice) -> Option<SliceInfo> {
             zone_hints.dedup();
             node_hints.sort();
             node_hints.dedup();
-            let placement = Placement {
-                node_name: ep.node_name.clone(),
-                zone: ep.zone.clone(),
-                zone_hints,
-                node_hints,
+            let placement = match previous.as_ref() {
+                Some(p)
+                    if p.node_name == ep.node_name
+                        && p.zone == ep.zone
+                        && p.zone_hints == zone_hints
+                        && p.node_hints == node_hints =>
+                {
+                    p.clone()
+                }
+                _ => {
+                    let placement = Placement {
+                        node_name: ep.node_name.clone(),
+                        zone: ep.zone.clone(),
+                        zone_hints,
+                        node_hints,
+                    }
+                    .shared();
+                    previous = Some(placement.clone());
+                    placement
+                }
             };
             Some(SliceEndpoint {
                 ip,
                 ready: cond.and_then(|c| c.ready).unwrap_or(true),
                 serving: cond.and_then(|c| c.serving).unwrap_or(true),
                 terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
-                placement: placement.shared(),
+                placement,
             })
         })
         .collect();
@@ -194,4 +212,68 @@ pub fn endpoints_by_port<'a>(
         .collect();
     ports.shrink_to_fit();
     EndpointsByPort(ports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each endpoint keeps its own node, zone and hints; endpoints placed
+    /// alike, next to each other or not, hold one allocation.
+    #[test]
+    fn every_endpoint_gets_its_own_placement_shared_with_those_placed_alike() {
+        let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "ns",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [
+                {"addresses": ["198.18.1.1"], "nodeName": "node-a", "zone": "z1"},
+                {"addresses": ["198.18.1.2"], "nodeName": "node-a", "zone": "z1"},
+                {"addresses": ["198.18.1.3"], "nodeName": "node-a", "zone": "z2"},
+                {"addresses": ["198.18.1.4"], "nodeName": "node-b", "zone": "z2"},
+                {"addresses": ["198.18.1.5"], "nodeName": "node-b", "zone": "z2",
+                 "hints": {"forZones": [{"name": "z2"}, {"name": "z1"}]}},
+                {"addresses": ["198.18.1.6"], "nodeName": "node-b", "zone": "z2",
+                 "hints": {"forZones": [{"name": "z2"}], "forNodes": [{"name": "node-b"}]}},
+                {"addresses": ["198.18.1.7"], "zone": "z2"},
+                {"addresses": ["198.18.1.8"], "nodeName": "node-a", "zone": "z1"}
+            ]
+        }))
+        .unwrap();
+        let info = slice_info(&slice).unwrap();
+        type Placed<'a> = (Option<&'a str>, Option<&'a str>, Vec<&'a str>, Vec<&'a str>);
+        let placed: Vec<Placed> = info
+            .endpoints
+            .iter()
+            .map(|e| {
+                let p = &e.placement;
+                (
+                    p.node_name.as_deref(),
+                    p.zone.as_deref(),
+                    p.zone_hints.iter().map(String::as_str).collect(),
+                    p.node_hints.iter().map(String::as_str).collect(),
+                )
+            })
+            .collect();
+        let none = Vec::<&str>::new;
+        assert_eq!(
+            placed,
+            [
+                (Some("node-a"), Some("z1"), none(), none()),
+                (Some("node-a"), Some("z1"), none(), none()),
+                (Some("node-a"), Some("z2"), none(), none()),
+                (Some("node-b"), Some("z2"), none(), none()),
+                (Some("node-b"), Some("z2"), vec!["z1", "z2"], none()),
+                (Some("node-b"), Some("z2"), vec!["z2"], vec!["node-b"]),
+                (None, Some("z2"), none(), none()),
+                (Some("node-a"), Some("z1"), none(), none()),
+            ]
+        );
+        let shared = |a: usize, b: usize| {
+            Arc::ptr_eq(&info.endpoints[a].placement, &info.endpoints[b].placement)
+        };
+        assert!(shared(0, 1) && shared(0, 7));
+        assert!(!shared(1, 2) && !shared(2, 3) && !shared(3, 4) && !shared(4, 5));
+    }
 }

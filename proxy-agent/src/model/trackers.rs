@@ -266,6 +266,11 @@ impl EndpointsChangeTracker {
         !self.pending_services.is_empty()
     }
 
+    /// Services whose slices changed and are not applied yet.
+    pub fn pending_len(&self) -> usize {
+        self.pending_services.len()
+    }
+
     /// Applies the pending slices; returns the services whose endpoints changed.
     pub fn apply(&mut self) -> BTreeSet<NamespacedName> {
         let mut changed = BTreeSet::new();
