@@ -30,7 +30,8 @@
 //!
 //! Per round and datapath: short connections from the pod to the ClusterIP
 //! (connect, a small HTTP request, the reply to EOF, close; rate, p50, p99)
-//! and from outside to the NodePort; one bulk TCP stream from the pod;
+//! and from outside to the NodePort, in passes interleaved with the other
+//! datapaths' (`E2E_CONN_PASSES`); one bulk TCP stream from the pod;
 //! small UDP datagrams from the pod (the rate the servers receive, and the
 //! node's softirq CPU time per datagram over every CPU). Per scale: the time
 //! from the agent's start to the service answering, its memory, and the
@@ -45,7 +46,10 @@
 //! (root). `E2E_SCALES` (default 1,1000,10000,50000), `E2E_DATAPATHS`
 //! (default raw,raw-again,ebpf,ebpf-socket,nftables,iptables-legacy), `E2E_RULES_MAX` (the most
 //! services a rule mode is started with; default 50000), `E2E_ROUNDS` (9),
-//! `E2E_CONNECTIONS` (3000 per round and client), `E2E_STREAM_MS` (1000, the
+//! `E2E_CONNECTIONS` (6000 per round and client), `E2E_CONN_PASSES` (6: a
+//! round's connections come in that many passes over the datapaths, so
+//! each datapath's are taken moments from raw's; 1 on a shared node),
+//! `E2E_STREAM_MS` (1000, the
 //! bulk and UDP runs), `E2E_CHANGES` (20 per scale), `E2E_STARTS` (3 cold
 //! starts of each agent per scale), `E2E_ENDPOINTS` (10
 //! per service but the target), `E2E_REPORT` (the
@@ -536,6 +540,9 @@ fn set_iptables_hint(node: &Host, binary: Option<&str>) -> anyhow::Result<()> {
 pub struct Settings {
     pub rounds: usize,
     pub connections: usize,
+    /// A round's connections per datapath come in this many passes over
+    /// the datapaths (1 when they share a node: a switch restarts agents).
+    pub conn_passes: usize,
     pub stream: Duration,
     pub changes: usize,
     /// Cold starts of each agent per scale.
@@ -658,7 +665,8 @@ fn run() -> anyhow::Result<()> {
     let rules_max = env_num("E2E_RULES_MAX", 50_000)?;
     let settings = Settings {
         rounds: env_num("E2E_ROUNDS", 9)?,
-        connections: env_num("E2E_CONNECTIONS", 3000)?,
+        connections: env_num("E2E_CONNECTIONS", 6000)?,
+        conn_passes: env_num("E2E_CONN_PASSES", 6)?.max(1),
         stream: Duration::from_millis(env_num("E2E_STREAM_MS", 1000)? as u64),
         changes: env_num("E2E_CHANGES", 20)?,
         starts: env_num("E2E_STARTS", 3)?.max(1),
@@ -672,6 +680,10 @@ fn run() -> anyhow::Result<()> {
         );
     }
     let (mut beds, bed_of, setup) = beds(&datapaths, work.path())?;
+    let mut settings = settings;
+    if beds.iter().any(|b| b.shared) {
+        settings.conn_passes = 1;
+    }
     let machine = beds[0].workers.node.ask("machine")?;
 
     // outcomes[scale][datapath]
@@ -728,6 +740,25 @@ fn run() -> anyhow::Result<()> {
                 .ask(&format!("connections {target} 100"))?;
         }
         for round in 0..settings.rounds {
+            // Connections first, in passes over the datapaths: each
+            // datapath's share of a pass lasts a fraction of a second, so
+            // its figures and raw's are taken moments apart (this machine's
+            // speed drifts by tens of percent over seconds).
+            let mut tallies: Vec<ConnTallies> = row.iter().map(|_| Default::default()).collect();
+            let per_pass = settings.connections.div_ceil(settings.conn_passes);
+            for pass in 0..settings.conn_passes {
+                for k in 0..measured.len() {
+                    let i = measured[(k + round + pass) % measured.len()];
+                    let dp = &datapaths[i];
+                    if let Some(s) = beds[bed_of[i]].switch_to(dp, n)? {
+                        row[i].start_s.push(s);
+                    }
+                    let _others = pause_others(&beds, bed_of[i])?;
+                    let bed = &mut beds[bed_of[i]];
+                    connection_pass(bed, dp, n, per_pass, &mut tallies[i])
+                        .with_context(|| format!("{} at {n} services", dp.name))?;
+                }
+            }
             for k in 0..measured.len() {
                 let i = measured[(k + round) % measured.len()];
                 let dp = &datapaths[i];
@@ -736,7 +767,7 @@ fn run() -> anyhow::Result<()> {
                 }
                 let _others = pause_others(&beds, bed_of[i])?;
                 let bed = &mut beds[bed_of[i]];
-                let sample = measure(bed, dp, n, &settings)
+                let sample = measure(bed, dp, n, &settings, &tallies[i])
                     .with_context(|| format!("{} at {n} services", dp.name))?;
                 row[i].samples.push(sample);
                 if round + 1 == settings.rounds {
@@ -796,39 +827,80 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-/// `connections ADDR COUNT` on `worker`: the rate, p50 and p99 in µs.
-fn connections(
-    worker: &mut Worker,
-    target: SocketAddr,
-    count: usize,
-) -> anyhow::Result<(f64, f64, f64)> {
-    let reply = worker.ask(&format!("connections {target} {count}"))?;
-    let mut ns = reply.split_whitespace().map(|v| v.parse::<f64>());
-    let elapsed = ns.next().context("connections: no reply")??;
-    let mut lat: Vec<f64> = ns.map(|v| v.map(|ns| ns / 1e3)).collect::<Result<_, _>>()?;
-    anyhow::ensure!(
-        lat.len() == count,
-        "connections: {} latencies of {count}",
-        lat.len()
-    );
-    lat.sort_by(f64::total_cmp);
-    Ok((
-        count as f64 / (elapsed / 1e9),
-        percentile(&lat, 0.5),
-        percentile(&lat, 0.99),
-    ))
+/// Short connections of one client to one target over a round's passes.
+#[derive(Default)]
+struct ConnTally {
+    elapsed_ns: f64,
+    latencies_us: Vec<f64>,
 }
 
-/// One round of every workload on one datapath.
-fn measure(bed: &mut Bed, dp: &Datapath, n: usize, s: &Settings) -> anyhow::Result<Sample> {
-    let ms = s.stream.as_millis();
+impl ConnTally {
+    /// `connections ADDR COUNT` on `worker`, added to the tally.
+    fn add(&mut self, worker: &mut Worker, target: SocketAddr, count: usize) -> anyhow::Result<()> {
+        let reply = worker.ask(&format!("connections {target} {count}"))?;
+        let mut ns = reply.split_whitespace().map(|v| v.parse::<f64>());
+        self.elapsed_ns += ns.next().context("connections: no reply")??;
+        let before = self.latencies_us.len();
+        for v in ns {
+            self.latencies_us.push(v? / 1e3);
+        }
+        let got = self.latencies_us.len() - before;
+        anyhow::ensure!(got == count, "connections: {got} latencies of {count}");
+        Ok(())
+    }
+
+    /// The rate, p50 and p99 in µs.
+    fn figures(&self) -> anyhow::Result<(f64, f64, f64)> {
+        anyhow::ensure!(!self.latencies_us.is_empty(), "no connection measured");
+        let mut lat = self.latencies_us.clone();
+        lat.sort_by(f64::total_cmp);
+        Ok((
+            lat.len() as f64 / (self.elapsed_ns / 1e9),
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+        ))
+    }
+}
+
+/// A round's connections on one datapath: from the pod, from outside.
+#[derive(Default)]
+struct ConnTallies {
+    pod: ConnTally,
+    outside: ConnTally,
+}
+
+/// One pass of `count` connections from the pod to the ClusterIP and as
+/// many from outside to the NodePort.
+fn connection_pass(
+    bed: &mut Bed,
+    dp: &Datapath,
+    n: usize,
+    count: usize,
+    tallies: &mut ConnTallies,
+) -> anyhow::Result<()> {
     let target = bed.cluster_target(dp, n);
-    let (conn_rate, conn_p50_us, conn_p99_us) =
-        connections(bed.client(dp), target, s.connections).context("connections from the pod")?;
+    tallies
+        .pod
+        .add(bed.client(dp), target, count)
+        .context("connections from the pod")?;
     let target = bed.node_port_target(dp);
-    let (node_port_rate, node_port_p50_us, node_port_p99_us) =
-        connections(&mut bed.workers.external, target, s.connections)
-            .context("connections from outside")?;
+    tallies
+        .outside
+        .add(&mut bed.workers.external, target, count)
+        .context("connections from outside")
+}
+
+/// One round of the streams on one datapath, with the round's connections.
+fn measure(
+    bed: &mut Bed,
+    dp: &Datapath,
+    n: usize,
+    s: &Settings,
+    conns: &ConnTallies,
+) -> anyhow::Result<Sample> {
+    let ms = s.stream.as_millis();
+    let (conn_rate, conn_p50_us, conn_p99_us) = conns.pod.figures()?;
+    let (node_port_rate, node_port_p50_us, node_port_p99_us) = conns.outside.figures()?;
     let target = bed.cluster_target(dp, n);
     let bulk_bps = bed
         .client(dp)

@@ -109,7 +109,7 @@ pub fn render(
          another datapath, so its ratios to raw are the run's noise. {} rounds, the datapaths measured in a rotating order within \
          each; per round and datapath: {} short connections (connect, a small HTTP request, the \
          reply to EOF, close; one at a time) from the pod to the ClusterIP and as many from \
-         outside to the NodePort, one bulk TCP stream from the pod for {} ms, and small UDP \
+         outside to the NodePort, {}, one bulk TCP stream from the pod for {} ms, and small UDP \
          datagrams (18-byte payload) from one pod socket for {} ms, counted where the servers \
          receive them; softirq CPU is the node's /proc/stat over every CPU during the UDP run, per \
          datagram received. Ratios are to raw in the same round: the median over rounds, and \
@@ -118,6 +118,13 @@ pub fn render(
         super::agent::endpoints_per_service(),
         s.rounds,
         s.connections,
+        match s.conn_passes {
+            1 => "all at once".to_owned(),
+            p => format!(
+                "in {p} passes over the datapaths (each datapath's connections a moment from raw's: \
+                 this machine's speed drifts over seconds)"
+            ),
+        },
         s.stream.as_millis(),
         s.stream.as_millis(),
     );
