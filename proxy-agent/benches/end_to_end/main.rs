@@ -54,7 +54,9 @@
 //! starts of each agent per scale), `E2E_ENDPOINTS` (10
 //! per service but the target), `E2E_REPORT` (the
 //! report's path), `E2E_AGENT_LOG` (the agents' RUST_LOG, default warn),
-//! `E2E_KEEP_WORK` (keep the agents' logs and the manifests), `E2E_WORKER_CPU`
+//! `E2E_KEEP_WORK` (keep the agents' logs and the manifests), `E2E_AGENT_ARGS`
+//! (more flags for every agent a testbed starts; on real machines the
+//! hosts file's `agent_args`), `E2E_WORKER_CPU`
 //! (the CPU a testbed's workers are pinned to, default the last; `none`), `E2E_HOSTS`,
 //! `E2E_REHEARSAL_VIA` (with `E2E_HOSTS=testbed`: a command prefix before
 //! each namespace's, e.g. an ssh to this machine).
@@ -199,7 +201,11 @@ impl Site {
                 cluster_cidr: "198.18.1.0/24".into(),
                 pod_interfaces: Vec::new(),
                 external_interfaces: Vec::new(),
-                agent_args: Vec::new(),
+                agent_args: std::env::var("E2E_AGENT_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(str::to_owned)
+                    .collect(),
                 socket_lb_cgroup: None,
             },
             client: netns(&tb.pod("client").ns),
