@@ -98,6 +98,9 @@ where
                 .sync(desired, changes)
                 .map_err(|e| ModeSyncError(Box::new(e)))
         }
+        fn after_sync(&mut self, desired: &DesiredState, changes: &SyncChanges) {
+            self.0.after_sync(desired, changes)
+        }
     }
     Box::new(Boxed(proxier))
 }

@@ -20,6 +20,10 @@ pub trait Proxier: Send {
     type Error: std::error::Error + Send + Sync + 'static;
 
     fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), Self::Error>;
+
+    /// After a successful sync has been reported (its metrics' timestamp,
+    /// health): bookkeeping no packet waits for.
+    fn after_sync(&mut self, _desired: &DesiredState, _changes: &SyncChanges) {}
 }
 
 impl<P: Proxier + ?Sized> Proxier for Box<P> {
@@ -27,5 +31,9 @@ impl<P: Proxier + ?Sized> Proxier for Box<P> {
 
     fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), Self::Error> {
         (**self).sync(desired, changes)
+    }
+
+    fn after_sync(&mut self, desired: &DesiredState, changes: &SyncChanges) {
+        (**self).after_sync(desired, changes)
     }
 }

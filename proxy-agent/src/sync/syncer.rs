@@ -130,6 +130,7 @@ impl<P: Proxier> Syncer<P> {
             });
         }
         super::report_log::log_sync(&self.desired, &changes);
+        self.proxier.after_sync(&self.desired, &changes);
         if changes.full {
             self.need_full_sync = false;
             self.last_full_sync = Some(Instant::now());

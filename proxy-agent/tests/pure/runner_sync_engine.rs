@@ -13,7 +13,10 @@ use k8s_openapi::api::{
 use proxy_agent::{
     model::{DesiredState, NamespacedName, Protocol, ServicePortName},
     sources::SourceEvent,
-    sync::{Proxier, SourceState, SyncChanges, SyncOutcome, SyncTiming, Syncer, run},
+    sync::{
+        Proxier, SourceState, SyncChanges, SyncObserver, SyncOutcome, SyncReport, SyncTiming,
+        Syncer, run,
+    },
 };
 use serde_json::json;
 
@@ -169,6 +172,72 @@ async fn partial_syncs_name_changed_ports_and_failure_makes_next_full() {
         "after a failure the next sync is full"
     );
     assert_eq!(syncer.sync().unwrap(), SyncOutcome::Synced(partial(&[])));
+}
+
+/// Records, in order, the proxier's calls and the observer's reports.
+#[derive(Clone, Default)]
+struct Ordered {
+    log: Arc<Mutex<Vec<&'static str>>>,
+    fail_next: Arc<Mutex<bool>>,
+}
+
+impl Proxier for Ordered {
+    type Error = Injected;
+    fn sync(&mut self, _: &DesiredState, _: &SyncChanges) -> Result<(), Injected> {
+        self.log.lock().unwrap().push("sync");
+        match std::mem::take(&mut *self.fail_next.lock().unwrap()) {
+            true => Err(Injected),
+            false => Ok(()),
+        }
+    }
+    fn after_sync(&mut self, _: &DesiredState, _: &SyncChanges) {
+        self.log.lock().unwrap().push("after");
+    }
+}
+
+impl SyncObserver for Ordered {
+    fn synced(&self, report: &SyncReport<'_>) {
+        let what = match report.succeeded {
+            true => "reported",
+            false => "reported failed",
+        };
+        self.log.lock().unwrap().push(what);
+    }
+}
+
+/// A proxier's bookkeeping (`after_sync`) waits until the sync is reported
+/// (the metrics' timestamp the start is timed by), and follows only a sync
+/// that succeeded.
+#[tokio::test(start_paused = true)]
+async fn bookkeeping_follows_the_report_of_a_successful_sync() {
+    let source = Arc::new(Mutex::new(SourceState::new(NODE)));
+    let ordered = Ordered::default();
+    let mut syncer = Syncer::new(source.clone(), ordered.clone(), Duration::from_secs(3600))
+        .with_observer(Arc::new(ordered.clone()));
+    for e in [
+        svc("a", 80),
+        SourceEvent::ServicesSynced,
+        SourceEvent::SlicesSynced,
+    ] {
+        feed(&source, e);
+    }
+    syncer.sync().unwrap();
+    *ordered.fail_next.lock().unwrap() = true;
+    syncer.sync().unwrap_err();
+    syncer.sync().unwrap();
+    assert_eq!(
+        *ordered.log.lock().unwrap(),
+        [
+            "sync",
+            "reported",
+            "after",
+            "sync",
+            "reported failed",
+            "sync",
+            "reported",
+            "after"
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]

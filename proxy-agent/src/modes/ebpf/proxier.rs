@@ -339,10 +339,14 @@ impl Proxier for EbpfProxier {
                 "datapath synced"
             );
         }
-        // Bookkeeping after the datapath is current: neither delays a change.
+        Ok(())
+    }
+
+    /// Bookkeeping once the sync is reported: neither delays a change, nor
+    /// the first sync's report (the names took 40-60 ms at 50,000 services).
+    fn after_sync(&mut self, desired: &DesiredState, changes: &SyncChanges) {
         self.conntrack_fill.check(&self.maps);
         self.publish_names(desired, changes);
-        Ok(())
     }
 }
 
