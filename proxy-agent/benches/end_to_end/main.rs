@@ -669,7 +669,7 @@ fn run() -> anyhow::Result<()> {
         bail!("E2E_DATAPATHS must hold raw: every figure is a ratio to it");
     }
     let rules_max = env_num("E2E_RULES_MAX", 50_000)?;
-    let settings = Settings {
+    let mut settings = Settings {
         rounds: env_num("E2E_ROUNDS", 9)?,
         connections: env_num("E2E_CONNECTIONS", 6000)?,
         conn_passes: env_num("E2E_CONN_PASSES", 6)?.max(1),
@@ -686,7 +686,6 @@ fn run() -> anyhow::Result<()> {
         );
     }
     let (mut beds, bed_of, setup) = beds(&datapaths, work.path())?;
-    let mut settings = settings;
     if beds.iter().any(|b| b.shared) {
         settings.conn_passes = 1;
     }
@@ -756,10 +755,7 @@ fn run() -> anyhow::Result<()> {
                 for k in 0..measured.len() {
                     let i = measured[(k + round + pass) % measured.len()];
                     let dp = &datapaths[i];
-                    if let Some(s) = beds[bed_of[i]].switch_to(dp, n)? {
-                        row[i].start_s.push(s);
-                    }
-                    let _others = pause_others(&beds, bed_of[i])?;
+                    let _others = take_turn(&mut beds, bed_of[i], dp, n, &mut row[i])?;
                     let bed = &mut beds[bed_of[i]];
                     connection_pass(bed, dp, n, per_pass, &mut tallies[i])
                         .with_context(|| format!("{} at {n} services", dp.name))?;
@@ -768,10 +764,7 @@ fn run() -> anyhow::Result<()> {
             for k in 0..measured.len() {
                 let i = measured[(k + round) % measured.len()];
                 let dp = &datapaths[i];
-                if let Some(s) = beds[bed_of[i]].switch_to(dp, n)? {
-                    row[i].start_s.push(s);
-                }
-                let _others = pause_others(&beds, bed_of[i])?;
+                let _others = take_turn(&mut beds, bed_of[i], dp, n, &mut row[i])?;
                 let bed = &mut beds[bed_of[i]];
                 let sample = measure(bed, dp, n, &settings, &tallies[i])
                     .with_context(|| format!("{} at {n} services", dp.name))?;
@@ -788,10 +781,7 @@ fn run() -> anyhow::Result<()> {
             if dp.is_raw() {
                 continue;
             }
-            if let Some(s) = beds[bed_of[i]].switch_to(dp, n)? {
-                row[i].start_s.push(s);
-            }
-            let _others = pause_others(&beds, bed_of[i])?;
+            let _others = take_turn(&mut beds, bed_of[i], dp, n, &mut row[i])?;
             let bed = &mut beds[bed_of[i]];
             let times = change_latencies(bed, dp, n, &settings)
                 .with_context(|| format!("endpoint changes on {} at {n} services", dp.name))?;
@@ -937,6 +927,21 @@ fn measure(
         udp_rate: got / (sent_ns / 1e9),
         softirq_ns: softirq / got,
     })
+}
+
+/// Puts bed `b` in `dp`'s state (a start it took counts in `outcome`) and
+/// pauses every other bed's agent until the guards drop.
+fn take_turn(
+    beds: &mut [Bed],
+    b: usize,
+    dp: &Datapath,
+    n: usize,
+    outcome: &mut Outcome,
+) -> anyhow::Result<Vec<agent::Paused>> {
+    if let Some(s) = beds[b].switch_to(dp, n)? {
+        outcome.start_s.push(s);
+    }
+    pause_others(beds, b)
 }
 
 /// Every testbed's agent but `measured`'s, paused until the guards drop: on

@@ -161,3 +161,56 @@ fn apply_trackers(src: &mut SourceState) -> BTreeSet<NamespacedName> {
         touched
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::SourceEvent;
+
+    /// A first listing past [`PARALLEL_APPLY`]: the trackers applied on two
+    /// threads leave the same state, and touch the same services, as
+    /// applied one after the other.
+    #[test]
+    fn trackers_applied_on_two_threads_match_one_after_the_other() {
+        let listing = || {
+            let mut source = SourceState::new("node-a");
+            for i in 0..2 * PARALLEL_APPLY {
+                let svc = serde_json::json!({
+                    "metadata": {"name": format!("svc-{i}"), "namespace": "ns"},
+                    "spec": {"clusterIP": format!("198.19.{}.{}", i / 250, i % 250 + 1),
+                             "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+                });
+                source.handle(SourceEvent::ServiceApplied(Box::new(
+                    serde_json::from_value(svc).unwrap(),
+                )));
+                // Every third service has no slice: touched by its tracker alone.
+                if i % 3 != 0 {
+                    let slice = serde_json::json!({
+                        "metadata": {"name": format!("svc-{i}-1"), "namespace": "ns",
+                                     "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+                        "addressType": "IPv4",
+                        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                        "endpoints": [{"addresses": [format!("198.18.{}.{}", i / 250, i % 250 + 1)]}]
+                    });
+                    source.handle(SourceEvent::SliceApplied(Box::new(
+                        serde_json::from_value(slice).unwrap(),
+                    )));
+                }
+            }
+            source
+        };
+        let (mut threaded, mut sequential) = (listing(), listing());
+        assert!(
+            threaded.endpoints.pending_len() >= PARALLEL_APPLY,
+            "the threaded path"
+        );
+        let touched = apply_trackers(&mut threaded);
+        let mut expected = sequential.services.apply();
+        expected.append(&mut sequential.endpoints.apply());
+        assert_eq!(touched.len(), 2 * PARALLEL_APPLY);
+        assert_eq!(touched, expected);
+        let rebuilt = |s: &SourceState| DesiredState::rebuild(&s.services, &s.endpoints, &s.node);
+        assert_eq!(rebuilt(&threaded).services, rebuilt(&sequential).services);
+        assert!(!threaded.services.has_pending() && !threaded.endpoints.has_pending());
+    }
+}
