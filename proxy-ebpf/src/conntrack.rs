@@ -263,20 +263,94 @@ pub fn insert_new<F: Ip>(key: &CtKeyOf<F>, value: &CtValueOf<F>) -> bool {
         .is_ok()
 }
 
+/// What [`claim`] found at a tuple it could not take.
+pub enum Claim {
+    Claimed,
+    /// A live flow's.
+    Live,
+    /// The reply half of a closed TCP flow ([`closed`]), which
+    /// [`take_over`] may take when no free tuple is found.
+    Closed,
+}
+
 /// Inserts only if `key` is free or holds an expired flow: a masquerade
-/// port must not take over a live flow's reply tuple.
+/// port must not be taken from a live flow's reply tuple. Looking does not
+/// refresh the entry found: a port search must not keep its flow alive.
 #[inline(always)]
 pub fn claim<F: Ip>(
     config: &DatapathConfig,
     key: &CtKeyOf<F>,
     value: &CtValueOf<F>,
     now: u64,
-) -> bool {
+) -> Claim {
     if insert_new(key, value) {
-        return true;
+        return Claim::Claimed;
     }
-    if lookup(config, key, &Clock::at(now), |_| Some(0)).is_some() {
+    match live(config, key, now) {
+        Some(found) if found.flags & flags::REPLY != 0 && closed(found.flags) => Claim::Closed,
+        Some(_) => Claim::Live,
+        None if F::conntrack().insert(key, value, 0).is_ok() => Claim::Claimed,
+        None => Claim::Live,
+    }
+}
+
+/// A TCP (or SCTP) flow that is over: reset, or closed by both ends (the
+/// kernel's CLOSE and TIME_WAIT states). Its entries only wait for their
+/// timeout, which keeps late packets of the flow on it.
+#[inline(always)]
+pub fn closed(entry_flags: u16) -> bool {
+    entry_flags & flags::RST != 0
+        || entry_flags & (flags::FIN_FORWARD | flags::FIN_REPLY)
+            == flags::FIN_FORWARD | flags::FIN_REPLY
+}
+
+/// Gives the reply tuple `key`, held by a closed flow's reply half, to the
+/// flow of `value`, and removes the closed flow's forward half when it is
+/// still that flow's (its client may have opened the tuple anew since, with
+/// a port of its own); `other` is the room for that half's key. As the
+/// kernel's NAT does when its port search runs out (it evicts a clashing
+/// connection in TIME_WAIT or CLOSE): without it, a backend behind a
+/// masqueraded frontend could take only as many connections in a
+/// TIME_WAIT's 120 s as there are ports. False when the tuple is no longer
+/// a closed flow's.
+#[inline(always)]
+pub fn take_over<F: Ip>(
+    config: &DatapathConfig,
+    key: &CtKeyOf<F>,
+    value: &CtValueOf<F>,
+    other: &mut CtKeyOf<F>,
+    now: u64,
+) -> bool {
+    let Some(old) = live(config, key, now) else {
+        return insert(key, value).is_ok();
+    };
+    if old.flags & flags::REPLY == 0 || !closed(old.flags) {
         return false;
     }
-    F::conntrack().insert(key, value, 0).is_ok()
+    // The closed flow as its client sent it: from the client (the reply
+    // half's destination, or the source it had before masquerading) to
+    // the frontend.
+    let (client_addr_be, client_port_be) = if old.flags & flags::SNAT != 0 {
+        (old.snat_addr_be, old.snat_port_be)
+    } else {
+        (key.daddr_be, key.dport_be)
+    };
+    other.saddr_be = client_addr_be;
+    other.daddr_be = old.nat_addr_be;
+    other.sport_be = client_port_be;
+    other.dport_be = old.nat_port_be;
+    other.proto = key.proto;
+    other._pad = 0;
+    other._pad2 = 0;
+    let same_flow = live(config, other, now).is_some_and(|forward| {
+        forward.flags & flags::REPLY == 0
+            && forward.nat_addr_be == key.saddr_be
+            && forward.nat_port_be == key.sport_be
+            && (forward.flags & flags::SNAT == 0
+                || (forward.snat_addr_be == key.daddr_be && forward.snat_port_be == key.dport_be))
+    });
+    if same_flow {
+        let _ = F::conntrack().remove(other);
+    }
+    insert(key, value).is_ok()
 }

@@ -515,25 +515,40 @@ const SNAT_ATTEMPTS: u32 = 8;
 
 /// Finds a source port whose reply tuple (`Scratch::key` with that port as
 /// its destination port) no live flow uses, and claims it with the reply
-/// entry in `Scratch::value`.
+/// entry in `Scratch::value`; when every attempt found a flow there, takes
+/// over one that only a closed flow held (`conntrack::take_over`).
 #[inline(always)]
 fn claim_snat_port<F: Ip>(now: u64) -> Result<u16, Counter> {
-    let port_be = if F::AF == V6::AF {
+    let v6 = F::AF == V6::AF;
+    let mut port_be = if v6 {
         snat_claim_port6(now)
     } else {
         snat_claim_port4(now)
     };
+    if port_be & CLOSED_ONLY != 0 {
+        port_be = if v6 {
+            snat_take_over6(now)
+        } else {
+            snat_take_over4(now)
+        };
+    }
     match port_be {
         0 => Err(Counter::DropSnatExhausted),
         port_be => Ok(port_be as u16),
     }
 }
 
+/// In [`claim_port`]'s answer: no free tuple was found, but `Scratch::key`
+/// is one only a closed flow holds.
+const CLOSED_ONLY: u32 = 1 << 16;
+
 // Global functions: the verifier checks the claim (up to eight conntrack
 // lookups and inserts) once, for any state, instead of on every path of
 // the program that opens a masqueraded flow. They take the scratch key and
 // value from the map themselves (a global function's arguments are
-// scalars); the caller writes the key whole again before reading it.
+// scalars); the caller writes the key whole again before reading it. The
+// take-over is a function of its own, not part of the claim's: the two
+// frames on top of the new flow's would not fit in 512 bytes.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn snat_claim_port4(now: u64) -> u32 {
@@ -544,6 +559,18 @@ pub extern "C" fn snat_claim_port4(now: u64) -> u32 {
 #[inline(never)]
 pub extern "C" fn snat_claim_port6(now: u64) -> u32 {
     claim_port::<V6>(now)
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn snat_take_over4(now: u64) -> u32 {
+    take_over_port::<V4>(now)
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn snat_take_over6(now: u64) -> u32 {
+    take_over_port::<V6>(now)
 }
 
 /// The masquerade port range and the second one (`(0, 0)`: none), host order.
@@ -571,7 +598,9 @@ pub fn is_snat_port(config: &DatapathConfig, port: u16) -> bool {
     (min..=max).contains(&port) || (min2 != 0 && (min2..=max2).contains(&port))
 }
 
-/// The claimed port (network order), 0 when every attempt found its tuple taken.
+/// The claimed port (network order); 0 when every attempt found its tuple
+/// taken by a live flow, [`CLOSED_ONLY`] when some were only held by closed
+/// ones (the first such port then in `Scratch::key`).
 #[inline(always)]
 fn claim_port<F: Ip>(now: u64) -> u32 {
     let (Some(config), Some(Scratch { key, value, .. })) = (config::get(), F::scratch()) else {
@@ -580,6 +609,7 @@ fn claim_port<F: Ip>(now: u64) -> u32 {
     let ((min, max), (min2, max2)) = snat_port_ranges(config);
     let span = max - min + 1;
     let span2 = if min2 != 0 { max2 - min2 + 1 } else { 0 };
+    let mut closed_port_be = 0u16;
     for _ in 0..SNAT_ATTEMPTS {
         let pick = lb::below(span + span2);
         let port = if pick < span {
@@ -588,9 +618,38 @@ fn claim_port<F: Ip>(now: u64) -> u32 {
             min2 + (pick - span)
         };
         key.dport_be = (port as u16).to_be();
-        if conntrack::claim(config, key, value, now) {
-            return key.dport_be as u32;
+        match conntrack::claim(config, key, value, now) {
+            conntrack::Claim::Claimed => return key.dport_be as u32,
+            conntrack::Claim::Closed if closed_port_be == 0 => closed_port_be = key.dport_be,
+            _ => {}
         }
     }
-    0
+    if closed_port_be == 0 {
+        return 0;
+    }
+    key.dport_be = closed_port_be;
+    CLOSED_ONLY
+}
+
+/// [`claim_port`]'s closed flow's port, taken over: the port, or 0 when its
+/// tuple is no longer a closed flow's.
+#[inline(always)]
+fn take_over_port<F: Ip>(now: u64) -> u32 {
+    let (
+        Some(config),
+        Some(Scratch {
+            key,
+            value,
+            other_key,
+            ..
+        }),
+    ) = (config::get(), F::scratch())
+    else {
+        return 0;
+    };
+    if conntrack::take_over(config, key, value, other_key, now) {
+        key.dport_be as u32
+    } else {
+        0
+    }
 }

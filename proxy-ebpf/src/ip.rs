@@ -39,6 +39,9 @@ pub struct Scratch<F: Family> {
     pub service: ServiceKeyOf<F>,
     pub key: CtKeyOf<F>,
     pub value: CtValueOf<F>,
+    /// The other half of a closed flow whose masquerade port a new flow
+    /// takes over (`conntrack::take_over`).
+    pub other_key: CtKeyOf<F>,
     /// The FIB query and answer of a forwarded packet.
     pub fib: bpf_fib_lookup,
     /// A reject's reply frame, built here before it replaces the packet.

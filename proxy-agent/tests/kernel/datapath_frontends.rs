@@ -35,7 +35,7 @@ use proxy_common::{
 
 use crate::tester::{
     Datapath, In, Out::*, Step, counters, ifindex, in_both_families, ip, mac_str, pkt, rst, send,
-    stay_on_this_cpu, syn, tcp_data, with_ttl,
+    stay_on_this_cpu, syn, tcp_data, tcp_segment, with_ttl,
 };
 use Hook::{FromNetdev, FromPod, Xdp};
 
@@ -140,6 +140,7 @@ in_both_families!(
     internal_traffic_policy_local_uses_only_this_nodes_endpoints,
     interface_based_local_detection_decides_cluster_ip_masquerade,
     a_masquerade_port_is_never_taken_from_a_live_flow,
+    a_closed_flows_masquerade_port_is_taken_over_when_no_other_is_free,
     masquerade_ports_come_from_both_ranges_of_the_config,
     traffic_to_an_unallocated_address_of_a_service_cidr_is_dropped,
     affinity_keeps_to_the_endpoints_the_traffic_policy_allows,
@@ -1083,6 +1084,73 @@ fn a_masquerade_port_is_never_taken_from_a_live_flow(net: &Net) {
                 TC_ACT_REDIRECT,
                 [Is(Frame::tcp(net.node, 62000, net.remote_backend, TARGET))],
             ),
+        ],
+    }
+    .run();
+}
+
+/// As the kernel's NAT when its port search runs out: the reply tuple of a
+/// flow that is over (reset, or closed by both ends) goes to a new flow,
+/// and the closed flow's forward half goes with it; a half-closed flow
+/// keeps its port.
+fn a_closed_flows_masquerade_port_is_taken_over_when_no_other_is_free(net: &Net) {
+    let first = Frame::tcp(net.client, 40000, net.node, 30080);
+    Scenario {
+        net,
+        config: DatapathConfig {
+            snat_port_min: 62000,
+            snat_port_max: 62000,
+            ..standard(net)
+        },
+        services: vec![remote(net, Protocol::Tcp)],
+        steps: vec![
+            send(
+                FromNetdev,
+                In::Bytes(first.build(b"")),
+                TC_ACT_REDIRECT,
+                [SrcPort(62000)],
+            ),
+            // Half closed: its port stays its own.
+            send(
+                FromNetdev,
+                In::Bytes(tcp_segment(first, tcp_flags::FIN | tcp_flags::ACK)),
+                TC_ACT_REDIRECT,
+                [SrcPort(62000)],
+            ),
+            send(
+                FromNetdev,
+                syn(net.other_client, 40001, net.node, 30080),
+                TC_ACT_SHOT,
+                [],
+            ),
+            counters([(Counter::DropSnatExhausted, 1)]),
+            // Reset: the next flow takes the port over.
+            send(FromNetdev, rst(first), TC_ACT_REDIRECT, [SrcPort(62000)]),
+            send(
+                FromNetdev,
+                syn(net.other_client, 40001, net.node, 30080),
+                TC_ACT_REDIRECT,
+                [Is(Frame::tcp(net.node, 62000, net.remote_backend, TARGET))],
+            ),
+            // The backend's answer on that tuple is the new flow's.
+            send(
+                FromNetdev,
+                In::Bytes(tcp_segment(
+                    Frame::tcp(net.remote_backend, TARGET, net.node, 62000),
+                    tcp_flags::SYN | tcp_flags::ACK,
+                )),
+                TC_ACT_REDIRECT,
+                [Is(Frame::tcp(net.node, 30080, net.other_client, 40001))],
+            ),
+            // The reset flow's forward half went with its port: a late
+            // segment of it is a flow of its own, for which no port is left.
+            send(
+                FromNetdev,
+                In::Bytes(tcp_segment(first, tcp_flags::ACK)),
+                TC_ACT_SHOT,
+                [],
+            ),
+            counters([(Counter::DropSnatExhausted, 2)]),
         ],
     }
     .run();
