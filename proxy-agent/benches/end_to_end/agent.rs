@@ -177,12 +177,14 @@ pub struct Agent {
 impl Agent {
     /// `mode` as our configuration names it (`ebpf`, `nftables`, `iptables`);
     /// the socket hooks attached to `socket_lb_cgroup` (a path on the
-    /// node) when given, else off.
+    /// node) when given, else off; `datapath_args` are the datapath's own
+    /// flags (the node's arguments win a flag both give).
     pub fn start(
         node: &Node,
         mode: &str,
         manifests: &Path,
         socket_lb_cgroup: Option<&str>,
+        datapath_args: &[&str],
         services: usize,
     ) -> anyhow::Result<Self> {
         let work = Path::new(&node.work);
@@ -240,6 +242,13 @@ impl Agent {
                 args.push(format!("{flag}={}", needed.next_power_of_two()));
             }
         }
+        let flag_of = |arg: &str| arg.split('=').next().unwrap_or_default().to_owned();
+        args.extend(
+            datapath_args
+                .iter()
+                .filter(|a| !node.agent_args.iter().any(|n| flag_of(n) == flag_of(a)))
+                .map(|a| a.to_string()),
+        );
         args.extend(node.agent_args.iter().cloned());
         let mut command = node.host.command("sh", &args);
         command

@@ -19,12 +19,14 @@
 //! the last on two servers, also a NodePort with a UDP port), then every round measures every datapath in a rotating
 //! order. Datapaths: `raw` (no agent: the clients go to a server's address,
 //! routed by the node), `raw-again` (raw once more, in a testbed of its own:
-//! its ratio to raw is the run's noise), our `ebpf` mode (TC from pods, XDP from outside;
-//! socket hooks off), `ebpf-socket` (the same agent with its socket hooks on
+//! its ratio to raw is the run's noise), our `ebpf` mode (TC from pods; from
+//! outside, native XDP where the node's driver has it, else TC: on the
+//! testbed's veths, TC; socket hooks off), `ebpf-xdp-generic` (the same with
+//! `--ebpf-xdp-mode=generic`: outside clients through generic XDP, then
+//! TC), `ebpf-socket` (the same agent as `ebpf` with its socket hooks on
 //! a cgroup of the bench's; the ClusterIP client is a hostNetwork process:
 //! a worker on the node, in that cgroup, so connect() itself goes to a
-//! backend and no packet is translated; outside clients go through XDP as
-//! for `ebpf`), and the agent's `nftables`, `iptables-legacy` and
+//! backend and no packet is translated; outside clients as for `ebpf`), and the agent's `nftables`, `iptables-legacy` and
 //! `iptables-nft` modes (upstream's rules; the iptables backend as kubelet's
 //! hint chain picks it).
 //!
@@ -44,7 +46,7 @@
 //!
 //! `cargo xtask bench e2e`, or `cargo bench -p proxy-agent --bench end_to_end`
 //! (root). `E2E_SCALES` (default 1,1000,10000,50000), `E2E_DATAPATHS`
-//! (default raw,raw-again,ebpf,ebpf-socket,nftables,iptables-legacy), `E2E_RULES_MAX` (the most
+//! (default raw,raw-again,ebpf,ebpf-xdp-generic,ebpf-socket,nftables,iptables-legacy), `E2E_RULES_MAX` (the most
 //! services a rule mode is started with; default 50000), `E2E_ROUNDS` (9),
 //! `E2E_CONNECTIONS` (6000 per round and client), `E2E_CONN_PASSES` (6: a
 //! round's connections come in that many passes over the datapaths, so
@@ -115,21 +117,28 @@ pub struct Datapath {
     iptables_hint: Option<&'static str>,
     /// The agent's socket hooks serve the client (a hostNetwork process).
     socket_lb: bool,
+    /// More flags for the agent.
+    agent_args: &'static [&'static str],
 }
 
 impl Datapath {
     fn parse(name: &str) -> anyhow::Result<Self> {
+        let mut agent_args: &'static [&'static str] = &[];
         let (mode, iptables_hint, socket_lb) = match name {
             // The same as raw, in a testbed of its own: its ratio to raw is
             // the run's noise (an A/A comparison).
             "raw" | "raw-again" => (None, None, false),
             "ebpf" => (Some("ebpf"), None, false),
+            "ebpf-xdp-generic" => {
+                agent_args = &["--ebpf-xdp-mode=generic"];
+                (Some("ebpf"), None, false)
+            }
             "ebpf-socket" => (Some("ebpf"), None, true),
             "nftables" => (Some("nftables"), None, false),
             "iptables-legacy" => (Some("iptables"), Some("iptables-legacy"), false),
             "iptables-nft" => (Some("iptables"), Some("iptables-nft"), false),
             other => bail!(
-                "E2E_DATAPATHS: unknown datapath {other:?} (raw, raw-again, ebpf, ebpf-socket, nftables, iptables-legacy, iptables-nft)"
+                "E2E_DATAPATHS: unknown datapath {other:?} (raw, raw-again, ebpf, ebpf-xdp-generic, ebpf-socket, nftables, iptables-legacy, iptables-nft)"
             ),
         };
         Ok(Self {
@@ -137,6 +146,7 @@ impl Datapath {
             mode,
             iptables_hint,
             socket_lb,
+            agent_args,
         })
     }
 
@@ -433,7 +443,14 @@ impl Bed {
         let mode = dp.mode.expect("not raw");
         let cgroup = self.socket_lb_cgroup.clone().filter(|_| dp.socket_lb);
         let manifests = self.manifests(n).dir;
-        let mut agent = Agent::start(&self.site.node, mode, &manifests, cgroup.as_deref(), n)?;
+        let mut agent = Agent::start(
+            &self.site.node,
+            mode,
+            &manifests,
+            cgroup.as_deref(),
+            dp.agent_args,
+            n,
+        )?;
         // From the agent's pid, printed just before it execs: writing its
         // configuration and (on real machines) ssh's set-up are not its start.
         // Through ssh the line arrives half a round trip late, well under a
@@ -660,7 +677,7 @@ fn run() -> anyhow::Result<()> {
     }
     let datapaths = env_list(
         "E2E_DATAPATHS",
-        "raw,raw-again,ebpf,ebpf-socket,nftables,iptables-legacy",
+        "raw,raw-again,ebpf,ebpf-xdp-generic,ebpf-socket,nftables,iptables-legacy",
     )
     .iter()
     .map(|d| Datapath::parse(d))

@@ -62,7 +62,8 @@ pub const KERNEL_UDP_STREAM_TIMEOUT: GoDuration = GoDuration::from_secs(120);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum XdpMode {
-    /// Native (driver) XDP where the driver supports it, generic otherwise.
+    /// Native (driver) XDP where the driver supports it, none otherwise
+    /// (generic XDP costs more than TC alone); a veth gets none.
     #[default]
     Auto,
     Native,

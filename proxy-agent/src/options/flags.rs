@@ -405,7 +405,7 @@ pub struct Flags {
     /// [ours] The cluster's service CIDRs, used while it has no ServiceCIDR objects: traffic to an unallocated address in one is dropped.
     #[arg(long = "ebpf-service-cidrs", value_name = "strings", action = ArgAction::Append, value_delimiter = ',')]
     pub ebpf_service_cidrs: Vec<String>,
-    /// [ours] XDP attach mode: auto, native, generic or disabled.
+    /// [ours] XDP attach mode: auto (native where the driver has it, else none: TC alone), native, generic or disabled.
     #[arg(long = "ebpf-xdp-mode", value_name = "string", default_value = "auto", value_parser = xdp_mode)]
     pub ebpf_xdp_mode: XdpMode,
     /// [ours] Capacity of the services map.

@@ -425,7 +425,7 @@ fn explain_online(ns: &str, pin_dir: &std::path::Path, packet: &[&str; 5]) -> se
 
 #[test]
 fn dual_stack_services_through_generic_xdp() {
-    dual_stack_end_to_end("auto", "Generic");
+    dual_stack_end_to_end("generic", "Generic");
 }
 
 #[test]

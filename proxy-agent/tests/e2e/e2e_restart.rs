@@ -76,14 +76,23 @@ fn pin_as_previous_abi(pins: &BpfFs) {
     services_to_abi_6::<V6>(pins, &maps, "SERVICES6", "SLOTS6");
 }
 
+/// Runs 0-2 ask for generic XDP on the node's veth, so that its pinned link
+/// is taken over across restarts; run 3 leaves the mode to `auto`, which
+/// detaches it (a veth is TC's under `auto`) with the flows kept.
 fn start(ns: &str, dir: &Path, pins: &BpfFs, run: u32) -> Agent {
     let root = pins.dir.join("kube-ebpf-proxy");
+    let xdp = if run < 3 { "generic" } else { "auto" };
     Agent::start_as(
         ns,
         "node-a",
         dir,
         dir.join(format!("agent-{run}.log")),
-        &["--ebpf-pin-root", root.to_str().unwrap()],
+        &[
+            "--ebpf-pin-root",
+            root.to_str().unwrap(),
+            "--ebpf-xdp-mode",
+            xdp,
+        ],
     )
 }
 
@@ -173,6 +182,7 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
                     .then_some(())
             });
         }
+
         wait_for(
             Duration::from_secs(20),
             "the new agent to take over",
@@ -183,6 +193,30 @@ fn established_flows_survive_kill_and_sigterm_restarts_on_their_backends() {
                     .then_some(())
             },
         );
+        wait_for(Duration::from_secs(20), "the node's interface", || {
+            agent
+                .log_text()
+                .contains("attached tc_from_netdev at ingress")
+                .then_some(())
+        });
+        let log = agent.log_text();
+        let links = std::process::Command::new("ip")
+            .args(["-n", &tb.node_ns, "-o", "link", "show"])
+            .output()
+            .unwrap();
+        let links = String::from_utf8_lossy(&links.stdout);
+        if round < 3 {
+            assert!(
+                log.contains("xdp=Adopted") && links.contains("xdpgeneric"),
+                "the pinned XDP link is taken over\n{links}\n{log}"
+            );
+        } else {
+            assert!(
+                log.contains("xdp=None") && log.contains("veth: no XDP"),
+                "under auto, the veth's pinned XDP link is let go\n{log}"
+            );
+            assert!(!links.contains("xdp"), "no XDP program is left\n{links}");
+        }
         println!(
             "restart after {how}: the maps were taken over {:?} after the start",
             started.elapsed()

@@ -28,6 +28,9 @@ fn pinning_agent(ns: &str, manifests: &Path, log: PathBuf, root: &Path) -> Agent
             "--ebpf-pin-root",
             root.to_str().unwrap(),
             "--ebpf-detach-on-exit",
+            // `auto` leaves a veth to TC; the walks below start at XDP.
+            "--ebpf-xdp-mode",
+            "generic",
         ],
     )
 }
@@ -144,7 +147,7 @@ fn online_explain_answers_from_the_running_agents_pinned_maps() {
     assert_eq!(v["frontend"]["service"], Value::Null, "no model online");
     assert_eq!(
         v["steps"][0]["program"], "xdp_from_netdev",
-        "the agent attached XDP to eth0 (auto mode)"
+        "the agent attached XDP to eth0 (generic mode)"
     );
     // XDP looked it up, as the live one would (the private load has the
     // agent's XDP filter, not an empty one that passes all to TC), and left

@@ -374,7 +374,7 @@ fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments()
             ("tc_ingress", "tc_from_netdev"),
             ("tc_egress", "tc_from_host")
         ]),
-        "a veth gets generic XDP in auto mode"
+        "the scene asks for generic XDP on its veth"
     );
     assert_eq!(
         hooks_of(&client_a.host_veth),

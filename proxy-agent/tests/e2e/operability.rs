@@ -96,7 +96,9 @@ fn health_check_node_ports_follow_endpoints_and_nodes_drain_on_deletion() {
                 name,
                 dir.path(),
                 dir.path().join(format!("{name}.log")),
-                &[],
+                // XDP on the veths (`auto` leaves them to TC), for the
+                // attachment metrics below.
+                &["--ebpf-xdp-mode", "generic"],
             )
         })
         .collect();

@@ -224,6 +224,10 @@ impl PinnedScene {
                 "--ebpf-state-dir",
                 state_dir.to_str().unwrap(),
                 "--ebpf-detach-on-exit",
+                // `auto` leaves a veth to TC: the scene's outside traffic
+                // is to go through xdp_from_netdev.
+                "--ebpf-xdp-mode",
+                "generic",
             ],
         );
         let probe = std::net::Ipv4Addr::new(198, 18, 0, 101);

@@ -268,9 +268,16 @@ impl Attacher {
         Ok((pin(link, path)?, false))
     }
 
-    /// Native where the driver supports it, else generic, as the setting allows.
+    /// As the setting asks. `auto` is native XDP where the driver has it and
+    /// none elsewhere: generic XDP runs where TC does, once the skb is built,
+    /// so it saves nothing and adds a program run to every packet (and a
+    /// second conntrack lookup to each it leaves to TC); see
+    /// docs/configuration.md for what the bench measured. A veth has native
+    /// XDP, but sends its XDP_TX frames on only when its peer runs an XDP
+    /// program too, which the node cannot know.
     fn attach_xdp(&mut self, name: &str, ifindex: u32) -> (Option<Held>, XdpChoice) {
         let path = self.pins.as_ref().map(|p| p.link_path(ifindex, PROG_XDP));
+        let auto = self.xdp_setting == XdpSetting::Auto;
         let tries: &[(XdpMode, XdpChoice)] = match self.xdp_setting {
             XdpSetting::Disabled => {
                 if let Some(path) = path.filter(|p| p.exists()) {
@@ -280,18 +287,24 @@ impl Attacher {
             }
             XdpSetting::Native => &[(XdpMode::Driver, XdpChoice::Native)],
             XdpSetting::Generic => &[(XdpMode::Skb, XdpChoice::Generic)],
-            // A veth sends native XDP_TX frames on only when its peer runs an
-            // XDP program too (else they wait for unrelated traffic), which
-            // the node cannot know: generic mode has no such condition.
             XdpSetting::Auto if interfaces::driver(name).is_ok_and(|d| d == "veth") => {
-                info!(interface = %name, "veth: choosing generic XDP (native XDP_TX on a veth needs an XDP program on its peer)");
-                &[(XdpMode::Skb, XdpChoice::Generic)]
+                info!(interface = %name, "veth: no XDP, TC handles this interface (native XDP_TX on a veth needs an XDP program on its peer; generic XDP costs more than TC alone; --ebpf-xdp-mode=generic asks for it)");
+                if let Some(path) = path.filter(|p| p.exists()) {
+                    let _ = std::fs::remove_file(path);
+                }
+                return (None, XdpChoice::None);
             }
-            XdpSetting::Auto => &[
-                (XdpMode::Driver, XdpChoice::Native),
-                (XdpMode::Skb, XdpChoice::Generic),
-            ],
+            XdpSetting::Auto => &[(XdpMode::Driver, XdpChoice::Native)],
         };
+        // An earlier agent's generic link (before `auto` left generic
+        // XDP out) is not taken over under `auto`.
+        if auto
+            && let Some(path) = path.as_ref().filter(|p| p.exists())
+            && super::introspect::xdp_generic_attached(ifindex).unwrap_or(false)
+        {
+            info!(interface = %name, "detaching the generic XDP program an earlier agent attached: under auto, TC handles an interface without native XDP");
+            let _ = std::fs::remove_file(path);
+        }
         let Ok(prog) = self
             .ebpf
             .program_mut(PROG_XDP)
@@ -341,7 +354,11 @@ impl Attacher {
                 }
             }
         }
-        warn!(interface = %name, "no XDP mode could be attached; TC handles this interface alone");
+        if auto {
+            info!(interface = %name, "no native XDP here: TC handles this interface (--ebpf-xdp-mode=generic asks for generic XDP)");
+        } else {
+            warn!(interface = %name, "no XDP mode could be attached; TC handles this interface alone");
+        }
         (None, XdpChoice::None)
     }
 

@@ -114,6 +114,15 @@ pub fn interfaces(programs: &[ProgramStats]) -> Result<Interfaces, IntrospectErr
     })
 }
 
+/// Whether interface `ifindex` runs an XDP program in generic mode.
+pub fn xdp_generic_attached(ifindex: u32) -> std::io::Result<bool> {
+    Ok(dump_links()?
+        .iter()
+        .filter(|link| link.header.index == ifindex)
+        .flat_map(xdp_programs)
+        .any(|(hook, _)| hook == Hook::XdpGeneric))
+}
+
 fn dump_links() -> std::io::Result<Vec<LinkMessage>> {
     let mut rtnl = Rtnl::open()?;
     let request = || {

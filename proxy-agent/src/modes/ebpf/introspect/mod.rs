@@ -17,6 +17,7 @@
 mod cgroups;
 mod fill;
 mod interfaces;
+pub(crate) use interfaces::xdp_generic_attached;
 pub mod names;
 mod pinned;
 mod programs;
