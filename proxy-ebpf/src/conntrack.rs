@@ -263,10 +263,11 @@ pub fn insert_new<F: Ip>(key: &CtKeyOf<F>, value: &CtValueOf<F>) -> bool {
         .is_ok()
 }
 
-/// What [`claim`] found at a tuple it could not take.
+/// What [`claim`] did with a tuple.
 pub enum Claim {
+    /// Inserted: the tuple was free, or its flow had expired.
     Claimed,
-    /// A live flow's.
+    /// Left alone: a live flow's.
     Live,
     /// The reply half of a closed TCP flow ([`closed`]), which
     /// [`take_over`] may take when no free tuple is found.
