@@ -209,7 +209,7 @@ impl Attacher {
                 }
             };
             let (xdp, mode) = self.attach_xdp(name, *index);
-            info!(interface = %name, ifindex = index, xdp = ?mode, "attached tc_from_netdev at ingress, tc_from_host at egress, and XDP");
+            info!(interface = %name, ifindex = index, xdp = ?mode, "attached tc_from_netdev at ingress and tc_from_host at egress (XDP as `xdp` says)");
             self.externals.insert(
                 name.clone(),
                 External {
