@@ -61,3 +61,51 @@ pub const KICK_GAP_SWEEPS: u64 = 10;
 /// saw a reply and were idle this long, as the kernel's early drop evicts
 /// unassured entries first: a flood of unanswered SYNs cannot hold the table.
 pub const UNANSWERED_UNDER_PRESSURE_NS: u64 = 1_000_000_000;
+
+/// `ct_collector_arm`'s answer when the kernel refused the timer: this plus
+/// the helper's errno (capped at [`ARM_ERRNO_MAX`]), so the agent can say why.
+/// Armed, it answers `XDP_PASS`.
+pub const ARM_REFUSED: u32 = 0x1000;
+pub const ARM_ERRNO_MAX: u32 = 0xfff;
+
+/// The errno of an arming answer, when it is a refusal.
+pub fn arm_refusal_errno(answer: u32) -> Option<i32> {
+    (ARM_REFUSED..=ARM_REFUSED + ARM_ERRNO_MAX)
+        .contains(&answer)
+        .then(|| (answer - ARM_REFUSED) as i32)
+}
+
+/// The arming program's answer for the helpers' result `ret` (0 or a
+/// negative errno); `armed` is the answer for 0.
+pub fn arm_answer(ret: i64, armed: u32) -> u32 {
+    if ret == 0 {
+        armed
+    } else {
+        ARM_REFUSED + ret.unsigned_abs().min(u64::from(ARM_ERRNO_MAX)) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_arming_answer_carries_the_kernels_errno_and_never_looks_like_a_verdict() {
+        const XDP_PASS: u32 = 2;
+        assert_eq!(arm_answer(0, XDP_PASS), XDP_PASS);
+        assert_eq!(arm_refusal_errno(arm_answer(0, XDP_PASS)), None);
+        // -EBUSY, -EPERM, -EOPNOTSUPP as the helpers return them.
+        for errno in [16, 1, 95] {
+            assert_eq!(
+                arm_refusal_errno(arm_answer(-errno, XDP_PASS)),
+                Some(errno as i32)
+            );
+        }
+        assert_eq!(
+            arm_refusal_errno(arm_answer(-1_000_000, XDP_PASS)),
+            Some(ARM_ERRNO_MAX as i32)
+        );
+        // XDP_ABORTED ..= XDP_REDIRECT.
+        assert!((0..=4).all(|verdict| arm_refusal_errno(verdict).is_none()));
+    }
+}

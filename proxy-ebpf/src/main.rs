@@ -275,14 +275,11 @@ fn tc_packet<F: Ip>(ctx: &TcContext, hook: u8) -> i32 {
 
 #[cfg(not(test))]
 /// Run by the agent (BPF_PROG_TEST_RUN, any frame) to arm the conntrack
-/// collector: XDP_PASS when armed, XDP_DROP when the kernel refused.
+/// collector: XDP_PASS when armed, else the kernel's errno in an answer no
+/// XDP verdict uses (`proxy_common::collector::arm_answer`). Never attached.
 #[xdp]
 pub fn ct_collector_arm(_ctx: XdpContext) -> u32 {
-    if collector::arm() == 0 {
-        XDP_PASS as u32
-    } else {
-        XDP_DROP as u32
-    }
+    proxy_common::collector::arm_answer(collector::arm(), XDP_PASS as u32)
 }
 
 /// Run by the agent (BPF_PROG_TEST_RUN, any frame of 14 bytes or more)

@@ -51,8 +51,8 @@ pub fn arm(ebpf: &mut Ebpf) -> anyhow::Result<()> {
         .with_context(|| format!("{PROG_ARM} is not an XDP program"))?;
     // Any frame will do: the program reads nothing of it. A refusal was
     // seen once, on a fresh map, in a CI run of the kernel tests (Linux
-    // 6.18; the helper's error is not passed out, so its cause is not
-    // known): arming is tried again after a moment.
+    // 6.18, before the program passed the errno out): arming is tried
+    // again after a moment.
     let mut attempt = 1;
     loop {
         let out = super::test_run::xdp(prog, &[0u8; 64], 0, 1)
@@ -60,12 +60,14 @@ pub fn arm(ebpf: &mut Ebpf) -> anyhow::Result<()> {
         if out.verdict == XDP_PASS {
             break;
         }
+        let why = refusal(out.verdict as u32);
         ensure!(
             attempt < ARM_ATTEMPTS,
-            "the kernel refused the conntrack collector's timer {ARM_ATTEMPTS} times (BPF timers need Linux 5.15)"
+            "the kernel refused the conntrack collector's timer {ARM_ATTEMPTS} times, the last with {why} (BPF timers need Linux 5.15)"
         );
         debug!(
             attempt,
+            %why,
             "the kernel refused the collector's timer; arming again"
         );
         attempt += 1;
@@ -76,6 +78,17 @@ pub fn arm(ebpf: &mut Ebpf) -> anyhow::Result<()> {
         "conntrack collector armed: the datapath sweeps expired flows itself when no agent does"
     );
     Ok(())
+}
+
+/// What the arming program's answer `verdict` says went wrong.
+fn refusal(verdict: u32) -> String {
+    match proxy_common::collector::arm_refusal_errno(verdict) {
+        Some(errno) => format!(
+            "{} (errno {errno} from the BPF timer helpers)",
+            std::io::Error::from_raw_os_error(errno)
+        ),
+        None => format!("the unexpected answer {verdict}"),
+    }
 }
 
 /// The sweep program's fd, for a [`Sweeper`] that outlives the borrow.
@@ -170,4 +183,19 @@ pub fn read(map: &MapData) -> anyhow::Result<CollectorStats> {
     let data = MapData::from_id(map.info()?.id())?;
     let array: Array<MapData, Value> = Map::from_map_data(data)?.try_into()?;
     Ok(array.get(&0, 0)?.0.stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refusal;
+
+    #[test]
+    fn a_refusal_names_the_kernels_error() {
+        let busy = proxy_common::collector::arm_answer(-16, XDP_PASS_FOR_TEST);
+        let why = refusal(busy);
+        assert!(why.contains("busy") && why.contains("errno 16"), "{why}");
+        assert_eq!(refusal(1), "the unexpected answer 1");
+    }
+
+    const XDP_PASS_FOR_TEST: u32 = 2;
 }
