@@ -76,10 +76,10 @@ pub fn arm_refusal_errno(answer: u32) -> Option<i32> {
 }
 
 /// The arming program's answer for the helpers' result `ret` (0 or a
-/// negative errno); `armed` is the answer for 0.
-pub fn arm_answer(ret: i64, armed: u32) -> u32 {
+/// negative errno).
+pub fn arm_answer(ret: i64) -> u32 {
     if ret == 0 {
-        armed
+        crate::action::XDP_PASS as u32
     } else {
         ARM_REFUSED + ret.unsigned_abs().min(u64::from(ARM_ERRNO_MAX)) as u32
     }
@@ -91,21 +91,19 @@ mod tests {
 
     #[test]
     fn an_arming_answer_carries_the_kernels_errno_and_never_looks_like_a_verdict() {
-        const XDP_PASS: u32 = 2;
-        assert_eq!(arm_answer(0, XDP_PASS), XDP_PASS);
-        assert_eq!(arm_refusal_errno(arm_answer(0, XDP_PASS)), None);
+        use crate::action::{XDP_ABORTED, XDP_PASS, XDP_REDIRECT};
+        assert_eq!(arm_answer(0), XDP_PASS as u32);
+        assert_eq!(arm_refusal_errno(arm_answer(0)), None);
         // -EBUSY, -EPERM, -EOPNOTSUPP as the helpers return them.
         for errno in [16, 1, 95] {
-            assert_eq!(
-                arm_refusal_errno(arm_answer(-errno, XDP_PASS)),
-                Some(errno as i32)
-            );
+            assert_eq!(arm_refusal_errno(arm_answer(-errno)), Some(errno as i32));
         }
         assert_eq!(
-            arm_refusal_errno(arm_answer(-1_000_000, XDP_PASS)),
+            arm_refusal_errno(arm_answer(-1_000_000)),
             Some(ARM_ERRNO_MAX as i32)
         );
-        // XDP_ABORTED ..= XDP_REDIRECT.
-        assert!((0..=4).all(|verdict| arm_refusal_errno(verdict).is_none()));
+        assert!(
+            (XDP_ABORTED..=XDP_REDIRECT).all(|verdict| arm_refusal_errno(verdict as u32).is_none())
+        );
     }
 }

@@ -22,7 +22,7 @@ use crate::ip::Ip;
 /// Slots per CPU and family (a power of two). Few on purpose: 256 slots
 /// (10 KiB for IPv4) stay in the CPU's cache, so a miss costs little more
 /// than the FIB lookup it falls back to. With 4,096 (160 KiB), a new flow to
-/// one of 3,000 destinations took 9–21% longer than with 256, its slot as
+/// one of 3,000 destinations took 8–21% longer than with 256, its slot as
 /// cold as the entries around it (docs/datapath.md, "What a new flow costs").
 pub const SLOT_BITS: u32 = 8;
 pub const SLOTS: u32 = 1 << SLOT_BITS;

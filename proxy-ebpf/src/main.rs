@@ -279,7 +279,7 @@ fn tc_packet<F: Ip>(ctx: &TcContext, hook: u8) -> i32 {
 /// XDP verdict uses (`proxy_common::collector::arm_answer`). Never attached.
 #[xdp]
 pub fn ct_collector_arm(_ctx: XdpContext) -> u32 {
-    proxy_common::collector::arm_answer(collector::arm(), XDP_PASS as u32)
+    proxy_common::collector::arm_answer(collector::arm())
 }
 
 /// Run by the agent (BPF_PROG_TEST_RUN, any frame of 14 bytes or more)

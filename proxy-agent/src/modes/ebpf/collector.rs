@@ -191,11 +191,9 @@ mod tests {
 
     #[test]
     fn a_refusal_names_the_kernels_error() {
-        let busy = proxy_common::collector::arm_answer(-16, XDP_PASS_FOR_TEST);
+        let busy = proxy_common::collector::arm_answer(-16);
         let why = refusal(busy);
         assert!(why.contains("busy") && why.contains("errno 16"), "{why}");
         assert_eq!(refusal(1), "the unexpected answer 1");
     }
-
-    const XDP_PASS_FOR_TEST: u32 = 2;
 }
