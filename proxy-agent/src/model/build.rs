@@ -1,7 +1,9 @@
 //! One-shot build from object lists (the manifests source), through the same
 //! trackers and categorisation as the API source.
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::core::v1::Service;
+
+use super::endpoint_slice::EndpointSlice;
 
 use super::{DesiredState, EndpointsChangeTracker, NodeTopology, ServiceChangeTracker};
 

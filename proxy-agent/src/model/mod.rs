@@ -6,6 +6,7 @@
 //!
 //! Layout, following upstream `pkg/proxy`:
 //! - [`service`]: Service -> per-port [`ServicePortInfo`] (`serviceport.go`).
+//! - [`endpoint_slice`]: the EndpointSlice as read from the API or manifests.
 //! - [`slice`]: EndpointSlice -> compact slice info -> [`Endpoint`]s (`endpointslicecache.go`).
 //! - [`topology`]: [`categorize_endpoints`] (`topology.go`).
 //! - [`trackers`]: change trackers that record only what changed.
@@ -15,6 +16,7 @@
 mod build;
 mod construct;
 pub mod desired;
+pub mod endpoint_slice;
 mod interner;
 mod node;
 pub mod service;

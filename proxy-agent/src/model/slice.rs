@@ -7,9 +7,7 @@ use std::{
     sync::Arc,
 };
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-
-use super::{Endpoint, NamespacedName, Placement, Protocol};
+use super::{Endpoint, NamespacedName, Placement, Protocol, endpoint_slice::EndpointSlice};
 
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 

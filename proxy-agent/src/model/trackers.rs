@@ -14,7 +14,9 @@ use std::{
     time::SystemTime,
 };
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::core::v1::Service;
+
+use super::endpoint_slice::EndpointSlice;
 
 use super::{
     IpFamily, NamespacedName,

@@ -1,13 +1,12 @@
 use k8s_openapi::api::{
     core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
     networking::v1::ServiceCIDR,
 };
 
 use std::sync::Arc;
 
 use super::host::HostNetwork;
-use crate::model::NamespacedName;
+use crate::model::{NamespacedName, endpoint_slice::EndpointSlice};
 
 /// What a source (the API watches or the manifests) reports.
 #[derive(Clone, Debug)]

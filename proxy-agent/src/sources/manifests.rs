@@ -11,16 +11,16 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::{
-        core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice,
-        networking::v1::ServiceCIDR,
-    },
+    api::{core::v1::Node, core::v1::Service, networking::v1::ServiceCIDR},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
-use crate::{model::NamespacedName, sources::SourceEvent};
+use crate::{
+    model::{NamespacedName, endpoint_slice::EndpointSlice},
+    sources::SourceEvent,
+};
 
 mod one_pass;
 

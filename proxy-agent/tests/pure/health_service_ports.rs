@@ -9,7 +9,8 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::core::v1::Service;
+use proxy_agent::model::endpoint_slice::EndpointSlice;
 use proxy_agent::{
     events::{EventRecorder, Regarding},
     health::{ProxyHealth, ServiceHealthPorts, SystemClock},

@@ -8,8 +8,9 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::core::v1::Service;
 use prometheus_client::registry::Registry;
+use proxy_agent::model::endpoint_slice::EndpointSlice;
 use proxy_agent::{
     metrics::{ProxyMetrics, proxy::network_programming_buckets},
     model::{DesiredState, IpFamily},

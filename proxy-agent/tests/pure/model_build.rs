@@ -2,7 +2,8 @@
 
 use std::net::IpAddr;
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::core::v1::Service;
+use proxy_agent::model::endpoint_slice::EndpointSlice;
 use proxy_agent::model::{
     DesiredService, DesiredState, IpFamily, NodeTopology, Protocol, ServicePortName,
     SessionAffinity, build_desired_state, build_desired_state_for,

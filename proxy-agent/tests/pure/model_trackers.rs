@@ -1,7 +1,8 @@
 //! Change trackers record only what changed (upstream servicechangetracker /
 //! endpointslicecache tests, reduced to their facts).
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::core::v1::Service;
+use proxy_agent::model::endpoint_slice::EndpointSlice;
 use proxy_agent::model::{
     DesiredState, EndpointsChangeTracker, NamespacedName, NodeTopology, Protocol,
     ServiceChangeTracker, ServicePortName,

@@ -6,7 +6,8 @@
 
 use std::{fs, net::IpAddr, path::Path};
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::core::v1::Service;
+use proxy_agent::model::endpoint_slice::EndpointSlice;
 use proxy_agent::{
     model::{EndpointsChangeTracker, NodeTopology, ServiceChangeTracker, build_desired_state_for},
     options::{Environment, ProxyMode, mode::FixedSupport, parse},

@@ -6,10 +6,8 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::api::{
-    core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::{Node, Service};
+use proxy_agent::model::endpoint_slice::EndpointSlice;
 use proxy_agent::{
     model::{DesiredState, NamespacedName, Protocol, ServicePortName},
     sources::SourceEvent,

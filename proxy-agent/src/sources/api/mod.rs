@@ -12,7 +12,6 @@ mod relist;
 use futures::{Stream, StreamExt, stream};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
     networking::v1::ServiceCIDR,
 };
 use kube::{
@@ -23,7 +22,7 @@ use kube::{
 pub use client::{ClientError, ClientOptions, build_client};
 pub use relist::{Kind, NodeKind, Relister, ServiceCidrKind, ServiceKind, SliceKind};
 
-use crate::sources::SourceEvent;
+use crate::{model::endpoint_slice::EndpointSlice, sources::SourceEvent};
 
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";

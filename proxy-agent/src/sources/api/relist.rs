@@ -5,12 +5,14 @@ use std::collections::HashSet;
 
 use k8s_openapi::api::{
     core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
     networking::v1::ServiceCIDR,
 };
 use kube::runtime::watcher::Event;
 
-use crate::{model::NamespacedName, sources::SourceEvent};
+use crate::{
+    model::{NamespacedName, endpoint_slice::EndpointSlice},
+    sources::SourceEvent,
+};
 
 /// How one watched kind maps onto source events.
 pub trait Kind {

@@ -10,9 +10,10 @@
 
 use std::{any::Any, borrow::Cow, cell::RefCell, fmt};
 
+use crate::model::endpoint_slice::EndpointSlice;
 use k8s_openapi::{
     api::networking::v1::ServiceCIDR,
-    api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice},
+    api::{core::v1::Node, core::v1::Service},
 };
 use serde::de::{
     self, DeserializeOwned, DeserializeSeed, Deserializer, IntoDeserializer as _, MapAccess,
