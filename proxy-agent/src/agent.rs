@@ -102,18 +102,24 @@ pub async fn run(opts: ProxyOptions) -> anyhow::Result<()> {
 }
 
 /// Polls `events` on a task of its own from now on, keeping what it sends
-/// until the returned stream is read.
+/// until the returned stream is read. The events ready at once go over as
+/// one message: sent one by one, a first listing of 100,000 events reached
+/// the feed in hundreds of batches of one whenever the feed kept pace with
+/// this task, and a batch is what the feed reduces on several threads.
 fn read_ahead(events: Events) -> Events {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<SourceEvent>>();
     tokio::spawn(async move {
-        futures::pin_mut!(events);
-        while let Some(event) = events.next().await {
-            if tx.send(event).is_err() {
+        let chunks = events.ready_chunks(sync::FEED_BATCH);
+        futures::pin_mut!(chunks);
+        while let Some(chunk) = chunks.next().await {
+            if tx.send(chunk).is_err() {
                 return;
             }
         }
     });
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) }).boxed()
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })
+        .flat_map(futures::stream::iter)
+        .boxed()
 }
 
 async fn source(opts: &ProxyOptions) -> anyhow::Result<(Events, Option<kube::Client>)> {
@@ -139,4 +145,29 @@ async fn source(opts: &ProxyOptions) -> anyhow::Result<(Events, Option<kube::Cli
         api::events(client.clone(), &opts.node_name).boxed(),
         Some(client),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_read_ahead_reaches_the_feed_in_whole_batches() {
+        let listing: Vec<SourceEvent> = (0..20_000).map(|_| SourceEvent::ServicesSynced).collect();
+        let events = read_ahead(futures::stream::iter(listing).boxed());
+        // As the sync driver takes its batches.
+        let batches: Vec<usize> = events
+            .ready_chunks(sync::FEED_BATCH)
+            .map(|batch| batch.len())
+            .collect()
+            .await;
+        assert_eq!(
+            batches,
+            [
+                sync::FEED_BATCH,
+                sync::FEED_BATCH,
+                20_000 - 2 * sync::FEED_BATCH
+            ]
+        );
+    }
 }

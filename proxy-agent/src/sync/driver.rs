@@ -122,7 +122,7 @@ where
 }
 
 /// Events fed to the trackers under one lock.
-const FEED_BATCH: usize = 8_192;
+pub const FEED_BATCH: usize = 8_192;
 
 /// The next batch of ready events, up to [`FEED_BATCH`]. Taken outside
 /// tokio's cooperative budget: the agent's sources come through a tokio

@@ -15,7 +15,7 @@ pub mod runner;
 mod source;
 mod syncer;
 
-pub use driver::{SyncTiming, run, run_observed};
+pub use driver::{FEED_BATCH, SyncTiming, run, run_observed};
 pub use observer::{Observers, SyncObserver, SyncReport, TrackerEvent};
 pub use proxier::{Proxier, SyncChanges};
 pub use source::SourceState;
