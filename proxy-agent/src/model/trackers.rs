@@ -34,13 +34,15 @@ impl ServiceChangeTracker {
     /// Records an added or modified Service. Returns whether anything is pending,
     /// as upstream's `ServiceChangeTracker.Update`.
     pub fn update(&mut self, svc: &Service) -> bool {
-        match service_name(svc) {
-            Some(nn) => {
-                let ports = service_ports(svc);
-                // The ports' names share the key's strings.
-                let nn = ports.first().map_or(nn, |(spn, _)| spn.service());
-                self.set(nn, ports)
-            }
+        self.update_with(reduce_service(svc))
+    }
+
+    /// [`Self::update`] with the Service already reduced
+    /// ([`reduce_service`] of it), for callers that reduce many on several
+    /// threads.
+    pub fn update_with(&mut self, reduced: Option<(NamespacedName, ServicePorts)>) -> bool {
+        match reduced {
+            Some((nn, ports)) => self.set(nn, ports),
             None => self.has_pending(),
         }
     }
@@ -94,6 +96,15 @@ impl ServiceChangeTracker {
     pub fn services(&self) -> impl Iterator<Item = (&NamespacedName, &ServicePorts)> {
         self.applied.iter()
     }
+}
+
+/// A Service's name and ports, `None` for one without a name.
+pub fn reduce_service(svc: &Service) -> Option<(NamespacedName, ServicePorts)> {
+    let nn = service_name(svc)?;
+    let ports = service_ports(svc);
+    // The ports' names share the key's strings.
+    let nn = ports.first().map_or(nn, |(spn, _)| spn.service());
+    Some((nn, ports))
 }
 
 #[derive(Debug, Default)]

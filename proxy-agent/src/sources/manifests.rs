@@ -392,8 +392,11 @@ fn parse_json_head<'a>(top: Head<'a>, doc: &'a str) -> ParsedDocument {
         return typed(0, &items);
     }
     // A list's items typed on several threads, in chunks kept in order: the
-    // first error is the one of the lowest item, as read one by one.
-    let chunk = items.len().div_ceil(threads);
+    // first error is the one of the lowest item, as read one by one. Many
+    // more chunks than threads, each thread taking the next when done: with
+    // one chunk a thread, the thread that shared its core (with the other
+    // file's reader or the verifier) finished up to 100 ms after the other.
+    let chunk = items.len().div_ceil(threads * CHUNKS_PER_THREAD);
     let chunks: Vec<&[&RawValue]> = items.chunks(chunk).collect();
     let parts = in_order_on_threads(&chunks, threads, |i, part| typed(i * chunk, part));
     let mut objects = Vec::with_capacity(items.len());
@@ -402,6 +405,9 @@ fn parse_json_head<'a>(top: Head<'a>, doc: &'a str) -> ParsedDocument {
     }
     Ok(Some(objects))
 }
+
+/// A list's chunks per thread.
+const CHUNKS_PER_THREAD: usize = 16;
 
 /// A `kind: List` this long is typed on several threads (a first listing
 /// of 500,000 endpoints is a 50 MB list).

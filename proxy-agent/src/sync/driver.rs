@@ -181,11 +181,15 @@ mod tests {
     }
 
     fn service(i: usize) -> SourceEvent {
+        service_on(i, 80)
+    }
+
+    fn service_on(i: usize, port: u16) -> SourceEvent {
         SourceEvent::ServiceApplied(Box::new(
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": format!("svc-{i}"), "namespace": "ns"},
                 "spec": {"clusterIP": format!("198.19.{}.{}", i / 250, i % 250 + 1),
-                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+                         "ports": [{"name": "http", "port": port, "protocol": "TCP"}]}
             }))
             .unwrap(),
         ))
@@ -205,8 +209,9 @@ mod tests {
     }
 
     /// A long batch (reduced on several threads) leaves the trackers as the
-    /// same events fed one by one do, a slice sent twice keeping its last copy;
-    /// the rebuild from them (also threaded) holds every service.
+    /// same events fed one by one do, a Service or a slice sent twice keeping
+    /// its last copy, a Service without a name ignored; the rebuild from them
+    /// (also threaded) holds every service.
     #[test]
     fn a_prepared_batch_feeds_the_trackers_as_events_one_by_one_do() {
         let events = || {
@@ -216,6 +221,8 @@ mod tests {
                 all.push(slice(i, "198.18.1.1"));
             }
             all.push(slice(7, "198.18.1.2"));
+            all.push(service_on(9, 81));
+            all.push(SourceEvent::ServiceApplied(Box::default()));
             all.extend([SourceEvent::ServicesSynced, SourceEvent::SlicesSynced]);
             all
         };
@@ -252,5 +259,11 @@ mod tests {
             .flat_map(|s| s.cluster_endpoints.iter().map(|e| e.ip.to_string()))
             .collect();
         assert_eq!(ips, ["198.18.1.2"]);
+        let nine = NamespacedName::new("ns", "svc-9");
+        let ports: Vec<u16> = (b.services.values())
+            .filter(|s| s.name.service() == nine)
+            .map(|s| s.port)
+            .collect();
+        assert_eq!(ports, [81]);
     }
 }
