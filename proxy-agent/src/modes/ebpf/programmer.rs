@@ -981,6 +981,11 @@ fn unref(
 /// still free, so that as few slots as possible change (a Maglev table
 /// names slots: each moved backend's buckets are rewritten).
 fn stable_slots(current: &[BackendId], wanted: &[BackendId]) -> Vec<BackendId> {
+    if current.is_empty() {
+        // What the general case below gives, without its sets: every port
+        // at a cold start.
+        return wanted.to_vec();
+    }
     let wanted_set: BTreeSet<BackendId> = wanted.iter().copied().collect();
     // Each backend keeps one slot (adopted maps may name one twice).
     let mut kept = BTreeSet::new();
