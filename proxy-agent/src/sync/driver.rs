@@ -161,7 +161,7 @@ fn prepare(batch: Vec<SourceEvent>) -> Vec<PreparedEvent> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{DesiredState, NamespacedName};
+    use crate::model::{DesiredState, NamespacedName, trackers::LAST_CHANGE_TRIGGER_TIME};
 
     #[tokio::test]
     async fn a_listing_sent_through_a_tokio_channel_comes_as_one_batch() {
@@ -208,6 +208,9 @@ mod tests {
         ))
     }
 
+    /// After the trackers' start, so that it counts.
+    const TRIGGERED: &str = "2100-01-01T00:00:00Z";
+
     /// A long batch (reduced on several threads) leaves the trackers as the
     /// same events fed one by one do, a Service or a slice sent twice keeping
     /// its last copy, a Service without a name ignored; the rebuild from them
@@ -220,7 +223,13 @@ mod tests {
                 all.push(service(i));
                 all.push(slice(i, "198.18.1.1"));
             }
-            all.push(slice(7, "198.18.1.2"));
+            // A change with its trigger time (an annotation, kept by `prepare`).
+            let mut changed = slice(7, "198.18.1.2");
+            if let SourceEvent::SliceApplied(s) = &mut changed {
+                s.metadata.annotations =
+                    Some([(LAST_CHANGE_TRIGGER_TIME.to_owned(), TRIGGERED.to_owned())].into());
+            }
+            all.push(changed);
             all.push(service_on(9, 81));
             all.push(SourceEvent::ServiceApplied(Box::default()));
             all.extend([SourceEvent::ServicesSynced, SourceEvent::SlicesSynced]);
@@ -247,6 +256,10 @@ mod tests {
             wants_sync |= batched.handle_prepared(event, &());
         }
         assert!(wants_sync);
+        let triggered = |s: &mut SourceState| s.endpoints.take_trigger_times();
+        let (a, b) = (triggered(&mut one_by_one), triggered(&mut batched));
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_eq!(a, b);
         let (a, b) = (desired(&mut one_by_one), desired(&mut batched));
         // Past PARALLEL_SERVICES: the rebuild too runs on several threads.
         assert_eq!(a.services.len(), 2_500);
