@@ -88,18 +88,14 @@ where
     );
     let feed = async move {
         // The events ready at once (a first listing: all of them), their
-        // slices reduced on every core, then fed in order.
+        // Services and slices reduced on every core, then fed (each tracker
+        // in its events' order).
         let events = events.ready_chunks(FEED_BATCH);
         futures::pin_mut!(events);
         while let Some(batch) = next_batch(&mut events).await {
             let prepared = prepare(batch);
-            let mut wants_sync = false;
-            {
-                let mut source = source.lock().unwrap_or_else(|e| e.into_inner());
-                for event in prepared {
-                    wants_sync |= source.handle_prepared(event, observer.as_ref());
-                }
-            }
+            let wants_sync = (source.lock().unwrap_or_else(|e| e.into_inner()))
+                .handle_batch(prepared, observer.as_ref());
             if wants_sync {
                 observer.queued();
                 handle.run();
@@ -208,6 +204,32 @@ mod tests {
         ))
     }
 
+    /// A batch fed on two threads wants a sync as the same events fed one
+    /// by one do: when the sources become initialised in it, or were and
+    /// something changed, never before both kinds were listed.
+    #[test]
+    fn a_batch_fed_on_two_threads_wants_a_sync_when_events_one_by_one_would() {
+        let listing = |from: usize| -> Vec<SourceEvent> {
+            (from..from + 1_000)
+                .flat_map(|i| [service(i), slice(i, "198.18.1.1")])
+                .collect()
+        };
+        let mut source = SourceState::new("node-a");
+        // Neither kind listed yet: no sync.
+        assert!(!source.handle_batch(prepare(listing(0)), &()));
+        // Both listed within the batch: a sync, whatever the order of the synced marks.
+        let mut events = vec![SourceEvent::SlicesSynced];
+        events.extend(listing(1_000));
+        events.push(SourceEvent::ServicesSynced);
+        assert!(source.handle_batch(prepare(events), &()));
+        // Initialised and synced: the same objects again change nothing,
+        // new ones do.
+        source.services.apply();
+        source.endpoints.apply();
+        assert!(!source.handle_batch(prepare(listing(1_000)), &()));
+        assert!(source.handle_batch(prepare(listing(2_000)), &()));
+    }
+
     /// After the trackers' start, so that it counts.
     const TRIGGERED: &str = "2100-01-01T00:00:00Z";
 
@@ -251,11 +273,8 @@ mod tests {
             prepared.len() >= PARALLEL_EVENTS,
             "the batch takes the threaded path"
         );
-        let mut wants_sync = false;
-        for event in prepared {
-            wants_sync |= batched.handle_prepared(event, &());
-        }
-        assert!(wants_sync);
+        // Past PARALLEL_FEED: the trackers are fed on two threads.
+        assert!(batched.handle_batch(prepared, &()));
         let triggered = |s: &mut SourceState| s.endpoints.take_trigger_times();
         let (a, b) = (triggered(&mut one_by_one), triggered(&mut batched));
         assert_eq!(a.len(), 1, "{a:?}");
