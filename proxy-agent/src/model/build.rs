@@ -3,9 +3,10 @@
 
 use k8s_openapi::api::core::v1::Service;
 
-use super::endpoint_slice::EndpointSlice;
-
-use super::{DesiredState, EndpointsChangeTracker, NodeTopology, ServiceChangeTracker};
+use super::{
+    DesiredState, EndpointsChangeTracker, NodeTopology, ServiceChangeTracker,
+    endpoint_slice::EndpointSlice,
+};
 
 /// Builds the desired state from the current objects. `node_name` decides
 /// which endpoints are local; no zone is known, so zone hints are ignored.

@@ -16,10 +16,9 @@ use std::{
 
 use k8s_openapi::api::core::v1::Service;
 
-use super::endpoint_slice::EndpointSlice;
-
 use super::{
     IpFamily, NamespacedName,
+    endpoint_slice::EndpointSlice,
     service::{ServicePorts, service_name, service_ports},
     slice::{EndpointsByPort, SliceInfo, endpoints_by_port, slice_info, slice_key},
 };

@@ -28,8 +28,8 @@ pub struct SourceState {
 
 /// A source event with the work that needs no tracker state done ahead
 /// (a Service or an EndpointSlice reduced to what the proxy uses), possibly
-/// on another thread: a first listing of 50,000 of each spent 0.2 s feeding
-/// the slices one by one, and 70 ms reducing the Services.
+/// on another thread: in a first listing of 50,000 of each, the slices took
+/// 0.2 s fed one by one, and the Services 65-73 ms of the serial feed.
 pub struct PreparedEvent {
     event: SourceEvent,
     reduced: Reduced,

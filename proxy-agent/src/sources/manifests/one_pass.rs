@@ -10,7 +10,6 @@
 
 use std::{any::Any, borrow::Cow, cell::RefCell, fmt};
 
-use crate::model::endpoint_slice::EndpointSlice;
 use k8s_openapi::{
     api::networking::v1::ServiceCIDR,
     api::{core::v1::Node, core::v1::Service},
@@ -19,6 +18,8 @@ use serde::de::{
     self, DeserializeOwned, DeserializeSeed, Deserializer, IntoDeserializer as _, MapAccess,
     Visitor, value::BorrowedStrDeserializer,
 };
+
+use crate::model::endpoint_slice::EndpointSlice;
 
 /// `text` read as the type `(api_version, kind)` names, when it is one the
 /// proxy reads and `text`'s top level names exactly that type.
