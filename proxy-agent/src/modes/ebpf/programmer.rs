@@ -325,8 +325,22 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         self.check_capacity(ports)?;
         let mut run = SyncRun::default();
         // Each port's wanted frontend keys, by its place in `ports`.
-        let mut wanted_keys: Vec<Option<BTreeSet<ServiceKeyOf<F>>>> =
-            Vec::with_capacity(ports.len());
+        let mut wanted_keys: Vec<Option<Vec<ServiceKeyOf<F>>>> = Vec::with_capacity(ports.len());
+        if ports.len() > self.ports.len() {
+            // A cold start's tables grown one doubling at a time were a tenth
+            // of its sync: room for this family's ports is made at once.
+            let of_family = (ports.iter())
+                .filter(|(_, svc)| {
+                    svc.is_some_and(|s| s.cluster_ips.iter().any(|ip| F::ip(ip).is_some()))
+                })
+                .count();
+            let more = of_family.saturating_sub(self.ports.len());
+            self.ports.reserve(more);
+            self.frontends.reserve(more);
+            self.backends.reserve(more);
+            self.backend_by_id.reserve(more);
+            self.backend_refs.reserve(more);
+        }
 
         for (spn, svc) in ports {
             wanted_keys.push(match svc {
@@ -343,7 +357,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             let keep = keep.as_ref();
             let gone: Vec<ServiceKeyOf<F>> = self.ports.get(spn).map_or_else(Vec::new, |port| {
                 (port.frontends.iter())
-                    .filter(|k| keep.is_none_or(|w| !w.contains(k)))
+                    .filter(|k| keep.is_none_or(|w| w.binary_search(k).is_err()))
                     .copied()
                     .collect()
             });
@@ -469,19 +483,19 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         Ok(())
     }
 
-    /// Programs every frontend of one service port; returns their keys.
+    /// Programs every frontend of one service port; returns their keys, sorted.
     fn program_service(
         &mut self,
         spn: &ServicePortName,
         svc: &DesiredService,
         maps: &mut impl ServiceMaps<F>,
         run: &mut SyncRun<F>,
-    ) -> Result<BTreeSet<ServiceKeyOf<F>>, MapError> {
+    ) -> Result<Vec<ServiceKeyOf<F>>, MapError> {
         let wanted = wanted_frontends(svc, &self.node);
         if wanted.is_empty() && self.programmed_service_id(spn).is_none() {
             // Nothing of this family (an IPv4-only port in the IPv6
             // programmer): no id, no entry.
-            return Ok(BTreeSet::new());
+            return Ok(Vec::new());
         }
         let service_id = self.service_id(spn)?;
         let ranges = wanted_source_ranges(svc, &self.node);
@@ -492,8 +506,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         let mut sets: Vec<(EndpointSet, SetSlots)> = Vec::new();
         for f in &wanted {
             if !sets.iter().any(|(set, _)| *set == f.endpoints) {
-                let mut ids = Vec::new();
-                for backend in f.endpoints.backends(svc, &self.node.host) {
+                let backends = f.endpoints.backends(svc, &self.node.host);
+                let mut ids = Vec::with_capacity(backends.len());
+                for backend in backends {
                     ids.push(self.ensure_backend(&backend, maps, run)?);
                 }
                 let set = f.endpoints;
@@ -557,7 +572,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             port.set_slots
                 .retain(|set| sets.iter().any(|(kept, _)| *kept == set));
         }
-        Ok(wanted.iter().map(|f| f.key).collect())
+        let mut keys: Vec<ServiceKeyOf<F>> = wanted.iter().map(|f| f.key).collect();
+        keys.sort_unstable();
+        Ok(keys)
     }
 
     fn service_id(&mut self, spn: &ServicePortName) -> Result<u32, MapError> {
@@ -702,7 +719,13 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             .frontends
             .insert(key);
 
-        let previous = frontend.slots.clone();
+        // Only UDP needs what it balanced over before (its flows to a gone
+        // backend are flushed).
+        let previous = if key.proto == proto::UDP {
+            frontend.slots.clone()
+        } else {
+            Vec::new()
+        };
         let count = u16::try_from(slots.len())
             .ok()
             .filter(|n| *n < MAGLEV_SLOT)
@@ -740,6 +763,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 }
             }
         }
+        frontend
+            .slots
+            .reserve_exact(slots.len().saturating_sub(frontend.slots.len()));
         for (i, id) in slots.iter().enumerate() {
             if frontend.slots.get(i) != Some(id) {
                 *refs.entry(*id).or_default() += 1;

@@ -2,7 +2,8 @@
 //! and endpoints, and which source ranges guard them. Pure functions.
 
 use std::{
-    collections::{BTreeSet, HashSet},
+    collections::BTreeSet,
+    hash::Hash,
     net::{IpAddr, Ipv4Addr},
 };
 
@@ -192,8 +193,7 @@ pub(super) fn wanted_frontends<F: AgentFamily>(
         }
     }
 
-    let mut seen = HashSet::new();
-    out.retain(|f| seen.insert(f.key));
+    keep_first(&mut out, |f| f.key);
     out
 }
 
@@ -232,8 +232,7 @@ fn backends_of<F: AgentFamily>(
     proto: u8,
     host: &BTreeSet<F::Ip>,
 ) -> Vec<BackendOf<F>> {
-    let mut seen = BTreeSet::new();
-    endpoints
+    let mut backends: Vec<BackendOf<F>> = endpoints
         .iter()
         .filter_map(|ep| {
             let ip = F::ip(&ep.ip)?;
@@ -248,6 +247,30 @@ fn backends_of<F: AgentFamily>(
                 },
             })
         })
-        .filter(|b| seen.insert((b.addr_be, b.port_be)))
-        .collect()
+        .collect();
+    keep_first(&mut backends, |b| (b.addr_be, b.port_be));
+    backends
+}
+
+/// Drops every item whose key an earlier one has, keeping the order. A
+/// port's lists are short: scanned while they are, a hash set past that (a
+/// set allocated per list was a tenth of a cold sync at 50,000 services).
+fn keep_first<T, K: Eq + Hash>(items: &mut Vec<T>, key: impl Fn(&T) -> K) {
+    const SCANNED: usize = 16;
+    if items.len() <= SCANNED {
+        let mut kept = 0;
+        for i in 0..items.len() {
+            if !items[..kept]
+                .iter()
+                .any(|earlier| key(earlier) == key(&items[i]))
+            {
+                items.swap(kept, i);
+                kept += 1;
+            }
+        }
+        items.truncate(kept);
+    } else {
+        let mut seen = foldhash::HashSet::with_capacity_and_hasher(items.len(), Default::default());
+        items.retain(|item| seen.insert(key(item)));
+    }
 }
