@@ -28,6 +28,10 @@
 //!   each one takes the TTL down by one.
 //! - **new flow**: a new flow can be timed only once: 20,000 distinct tuples
 //!   spread over the services, one run each (r=1); mean, p50 and p99.
+//! - **new flow, one service**: as many more, all to the tier's first
+//!   service: what the number of services programmed costs a new flow, apart
+//!   from what spreading the traffic over them costs (cold entries, and a
+//!   neighbour per backend for the FIB).
 //! - **established (r=1)**: the same one-run timing for the probe flow, and
 //!   for the 20,000 flows once they exist (many services: cache effects).
 //! - **pass-through**: a packet to a non-service address. The program leaves
@@ -89,7 +93,7 @@ const NEW_FLOWS_PER_ROUND: usize = 1_000;
 const LOOP_REPEAT: u32 = 200;
 const LOOP_CALLS_PER_ROUND: usize = 100;
 const PASS_LOOP_REPEAT: u32 = 100_000;
-/// The same in every tier; the run uses about 80,000 entries of it.
+/// The same in every tier; the run uses about 120,000 entries of it.
 const CONNTRACK_ENTRIES: u32 = 262_144;
 
 /// The floor program's object, built beside the datapath's by build.rs.
@@ -311,6 +315,13 @@ impl Layout {
             self.frontend(j * 7_919 % self.frontends),
             tcp_flags::SYN,
         )
+    }
+
+    /// New flow `j` to the tier's first frontend, from clients of its own
+    /// (source ports no [`Layout::new_flow`] uses).
+    fn new_flow_one_service(&self, j: usize) -> Vec<u8> {
+        let (addr, port) = client(POD_BASE, j);
+        tcp((addr, port + 1_000), self.frontend(0), tcp_flags::SYN)
     }
 
     /// Map capacities for this many frontends, with room for a cluster-IP
@@ -580,6 +591,9 @@ impl Tier {
         use Metric::*;
         let range = round * NEW_FLOWS_PER_ROUND..(round + 1) * NEW_FLOWS_PER_ROUND;
         let flows: Vec<Vec<u8>> = range.clone().map(|j| self.layout.new_flow(j)).collect();
+        let one_service_flows: Vec<Vec<u8>> = (range.clone())
+            .map(|j| self.layout.new_flow_one_service(j))
+            .collect();
         let node_port_flows: Vec<Vec<u8>> = range.map(node_port_flow).collect();
         let each = |packets: &[Vec<u8>]| packets.iter().map(|p| (p.clone(), 1)).collect();
         let mut order = vec![
@@ -589,6 +603,7 @@ impl Tier {
             EstablishedLoop,
             NewFlow,
             EstablishedMany,
+            NewFlowOneService,
             XdpPassOne,
             XdpPassLoop,
             XdpEstablishedOne,
@@ -619,6 +634,7 @@ impl Tier {
                     vec![(p.to_vec(), repeat); n]
                 }
                 (NewFlow | EstablishedMany, None) => each(&flows),
+                (NewFlowOneService, None) => each(&one_service_flows),
                 (_, None) => each(&node_port_flows),
             };
             (metric, packets)
@@ -651,7 +667,9 @@ impl Tier {
             XdpEstablishedOne | KatranEstablished => (&self.node_port_probe, 1),
             FloorOne => (&self.floor_probe, 1),
             FloorLoop => (&self.floor_probe, LOOP_REPEAT),
-            NewFlow | EstablishedMany | XdpNewFlow | KatranNewFlow => return None,
+            NewFlow | NewFlowOneService | EstablishedMany | XdpNewFlow | KatranNewFlow => {
+                return None;
+            }
         })
     }
 
@@ -757,6 +775,7 @@ metrics!(
     EstablishedOne,
     EstablishedMany,
     NewFlow,
+    NewFlowOneService,
     PassOne,
     PassLoop,
     XdpEstablishedOne,
@@ -785,7 +804,7 @@ impl Metric {
             EstablishedOne | EstablishedLoop | EstablishedMany => {
                 (Hook::Tc, TC_ACT_REDIRECT, TC_ESTABLISHED)
             }
-            NewFlow => (Hook::Tc, TC_ACT_REDIRECT, TC_NEW),
+            NewFlow | NewFlowOneService => (Hook::Tc, TC_ACT_REDIRECT, TC_NEW),
             XdpPassOne | XdpPassLoop => (Hook::Xdp, XDP_PASS, &[]),
             XdpEstablishedOne => (Hook::Xdp, XDP_TX, XDP_ESTABLISHED),
             XdpNewFlow => (Hook::Xdp, XDP_TX, XDP_NEW),
@@ -803,6 +822,7 @@ impl Metric {
             Metric::EstablishedOne => "established flow",
             Metric::EstablishedMany => "established flows",
             Metric::NewFlow => "new flows",
+            Metric::NewFlowOneService => "new flows to one service",
             Metric::PassOne => "pass-through",
             Metric::PassLoop => "pass-through loop",
             Metric::XdpEstablishedOne => "XDP established flow",
@@ -976,6 +996,7 @@ fn report(tiers: &[Tier], results: &[Results]) {
             mean_of("established", "loop", EstablishedLoop),
             mean_of("new flow", "r=1 mean", NewFlow),
             median_of("new flow", "r=1 p50", NewFlow),
+            median_of("new, 1 svc", "r=1 p50", NewFlowOneService),
             mean_of("established", "r=1 1 flow", EstablishedOne),
             mean_of("established", "r=1 20k mean", EstablishedMany),
             median_of("established", "r=1 20k p50", EstablishedMany),
@@ -990,6 +1011,7 @@ fn report(tiers: &[Tier], results: &[Results]) {
         results,
         &[
             ("new flow", NewFlow),
+            ("new flow to one service", NewFlowOneService),
             ("established 1 flow", EstablishedOne),
             ("established 20k flows", EstablishedMany),
             ("pass-through", PassOne),
@@ -1057,7 +1079,7 @@ fn report(tiers: &[Tier], results: &[Results]) {
     fn floor_net(r: &Results) -> f64 {
         net(r, Metric::FloorOne, Hook::Floor)
     }
-    let rows: [Row; 11] = [
+    let rows: [Row; 12] = [
         ("XDP established p50 / floor p50", |r| {
             p50(r, XdpEstablishedOne) / p50(r, FloorOne)
         }),
@@ -1081,6 +1103,9 @@ fn report(tiers: &[Tier], results: &[Results]) {
         }),
         ("TC new flow net / floor net", |r| {
             net(r, NewFlow, Hook::Tc) / floor_net(r)
+        }),
+        ("TC new flow, 1 svc, net / floor net", |r| {
+            net(r, NewFlowOneService, Hook::Tc) / floor_net(r)
         }),
         ("TC pass-through loop / floor's", |r| {
             r.mean(PassLoop) / r.mean(FloorPassLoop)
@@ -1158,7 +1183,8 @@ fn report(tiers: &[Tier], results: &[Results]) {
          loop figures.\n\
          mean / p50: over every packet; a rare interruption (interrupt, hypervisor) lands in the \
          mean, not in the p50.\n\
-         Cluster-IP new flows go to services spread over the tier; the NodePort figures always \
+         Cluster-IP new flows go to services spread over the tier (\"new, 1 svc\": all to the \
+         tier's first service, from clients of their own); the NodePort figures always \
          use the same NodePort frontend.\n\
          spread: the largest deviation of one round's mean from the overall mean, in any tier.\n\
          Every tier also programs a mirror service (the established loop needs it) and the \
