@@ -274,3 +274,26 @@ fn keep_first<T, K: Eq + Hash>(items: &mut Vec<T>, key: impl Fn(&T) -> K) {
         items.retain(|item| seen.insert(key(item)));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::keep_first;
+
+    /// Short lists are scanned and long ones go through a set: both keep
+    /// the first item of each key, in the items' order.
+    #[test]
+    fn keep_first_keeps_each_keys_first_item_in_order() {
+        for len in [0, 1, 5, 16, 17, 40] {
+            let items: Vec<(u32, usize)> = (0..len).map(|i| ((i * 7 % 5) as u32, i)).collect();
+            let mut kept = items.clone();
+            keep_first(&mut kept, |(key, _)| *key);
+            let mut expected: Vec<(u32, usize)> = Vec::new();
+            for item in &items {
+                if !expected.iter().any(|(key, _)| *key == item.0) {
+                    expected.push(*item);
+                }
+            }
+            assert_eq!(kept, expected, "{len} items");
+        }
+    }
+}
