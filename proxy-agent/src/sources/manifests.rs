@@ -130,8 +130,7 @@ fn load_file(file: &Path, out: &mut Manifests) -> Result<(), ManifestError> {
             Err(e) => return Err(err(Some(document), e.field, e.message)),
         };
         for (prefix, object, digest) in objects {
-            let (kind, meta) = object.kind_and_meta();
-            remember(&mut out.names, kind, meta, digest)
+            remember(&mut out.names, &object, digest)
                 .map_err(|m| err(Some(document), Some(format!("{prefix}metadata.name")), m))?;
             match object {
                 Object::Service(svc) => out.services.push(svc),
@@ -523,16 +522,17 @@ fn objects_of<I: Item>(
 }
 
 /// Records an object's name and digest under its kind.
-fn remember(names: &mut Names, kind: &str, meta: &ObjectMeta, digest: u64) -> Result<(), String> {
+fn remember(names: &mut Names, object: &Object, digest: u64) -> Result<(), String> {
+    let (kind, meta) = object.kind_and_meta();
     let Some(name) = meta.name.as_deref().filter(|n| !n.is_empty()) else {
         return Err("required".into());
     };
     let namespace = meta.namespace.as_deref().unwrap_or("default");
-    let fresh = match kind {
-        "Service" => names.services.insert(key(meta), digest).is_none(),
-        "EndpointSlice" => names.slices.insert(key(meta), digest).is_none(),
-        "Node" => names.nodes.insert(name.to_owned(), digest).is_none(),
-        _ => names.cidrs.insert(name.to_owned(), digest).is_none(),
+    let fresh = match object {
+        Object::Service(_) => names.services.insert(key(meta), digest).is_none(),
+        Object::Slice(_) => names.slices.insert(key(meta), digest).is_none(),
+        Object::Node(_) => names.nodes.insert(name.to_owned(), digest).is_none(),
+        Object::Cidr(_) => names.cidrs.insert(name.to_owned(), digest).is_none(),
     };
     if !fresh {
         return Err(format!("{kind} {namespace}/{name} is defined twice"));

@@ -326,21 +326,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         let mut run = SyncRun::default();
         // Each port's wanted frontend keys, by its place in `ports`.
         let mut wanted_keys: Vec<Option<Vec<ServiceKeyOf<F>>>> = Vec::with_capacity(ports.len());
-        if ports.len() > self.ports.len() {
-            // A cold start's tables grown one doubling at a time were a tenth
-            // of its sync: room for this family's ports is made at once.
-            let of_family = (ports.iter())
-                .filter(|(_, svc)| {
-                    svc.is_some_and(|s| s.cluster_ips.iter().any(|ip| F::ip(ip).is_some()))
-                })
-                .count();
-            let more = of_family.saturating_sub(self.ports.len());
-            self.ports.reserve(more);
-            self.frontends.reserve(more);
-            self.backends.reserve(more);
-            self.backend_by_id.reserve(more);
-            self.backend_refs.reserve(more);
-        }
+        self.make_room(ports);
 
         for (spn, svc) in ports {
             wanted_keys.push(match svc {
@@ -403,6 +389,26 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         // and all of them once after adoption.
         self.filter.write(maps)?;
         Ok(self.totals(run.stats))
+    }
+
+    /// Makes room in the per-port tables for the ports a sync brings, at
+    /// once: a cold start's tables grown one doubling at a time were a tenth
+    /// of its sync. Counted from this family's ports, beyond those held.
+    fn make_room(&mut self, ports: &[Port<'_>]) {
+        if ports.len() <= self.ports.len() {
+            return;
+        }
+        let of_family = (ports.iter())
+            .filter(|(_, svc)| {
+                svc.is_some_and(|s| s.cluster_ips.iter().any(|ip| F::ip(ip).is_some()))
+            })
+            .count();
+        let more = of_family.saturating_sub(self.ports.len());
+        self.ports.reserve(more);
+        self.frontends.reserve(more);
+        self.backends.reserve(more);
+        self.backend_by_id.reserve(more);
+        self.backend_refs.reserve(more);
     }
 
     /// Fails, before anything is written, when the maps could not hold the
