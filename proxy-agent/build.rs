@@ -1,7 +1,7 @@
 //! Builds the eBPF programs from `proxy-ebpf` with Debian's rustc (linked into
 //! rustup as the `bpf-debian` toolchain by `cargo xtask setup`) and bpf-linker,
-//! and leaves the objects (the programs, and the datapath benchmark's floor)
-//! in OUT_DIR for `include_bytes_aligned!`.
+//! and leaves the objects (the programs, the datapath benchmark's floor and
+//! its conntrack-table experiment) in OUT_DIR for `include_bytes_aligned!`.
 use std::{env, fs, path::PathBuf, process::Command};
 
 use anyhow::{Context as _, anyhow};
@@ -16,6 +16,7 @@ fn main() -> anyhow::Result<()> {
         // the agent reports a clear error if it is asked to load this empty object.
         fs::write(out_dir.join("proxy-ebpf"), b"")?;
         fs::write(out_dir.join("bench-floor"), b"")?;
+        fs::write(out_dir.join("bench-ct"), b"")?;
         return Ok(());
     }
     let have_toolchain = Command::new("rustup")

@@ -1,0 +1,184 @@
+//! An experiment on the conntrack table's shape (issue 14: a new flow's
+//! cost is its two inserts). `proxy-ebpf`'s `bench-ct` object holds two
+//! XDP programs that do the same work for a TCP packet, look up its tuple
+//! and, on a miss, insert a reply and a forward entry, in two tables:
+//!
+//! - `htab`: the kernel's preallocated hash map with today's `CtKey` /
+//!   `CtValue` (a bucket's list head, then a 128-byte element taken from
+//!   a free list);
+//! - `slots`: an open-addressed array of 128-byte slots (2^19 of them,
+//!   twice the hash map's entries) claimed by compare-and-swap;
+//! - `lines`: the same with 64-byte slots, the value cut to fit.
+//!
+//! Both are timed through BPF_PROG_TEST_RUN, one run per call (r=1),
+//! alternating in rounds: new flows (each a distinct tuple), then the same
+//! flows again (hits), and a packet neither touches (the per-call cost, to
+//! subtract), in a throwaway network namespace. Not part of `cargo xtask
+//! bench`: run it with `cargo bench -p proxy-agent --bench ct_table` as root;
+//! `CT_BENCH_FLOWS` (new flows per round, default 10,000) and
+//! `CT_BENCH_ROUNDS` (default 10). Findings: docs/datapath.md, "What a new
+//! flow costs".
+
+mod common;
+
+use std::net::Ipv4Addr;
+
+use anyhow::{Context as _, ensure};
+use aya::{Ebpf, programs::Xdp};
+use proxy_agent::{cli::packet::Frame, modes::ebpf::test_run};
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bench-ct"));
+const PROGRAMS: [&str; 3] = ["bench_ct_htab", "bench_ct_slots", "bench_ct_lines"];
+const XDP_TX: i32 = 3;
+
+fn main() {
+    common::main("ct_table", run);
+}
+
+fn run() -> anyhow::Result<()> {
+    ensure!(
+        !OBJECT.is_empty(),
+        "the bench-ct object is empty: this build skipped the eBPF programs (AYA_BUILD_SKIP)"
+    );
+    let flows = env_number("CT_BENCH_FLOWS", 10_000)?;
+    let rounds = env_number("CT_BENCH_ROUNDS", 10)?;
+    ensure!(
+        flows * rounds <= 100_000,
+        "CT_BENCH_FLOWS x CT_BENCH_ROUNDS: at most 100,000 flows (two entries each in 262,144)"
+    );
+    let uplink = common::enter_throwaway_netns()?;
+    pin_to_last_cpu();
+    let mut ebpf = Ebpf::load(OBJECT).context("loading the bench-ct object")?;
+    for name in PROGRAMS {
+        let prog: &mut Xdp = ebpf
+            .program_mut(name)
+            .with_context(|| format!("{name} missing"))?
+            .try_into()?;
+        prog.load().with_context(|| format!("loading {name}"))?;
+    }
+    let prog = |name: &str| -> anyhow::Result<&Xdp> {
+        Ok(ebpf
+            .program(name)
+            .with_context(|| format!("{name} missing"))?
+            .try_into()?)
+    };
+    let programs = [prog(PROGRAMS[0])?, prog(PROGRAMS[1])?, prog(PROGRAMS[2])?];
+
+    let mut samples: [Samples; 3] = Default::default();
+    let udp = Frame::udp(
+        Ipv4Addr::new(198, 18, 0, 1),
+        1000,
+        Ipv4Addr::new(198, 18, 0, 2),
+        53,
+    )
+    .build(&[]);
+    for round in 0..rounds {
+        let packets: Vec<Vec<u8>> = (0..flows).map(|i| new_flow(round * flows + i)).collect();
+        // Alternate which table goes first, so neither always runs on a
+        // cache the other cooled.
+        let order = [0, 1, 2].map(|t| (t + round) % 3);
+        for t in order {
+            let s = &mut samples[t];
+            for (i, p) in packets.iter().enumerate() {
+                let ns = timed(programs[t], p, uplink)
+                    .with_context(|| format!("{}: new flow {i} of round {round}", PROGRAMS[t]))?;
+                s.new.push(ns);
+            }
+            for (i, p) in packets.iter().enumerate() {
+                let ns = timed(programs[t], p, uplink)
+                    .with_context(|| format!("{}: flow {i} of round {round} again", PROGRAMS[t]))?;
+                s.hit.push(ns);
+            }
+            for _ in 0..flows.min(2_000) {
+                let out = test_run::xdp(programs[t], &udp, uplink, 1)?;
+                s.pass.push(out.duration.as_nanos() as f64);
+            }
+        }
+    }
+
+    println!(
+        "conntrack table shapes: {} new flows in {rounds} rounds, r=1, kernel-reported ns",
+        flows * rounds
+    );
+    println!(
+        "{:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>9} | {:>9} {:>9}",
+        "table", "new p50", "new p99", "hit p50", "hit p99", "call p50", "new net", "hit net"
+    );
+    let mut nets = Vec::new();
+    for (t, s) in samples.iter_mut().enumerate() {
+        let (new50, new99) = (s.new.percentile(0.5), s.new.percentile(0.99));
+        let (hit50, hit99) = (s.hit.percentile(0.5), s.hit.percentile(0.99));
+        let call = s.pass.percentile(0.5);
+        nets.push((new50 - call, hit50 - call));
+        println!(
+            "{:>8} | {new50:>9.0} {new99:>9.0} | {hit50:>9.0} {hit99:>9.0} | {call:>9.0} | {:>9.0} {:>9.0}",
+            PROGRAMS[t].trim_start_matches("bench_ct_"),
+            new50 - call,
+            hit50 - call
+        );
+    }
+    for t in 1..PROGRAMS.len() {
+        println!(
+            "{} / htab: new flow net {:.2}, hit net {:.2}",
+            PROGRAMS[t].trim_start_matches("bench_ct_"),
+            nets[t].0 / nets[0].0,
+            nets[t].1 / nets[0].1
+        );
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Samples {
+    new: Vec<f64>,
+    hit: Vec<f64>,
+    pass: Vec<f64>,
+}
+
+trait Percentile {
+    fn percentile(&mut self, p: f64) -> f64;
+}
+
+impl Percentile for Vec<f64> {
+    fn percentile(&mut self, p: f64) -> f64 {
+        self.sort_by(f64::total_cmp);
+        self[((self.len() as f64 - 1.0) * p).round() as usize]
+    }
+}
+
+fn timed(prog: &Xdp, packet: &[u8], ifindex: u32) -> anyhow::Result<f64> {
+    let out = test_run::xdp(prog, packet, ifindex, 1)?;
+    ensure!(
+        out.verdict == XDP_TX,
+        "verdict {} (a table full?)",
+        out.verdict
+    );
+    Ok(out.duration.as_nanos() as f64)
+}
+
+/// Flow `i`: a client of its own (address and port) to one frontend.
+fn new_flow(i: usize) -> Vec<u8> {
+    let client = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + (i / 50_000) as u32);
+    let port = 10_000 + (i % 50_000) as u16;
+    Frame::tcp(client, port, Ipv4Addr::new(198, 19, 0, 1), 80).build(&[])
+}
+
+fn env_number(name: &str, default: usize) -> anyhow::Result<usize> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .with_context(|| format!("{name}: not a number: {v:?}")),
+        Err(_) => Ok(default),
+    }
+}
+
+/// The last CPU, so that the figures are not one CPU's and then another's.
+fn pin_to_last_cpu() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: a zeroed cpu_set_t is valid; pid 0 is this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpus - 1, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
