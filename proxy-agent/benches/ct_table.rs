@@ -1,7 +1,7 @@
 //! An experiment on the conntrack table's shape (issue 14: a new flow's
-//! cost is its two inserts). `proxy-ebpf`'s `bench-ct` object holds two
+//! cost is its two inserts). `proxy-ebpf`'s `bench-ct` object holds three
 //! XDP programs that do the same work for a TCP packet, look up its tuple
-//! and, on a miss, insert a reply and a forward entry, in two tables:
+//! and, on a miss, insert a reply and a forward entry, in three tables:
 //!
 //! - `htab`: the kernel's preallocated hash map with today's `CtKey` /
 //!   `CtValue` (a bucket's list head, then a 128-byte element taken from
@@ -10,14 +10,15 @@
 //!   twice the hash map's entries) claimed by compare-and-swap;
 //! - `lines`: the same with 64-byte slots, the value cut to fit.
 //!
-//! Both are timed through BPF_PROG_TEST_RUN, one run per call (r=1),
-//! alternating in rounds: new flows (each a distinct tuple), then the same
-//! flows again (hits), and a packet neither touches (the per-call cost, to
-//! subtract), in a throwaway network namespace. Not part of `cargo xtask
-//! bench`: run it with `cargo bench -p proxy-agent --bench ct_table` as root;
-//! `CT_BENCH_FLOWS` (new flows per round, default 10,000) and
-//! `CT_BENCH_ROUNDS` (default 10). Findings: docs/datapath.md, "What a new
-//! flow costs".
+//! They are timed through BPF_PROG_TEST_RUN, one run per call (r=1), in a
+//! throwaway network namespace, taking turns in rounds: new flows (each a
+//! distinct tuple), then the same flows again (hits), and a packet none
+//! touches (the per-call cost, to subtract); at the end, hits on flows
+//! scattered over every round's (cold hits: entries the caches lost). Not
+//! part of `cargo xtask bench`: run it with `cargo bench -p proxy-agent
+//! --bench ct_table` as root; `CT_BENCH_FLOWS` (new flows per round, default
+//! 10,000) and `CT_BENCH_ROUNDS` (default 10). Findings: docs/datapath.md,
+//! "What a new flow costs".
 
 mod common;
 
@@ -95,34 +96,56 @@ fn run() -> anyhow::Result<()> {
             }
         }
     }
+    // Hits on entries the caches have lost: as many flows again, taken
+    // all over the table in a scrambled order, after every insert.
+    let total = flows * rounds;
+    let stride = if gcd(7919, total) == 1 { 7919 } else { 1 };
+    let scattered: Vec<Vec<u8>> = (0..flows).map(|k| new_flow(k * stride % total)).collect();
+    for t in 0..PROGRAMS.len() {
+        for p in &scattered {
+            samples[t].cold_hit.push(timed(programs[t], p, uplink)?);
+        }
+    }
 
     println!(
         "conntrack table shapes: {} new flows in {rounds} rounds, r=1, kernel-reported ns",
         flows * rounds
     );
     println!(
-        "{:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>9} | {:>9} {:>9}",
-        "table", "new p50", "new p99", "hit p50", "hit p99", "call p50", "new net", "hit net"
+        "{:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>9} | {:>9} | {:>9} {:>9} {:>9}",
+        "table",
+        "new p50",
+        "new p99",
+        "hit p50",
+        "hit p99",
+        "cold p50",
+        "call p50",
+        "new net",
+        "hit net",
+        "cold net"
     );
     let mut nets = Vec::new();
     for (t, s) in samples.iter_mut().enumerate() {
         let (new50, new99) = (s.new.percentile(0.5), s.new.percentile(0.99));
         let (hit50, hit99) = (s.hit.percentile(0.5), s.hit.percentile(0.99));
+        let cold50 = s.cold_hit.percentile(0.5);
         let call = s.pass.percentile(0.5);
-        nets.push((new50 - call, hit50 - call));
+        nets.push((new50 - call, hit50 - call, cold50 - call));
         println!(
-            "{:>8} | {new50:>9.0} {new99:>9.0} | {hit50:>9.0} {hit99:>9.0} | {call:>9.0} | {:>9.0} {:>9.0}",
+            "{:>8} | {new50:>9.0} {new99:>9.0} | {hit50:>9.0} {hit99:>9.0} | {cold50:>9.0} | {call:>9.0} | {:>9.0} {:>9.0} {:>9.0}",
             PROGRAMS[t].trim_start_matches("bench_ct_"),
             new50 - call,
-            hit50 - call
+            hit50 - call,
+            cold50 - call
         );
     }
     for t in 1..PROGRAMS.len() {
         println!(
-            "{} / htab: new flow net {:.2}, hit net {:.2}",
+            "{} / htab: new flow net {:.2}, hit net {:.2}, cold hit net {:.2}",
             PROGRAMS[t].trim_start_matches("bench_ct_"),
             nets[t].0 / nets[0].0,
-            nets[t].1 / nets[0].1
+            nets[t].1 / nets[0].1,
+            nets[t].2 / nets[0].2
         );
     }
     Ok(())
@@ -132,6 +155,7 @@ fn run() -> anyhow::Result<()> {
 struct Samples {
     new: Vec<f64>,
     hit: Vec<f64>,
+    cold_hit: Vec<f64>,
     pass: Vec<f64>,
 }
 
@@ -161,6 +185,10 @@ fn new_flow(i: usize) -> Vec<u8> {
     let client = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + (i / 50_000) as u32);
     let port = 10_000 + (i % 50_000) as u16;
     Frame::tcp(client, port, Ipv4Addr::new(198, 19, 0, 1), 80).build(&[])
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 fn env_number(name: &str, default: usize) -> anyhow::Result<usize> {
