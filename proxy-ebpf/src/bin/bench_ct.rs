@@ -23,7 +23,7 @@ use core::intrinsics::{AtomicOrdering, atomic_cxchg};
 
 use aya_ebpf::{
     bindings::{
-        BPF_NOEXIST,
+        BPF_F_MMAPABLE, BPF_NOEXIST,
         xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
     },
     macros::{map, xdp},
@@ -90,11 +90,13 @@ pub struct LineSlot(Slot<CompactValue>);
 const _: () = assert!(core::mem::size_of::<WideSlot>() == 128);
 const _: () = assert!(core::mem::size_of::<LineSlot>() == 64);
 
+// BPF_F_MMAPABLE: the kernel then starts the values on a page boundary, so
+// every slot starts on a cache line.
 #[map]
-static CT_SLOTS: Array<WideSlot> = Array::with_max_entries(2 * ENTRIES, 0);
+static CT_SLOTS: Array<WideSlot> = Array::with_max_entries(2 * ENTRIES, BPF_F_MMAPABLE);
 
 #[map]
-static CT_LINES: Array<LineSlot> = Array::with_max_entries(2 * ENTRIES, 0);
+static CT_LINES: Array<LineSlot> = Array::with_max_entries(2 * ENTRIES, BPF_F_MMAPABLE);
 
 #[xdp]
 pub fn bench_ct_htab(ctx: XdpContext) -> u32 {
