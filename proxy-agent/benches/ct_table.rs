@@ -8,7 +8,10 @@
 //!   a free list);
 //! - `slots`: an open-addressed array of 128-byte slots (2^19 of them,
 //!   twice the hash map's entries) claimed by compare-and-swap;
-//! - `lines`: the same with 64-byte slots, the value cut to fit.
+//! - `lines`: the same with 64-byte slots, the value cut to fit: the
+//!   proposed table (`proxy_common::ct_table`). After the rounds the bench
+//!   looks every flow's two entries up as the agent would, with the shared
+//!   hash and probing, through the map's fd.
 //!
 //! They are timed through BPF_PROG_TEST_RUN, one run per call (r=1), in a
 //! throwaway network namespace, taking turns in rounds: new flows (each a
@@ -25,8 +28,9 @@ mod common;
 use std::net::Ipv4Addr;
 
 use anyhow::{Context as _, ensure};
-use aya::{Ebpf, programs::Xdp};
+use aya::{Ebpf, maps::Array, programs::Xdp};
 use proxy_agent::{cli::packet::Frame, modes::ebpf::test_run};
+use proxy_common::{CtKey, proto};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bench-ct"));
 const PROGRAMS: [&str; 3] = ["bench_ct_htab", "bench_ct_slots", "bench_ct_lines"];
@@ -107,6 +111,8 @@ fn run() -> anyhow::Result<()> {
         }
     }
 
+    check_agent_finds(&ebpf, flows * rounds)?;
+
     println!(
         "conntrack table shapes: {} new flows in {rounds} rounds, r=1, kernel-reported ns",
         flows * rounds
@@ -180,11 +186,63 @@ fn timed(prog: &Xdp, packet: &[u8], ifindex: u32) -> anyhow::Result<f64> {
     Ok(out.duration.as_nanos() as f64)
 }
 
-/// Flow `i`: a client of its own (address and port) to one frontend.
+/// Flow `i`'s client: an address and port of its own.
+fn client(i: usize) -> (Ipv4Addr, u16) {
+    let addr = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + (i / 50_000) as u32);
+    (addr, 10_000 + (i % 50_000) as u16)
+}
+
+const FRONTEND: (Ipv4Addr, u16) = (Ipv4Addr::new(198, 19, 0, 1), 80);
+/// Where bench-ct's programs send every flow.
+const BACKEND: (Ipv4Addr, u16) = (Ipv4Addr::new(198, 18, 1, 1), 8080);
+
+/// Flow `i`'s first packet, to the one frontend.
 fn new_flow(i: usize) -> Vec<u8> {
-    let client = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + (i / 50_000) as u32);
-    let port = 10_000 + (i % 50_000) as u16;
-    Frame::tcp(client, port, Ipv4Addr::new(198, 19, 0, 1), 80).build(&[])
+    let (addr, port) = client(i);
+    Frame::tcp(addr, port, FRONTEND.0, FRONTEND.1).build(&[])
+}
+
+/// The agent's side of the proposed table: every flow's forward and reply
+/// entries found in the programs' `CT_LINES` with `proxy_common::ct_table`'s
+/// hash and probing, as the agent would look them up (a program and the
+/// agent that disagree on either lose every flow at a restart).
+fn check_agent_finds(ebpf: &Ebpf, flows: usize) -> anyhow::Result<()> {
+    use proxy_common::ct_table::{CtSlot, PROBES, hash, probe_index, state};
+    let lines: Array<_, CtSlot> =
+        Array::try_from(ebpf.map("CT_LINES").context("CT_LINES missing")?)?;
+    let mask = lines.len() - 1;
+    let be = |(addr, port): (Ipv4Addr, u16)| (u32::from(addr).to_be(), port.to_be());
+    let find = |key: &CtKey| -> anyhow::Result<Option<CtSlot>> {
+        let home = hash(key);
+        for i in 0..PROBES {
+            let slot = lines.get(&probe_index(home, i, mask), 0)?;
+            match slot.state {
+                state::LIVE if slot.key == *key => return Ok(Some(slot)),
+                state::EMPTY => return Ok(None),
+                _ => {}
+            }
+        }
+        Ok(None)
+    };
+    let ((frontend, frontend_port), (backend, backend_port)) = (be(FRONTEND), be(BACKEND));
+    for i in 0..flows {
+        let (client, client_port) = be(client(i));
+        let forward = CtKey::new(client, frontend, client_port, frontend_port, proto::TCP);
+        let reply = CtKey::new(backend, client, backend_port, client_port, proto::TCP);
+        let nat = |slot: Option<CtSlot>| slot.map(|s| (s.value.nat_addr_be, s.value.nat_port_be));
+        ensure!(
+            nat(find(&forward)?) == Some((backend, backend_port)),
+            "flow {i}: its forward entry is not where the agent looks for it"
+        );
+        ensure!(
+            nat(find(&reply)?) == Some((frontend, frontend_port)),
+            "flow {i}: its reply entry is not where the agent looks for it"
+        );
+    }
+    println!(
+        "the agent's lookups found all {flows} flows' entries in the programs' one-line slots"
+    );
+    Ok(())
 }
 
 fn gcd(a: usize, b: usize) -> usize {

@@ -4,8 +4,8 @@
 //! open-addressed tables in a plain array, whose lookups the verifier
 //! inlines and whose entries sit in their own slot instead of behind a
 //! bucket's list head: slots of two cache lines holding today's value
-//! (`slots`), and of one line holding a value cut to fit (`lines`: no
-//! cached next hop, no creation time).
+//! (`slots`), and of one line (`lines`: the proposed table,
+//! `proxy_common::ct_table`, through `ct_slots`).
 //!
 //! The programs do the same work for an IPv4 TCP packet: look up its
 //! tuple; on a hit, DNAT to the entry's backend; on a miss, insert the
@@ -14,12 +14,14 @@
 //! the verdict is XDP_TX: the table is what is compared.
 #![no_std]
 #![no_main]
-// BPF's core has no atomic compare-and-swap method; the intrinsic lowers to
-// the BPF_CMPXCHG instruction.
+// For `ct_slots` (BPF's core has no atomic compare-and-swap method; the
+// intrinsic lowers to the BPF_CMPXCHG instruction).
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
-use core::intrinsics::{AtomicOrdering, atomic_cxchg};
+#[path = "../ct_slots.rs"]
+#[allow(dead_code)]
+mod ct_slots;
 
 use aya_ebpf::{
     bindings::{
@@ -30,73 +32,45 @@ use aya_ebpf::{
     maps::{Array, HashMap},
     programs::XdpContext,
 };
-use proxy_common::{CtKey, CtValue, conntrack::flags, proto};
+use ct_slots::{Probe, Slot};
+use proxy_common::{
+    CtKey, CtValue, V4,
+    conntrack::flags,
+    ct_table::{CtSlot, CtSlotValueOf},
+    proto,
+};
 
 const ETH_HLEN: usize = 14;
 const IPV4_HLEN: usize = 20;
 const TCP_HLEN: usize = 20;
 
-/// Entries of the hash map; the slot table has twice as many slots.
+/// Entries of the hash map; the slot tables have twice as many slots.
 const ENTRIES: u32 = 262_144;
-const SLOTS_MASK: u32 = 2 * ENTRIES - 1;
-/// Slots a lookup probes (the home slot and those after it) before it
-/// gives up: linear probing at the bench's 40% load needs up to about 20.
-const PROBES: u32 = 32;
-
+const SLOTS: u32 = 2 * ENTRIES;
 const BACKEND_BE: u32 = u32::from_be_bytes([198, 18, 1, 1]).to_be();
 const BACKEND_PORT_BE: u16 = 8080u16.to_be();
 
 #[map]
 static CT_HTAB: HashMap<CtKey, CtValue> = HashMap::with_max_entries(ENTRIES, 0);
 
-const EMPTY: u64 = 0;
-const BUSY: u64 = 1;
-const LIVE: u64 = 2;
-
-/// One slot: its state (claimed with a compare-and-swap), the key and the
-/// value.
-#[repr(C)]
-pub struct Slot<V> {
-    state: u64,
-    key: CtKey,
-    value: V,
-}
-
 /// Today's value (64 bytes) in slots of two cache lines.
 #[repr(C, align(64))]
-pub struct WideSlot(Slot<CtValue>);
-
-/// What a slot of one cache line leaves room for: the translation, the
-/// flags, the backend and the idle clock, without the cached next hop and
-/// the creation time.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct CompactValue {
-    nat_addr_be: u32,
-    nat_port_be: u16,
-    flags: u16,
-    backend_id: u32,
-    snat_addr_be: u32,
-    snat_port_be: u16,
-    _pad: u16,
-    service_id: u32,
-    last_seen_ns: u64,
-    _spare: u64,
+pub struct WideSlot {
+    state: u64,
+    key: CtKey,
+    value: CtValue,
 }
 
-#[repr(C, align(64))]
-pub struct LineSlot(Slot<CompactValue>);
-
 const _: () = assert!(core::mem::size_of::<WideSlot>() == 128);
-const _: () = assert!(core::mem::size_of::<LineSlot>() == 64);
 
 // BPF_F_MMAPABLE: the kernel then starts the values on a page boundary, so
 // every slot starts on a cache line.
 #[map]
-static CT_SLOTS: Array<WideSlot> = Array::with_max_entries(2 * ENTRIES, BPF_F_MMAPABLE);
+static CT_SLOTS: Array<WideSlot> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
 
+/// The proposed table: `proxy_common::ct_table`'s one-line IPv4 slots.
 #[map]
-static CT_LINES: Array<LineSlot> = Array::with_max_entries(2 * ENTRIES, BPF_F_MMAPABLE);
+static CT_LINES: Array<CtSlot> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
 
 #[xdp]
 pub fn bench_ct_htab(ctx: XdpContext) -> u32 {
@@ -201,139 +175,73 @@ fn htab_flow(key: &CtKey) -> Option<(u32, u16)> {
     Some((BACKEND_BE, BACKEND_PORT_BE))
 }
 
-trait Entry: Sized {
-    type Value: Copy;
-    fn slot(&mut self) -> &mut Slot<Self::Value>;
-    fn value(key: &CtKey, reply: bool) -> Self::Value;
-    fn nat(value: &Self::Value) -> (u32, u16);
+/// A slot the bench fills: a flow's forward or reply entry, and the
+/// address and port a hit translates to.
+trait BenchSlot: Slot<V4> {
+    fn fill(&mut self, key: &CtKey, reply: bool);
+    fn nat(&self) -> (u32, u16);
 }
 
-impl Entry for WideSlot {
-    type Value = CtValue;
+impl Slot<V4> for WideSlot {
     #[inline(always)]
-    fn slot(&mut self) -> &mut Slot<CtValue> {
-        &mut self.0
+    fn state(&mut self) -> *mut u64 {
+        &raw mut self.state
     }
     #[inline(always)]
-    fn value(key: &CtKey, reply: bool) -> CtValue {
-        value_for(key, reply)
+    fn key(&self) -> &CtKey {
+        &self.key
     }
     #[inline(always)]
-    fn nat(value: &CtValue) -> (u32, u16) {
-        (value.nat_addr_be, value.nat_port_be)
+    fn key_mut(&mut self) -> &mut CtKey {
+        &mut self.key
     }
 }
 
-impl Entry for LineSlot {
-    type Value = CompactValue;
+impl BenchSlot for WideSlot {
     #[inline(always)]
-    fn slot(&mut self) -> &mut Slot<CompactValue> {
-        &mut self.0
+    fn fill(&mut self, key: &CtKey, reply: bool) {
+        self.value = value_for(key, reply);
     }
     #[inline(always)]
-    fn value(key: &CtKey, reply: bool) -> CompactValue {
+    fn nat(&self) -> (u32, u16) {
+        (self.value.nat_addr_be, self.value.nat_port_be)
+    }
+}
+
+impl BenchSlot for CtSlot {
+    #[inline(always)]
+    fn fill(&mut self, key: &CtKey, reply: bool) {
         let wide = value_for(key, reply);
-        CompactValue {
+        self.value = CtSlotValueOf {
             nat_addr_be: wide.nat_addr_be,
             nat_port_be: wide.nat_port_be,
             flags: wide.flags,
             last_seen_ns: wide.last_seen_ns,
-            ..CompactValue::default()
-        }
+            created_s: 1,
+            ..CtSlotValueOf::default()
+        };
     }
     #[inline(always)]
-    fn nat(value: &CompactValue) -> (u32, u16) {
-        (value.nat_addr_be, value.nat_port_be)
+    fn nat(&self) -> (u32, u16) {
+        (self.value.nat_addr_be, self.value.nat_port_be)
     }
 }
 
-/// The key's words mixed, then murmur3's 64-bit finaliser (not jhash: a
-/// cheaper hash is part of what a slot table would buy).
 #[inline(always)]
-fn hash(key: &CtKey) -> u32 {
-    let mut h = key.saddr_be as u64 | (key.daddr_be as u64) << 32;
-    let ports = (key.sport_be as u64) << 16 | key.dport_be as u64 | (key.proto as u64) << 32;
-    h ^= ports.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^= h >> 33;
-    h as u32
-}
-
-#[inline(always)]
-fn same(a: &CtKey, b: &CtKey) -> bool {
-    a.saddr_be == b.saddr_be
-        && a.daddr_be == b.daddr_be
-        && a.sport_be == b.sport_be
-        && a.dport_be == b.dport_be
-        && a.proto == b.proto
-}
-
-enum Probe<E> {
-    Hit(*mut E),
-    /// The first free slot on the key's probe path.
-    Free(*mut E),
-    Full,
-}
-
-#[inline(always)]
-fn probe<E: Entry>(table: &Array<E>, key: &CtKey) -> Probe<E> {
-    let home = hash(key);
-    for i in 0..PROBES {
-        let Some(entry) = table.get_ptr_mut((home.wrapping_add(i)) & SLOTS_MASK) else {
-            return Probe::Full;
-        };
+fn slots_flow<S: BenchSlot>(table: &Array<S>, key: &CtKey) -> Option<(u32, u16)> {
+    match ct_slots::probe(table, SLOTS - 1, key) {
         // SAFETY: a pointer into the array's value, valid for this run.
-        let s = unsafe { (*entry).slot() };
-        // SAFETY: an aligned word of the slot.
-        let state = unsafe { (&raw const s.state).read_volatile() };
-        if state == EMPTY {
-            return Probe::Free(entry);
-        }
-        if state == LIVE && same(&s.key, key) {
-            return Probe::Hit(entry);
-        }
-    }
-    Probe::Full
-}
-
-#[inline(always)]
-fn claim<E: Entry>(entry: *mut E, key: &CtKey, value: E::Value) -> bool {
-    // SAFETY: a pointer into the array's value, valid for this run.
-    unsafe {
-        let slot = (*entry).slot();
-        let state = &raw mut slot.state;
-        let (_, claimed) =
-            atomic_cxchg::<u64, { AtomicOrdering::AcqRel }, { AtomicOrdering::Relaxed }>(
-                state, EMPTY, BUSY,
-            );
-        if !claimed {
-            return false;
-        }
-        slot.key = *key;
-        slot.value = value;
-        // The JIT keeps stores in order (x86 keeps them so too).
-        state.write_volatile(LIVE);
-    }
-    true
-}
-
-#[inline(always)]
-fn slots_flow<E: Entry>(table: &Array<E>, key: &CtKey) -> Option<(u32, u16)> {
-    match probe(table, key) {
-        // SAFETY: as in `probe`.
-        Probe::Hit(entry) => return Some(E::nat(unsafe { &(*entry).slot().value })),
-        Probe::Free(_) => {}
+        Probe::Hit(slot) => return Some(unsafe { &*slot }.nat()),
+        Probe::Free(..) => {}
         Probe::Full => return None,
     }
     // The forward slot is looked for again after the reply's claim: the
     // reply may have taken the one the lookup found (the line is warm now).
     let reply = reply_key(key);
-    for (key, value) in [(&reply, E::value(key, true)), (key, E::value(key, false))] {
-        match probe(table, key) {
-            Probe::Free(entry) if claim(entry, key, value) => {}
+    for (entry, is_reply) in [(&reply, true), (key, false)] {
+        match ct_slots::probe(table, SLOTS - 1, entry) {
+            Probe::Free(slot, seen)
+                if ct_slots::claim(slot, seen, entry, |s: &mut S| s.fill(key, is_reply)) => {}
             _ => return None,
         }
     }
