@@ -92,3 +92,5 @@ assert_layout!(AffinityValue, size = 16, align = 8);
 assert_layout!(collector::CollectorValue, size = 80, align = 8);
 assert_layout!(ct_table::CtSlot, size = 64, align = 64);
 assert_layout!(ct_table::CtSlot6, size = 128, align = 64);
+assert_layout!(ct_table::CtWideSlot, size = 128, align = 64);
+assert_layout!(ct_table::CtWideSlot6, size = 192, align = 64);

@@ -9,7 +9,7 @@ use core::intrinsics::{AtomicOrdering, atomic_cxchg};
 use aya_ebpf::maps::Array;
 use proxy_common::{
     CtKeyOf, Family,
-    ct_table::{CtSlotOf, PROBES, hash, probe_index, state},
+    ct_table::{CtSlotOf, CtWideSlotOf, PROBES, hash, probe_index, state},
 };
 
 /// A slot the operations work on: a state word and a key, the value its own.
@@ -19,20 +19,27 @@ pub trait Slot<F: Family> {
     fn key_mut(&mut self) -> &mut CtKeyOf<F>;
 }
 
-impl<F: Family> Slot<F> for CtSlotOf<F> {
-    #[inline(always)]
-    fn state(&mut self) -> *mut u64 {
-        &raw mut self.state
-    }
-    #[inline(always)]
-    fn key(&self) -> &CtKeyOf<F> {
-        &self.key
-    }
-    #[inline(always)]
-    fn key_mut(&mut self) -> &mut CtKeyOf<F> {
-        &mut self.key
-    }
+macro_rules! slot {
+    ($slot:ident) => {
+        impl<F: Family> Slot<F> for $slot<F> {
+            #[inline(always)]
+            fn state(&mut self) -> *mut u64 {
+                &raw mut self.state
+            }
+            #[inline(always)]
+            fn key(&self) -> &CtKeyOf<F> {
+                &self.key
+            }
+            #[inline(always)]
+            fn key_mut(&mut self) -> &mut CtKeyOf<F> {
+                &mut self.key
+            }
+        }
+    };
 }
+
+slot!(CtSlotOf);
+slot!(CtWideSlotOf);
 
 /// What a key's chain holds.
 pub enum Probe<S> {

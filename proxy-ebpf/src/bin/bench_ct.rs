@@ -36,7 +36,7 @@ use ct_slots::{Probe, Slot};
 use proxy_common::{
     CtKey, CtValue, V4,
     conntrack::flags,
-    ct_table::{CtSlot, CtSlotValueOf},
+    ct_table::{CtSlot, CtSlotValueOf, CtWideSlot},
     proto,
 };
 
@@ -53,20 +53,12 @@ const BACKEND_PORT_BE: u16 = 8080u16.to_be();
 #[map]
 static CT_HTAB: HashMap<CtKey, CtValue> = HashMap::with_max_entries(ENTRIES, 0);
 
-/// Today's value (64 bytes) in slots of two cache lines.
-#[repr(C, align(64))]
-pub struct WideSlot {
-    state: u64,
-    key: CtKey,
-    value: CtValue,
-}
-
-const _: () = assert!(core::mem::size_of::<WideSlot>() == 128);
-
-// BPF_F_MMAPABLE: the kernel then starts the values on a page boundary, so
-// every slot starts on a cache line.
+/// Today's value (64 bytes) in slots of two cache lines
+/// (`proxy_common::ct_table`'s wide slots). `BPF_F_MMAPABLE`: the kernel
+/// then starts the values on a page boundary, so every slot starts on a
+/// cache line.
 #[map]
-static CT_SLOTS: Array<WideSlot> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
+static CT_SLOTS: Array<CtWideSlot> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
 
 /// The proposed table: `proxy_common::ct_table`'s one-line IPv4 slots.
 #[map]
@@ -182,22 +174,7 @@ trait BenchSlot: Slot<V4> {
     fn nat(&self) -> (u32, u16);
 }
 
-impl Slot<V4> for WideSlot {
-    #[inline(always)]
-    fn state(&mut self) -> *mut u64 {
-        &raw mut self.state
-    }
-    #[inline(always)]
-    fn key(&self) -> &CtKey {
-        &self.key
-    }
-    #[inline(always)]
-    fn key_mut(&mut self) -> &mut CtKey {
-        &mut self.key
-    }
-}
-
-impl BenchSlot for WideSlot {
+impl BenchSlot for CtWideSlot {
     #[inline(always)]
     fn fill(&mut self, key: &CtKey, reply: bool) {
         self.value = value_for(key, reply);
