@@ -11,7 +11,9 @@
 //! - `lines`: the same with 64-byte slots, the value cut to fit: the
 //!   proposed table (`proxy_common::ct_table`). After the rounds the bench
 //!   looks every flow's two entries up as the agent would, with the shared
-//!   hash and probing, through the map's fd.
+//!   hash and probing, through the map's fd; then maps the array into its
+//!   memory, counts the live slots, deletes a flow's entries by
+//!   compare-and-swap and checks that the program opens that flow anew.
 //!
 //! They are timed through BPF_PROG_TEST_RUN, one run per call (r=1), in a
 //! throwaway network namespace, taking turns in rounds: new flows (each a
@@ -112,6 +114,7 @@ fn run() -> anyhow::Result<()> {
     }
 
     check_agent_finds(&ebpf, flows * rounds)?;
+    check_mapped(&ebpf, programs[2], uplink, flows * rounds)?;
 
     println!(
         "conntrack table shapes: {} new flows in {rounds} rounds, r=1, kernel-reported ns",
@@ -195,6 +198,103 @@ fn client(i: usize) -> (Ipv4Addr, u16) {
 const FRONTEND: (Ipv4Addr, u16) = (Ipv4Addr::new(198, 19, 0, 1), 80);
 /// Where bench-ct's programs send every flow.
 const BACKEND: (Ipv4Addr, u16) = (Ipv4Addr::new(198, 18, 1, 1), 8080);
+
+/// The agent's writes to the proposed table: through the array mapped into
+/// its memory (`BPF_F_MMAPABLE`), with the same compare-and-swap on a
+/// slot's state as the programs. Counts the live slots by walking the
+/// mapping, deletes flow 0's two entries (tombstones), and checks that the
+/// `lines` program then opens that flow anew, in slots of its chains.
+fn check_mapped(ebpf: &Ebpf, lines_prog: &Xdp, ifindex: u32, flows: usize) -> anyhow::Result<()> {
+    use std::{
+        os::fd::{AsFd as _, AsRawFd as _},
+        sync::atomic::{AtomicU64, Ordering},
+    };
+
+    use proxy_common::ct_table::{CtSlot, PROBES, hash, probe_index, state};
+    let Some(aya::maps::Map::Array(data)) = ebpf.map("CT_LINES") else {
+        anyhow::bail!("CT_LINES missing, or not an array");
+    };
+    let slots = data.info()?.max_entries() as usize;
+    let len = slots * std::mem::size_of::<CtSlot>();
+    // SAFETY: a shared mapping of the map's values, as the kernel allows
+    // for a BPF_F_MMAPABLE array; unmapped below.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            data.fd().as_fd().as_raw_fd(),
+            0,
+        )
+    };
+    ensure!(
+        base != libc::MAP_FAILED,
+        "mmap of CT_LINES: {}",
+        std::io::Error::last_os_error()
+    );
+    let slot = |i: u32| base.cast::<CtSlot>().wrapping_add(i as usize);
+    // SAFETY: `i` below `slots`: inside the mapping, a 64-byte aligned slot.
+    let state_of = |i: u32| unsafe { &*(&raw const (*slot(i)).state).cast::<AtomicU64>() };
+    let walk = || {
+        (0..slots as u32)
+            .filter(|i| state_of(*i).load(Ordering::Acquire) == state::LIVE)
+            .count()
+    };
+    let started = std::time::Instant::now();
+    let live = walk();
+    let walked_in = started.elapsed();
+    let result = (|| {
+        ensure!(live == 2 * flows, "{live} live slots for {flows} flows");
+        let mask = slots as u32 - 1;
+        let be = |(addr, port): (Ipv4Addr, u16)| (u32::from(addr).to_be(), port.to_be());
+        let ((client, client_port), (frontend, frontend_port), (backend, backend_port)) =
+            (be(client(0)), be(FRONTEND), be(BACKEND));
+        let forward = CtKey::new(client, frontend, client_port, frontend_port, proto::TCP);
+        let reply = CtKey::new(backend, client, backend_port, client_port, proto::TCP);
+        let chain = |key: &CtKey| {
+            let home = hash(key);
+            (0..PROBES).map(move |i| probe_index(home, i, mask))
+        };
+        for key in [&forward, &reply] {
+            // SAFETY: as in `state_of`; the key is read only once the slot is live.
+            let at = chain(key)
+                .find(|i| {
+                    state_of(*i).load(Ordering::Acquire) == state::LIVE
+                        && unsafe { (*slot(*i)).key == *key }
+                })
+                .context("flow 0's entry not found through the mapping")?;
+            let deleted = state_of(at).compare_exchange(
+                state::LIVE,
+                state::TOMBSTONE,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+            ensure!(deleted.is_ok(), "slot {at} changed under the delete");
+        }
+        ensure!(
+            walk() == 2 * flows - 2,
+            "the deletes left {} live slots",
+            walk()
+        );
+        let out = test_run::xdp(lines_prog, &new_flow(0), ifindex, 1)?;
+        ensure!(
+            out.verdict == XDP_TX,
+            "flow 0 again: verdict {}",
+            out.verdict
+        );
+        ensure!(walk() == 2 * flows, "flow 0 again: {} live slots", walk());
+        Ok(())
+    })();
+    // SAFETY: the mapping made above, no reference into it outlives this.
+    unsafe { libc::munmap(base, len) };
+    result?;
+    println!(
+        "through the mapping: {live} live slots counted in {:.1} ms ({slots} slots), flow 0 deleted by compare-and-swap and opened anew by the program",
+        walked_in.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
 
 /// Flow `i`'s first packet, to the one frontend.
 fn new_flow(i: usize) -> Vec<u8> {
