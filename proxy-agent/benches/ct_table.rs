@@ -31,8 +31,15 @@ use std::net::Ipv4Addr;
 
 use anyhow::{Context as _, ensure};
 use aya::{Ebpf, maps::Array, programs::Xdp};
-use proxy_agent::{cli::packet::Frame, modes::ebpf::test_run};
-use proxy_common::{CtKey, proto};
+use proxy_agent::{
+    cli::packet::Frame,
+    modes::ebpf::{mapped_array::MappedArray, test_run},
+};
+use proxy_common::{
+    CtKey,
+    ct_table::{CtSlot, PROBES, hash, probe_index, state},
+    proto,
+};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bench-ct"));
 const PROGRAMS: [&str; 3] = ["bench_ct_htab", "bench_ct_slots", "bench_ct_lines"];
@@ -63,6 +70,10 @@ fn run() -> anyhow::Result<()> {
             .try_into()?;
         prog.load().with_context(|| format!("loading {name}"))?;
     }
+    let lines: MappedArray<CtSlot> = MappedArray::new(
+        Array::try_from(ebpf.take_map("CT_LINES").context("CT_LINES missing")?)?,
+        "CT_LINES",
+    )?;
     let prog = |name: &str| -> anyhow::Result<&Xdp> {
         Ok(ebpf
             .program(name)
@@ -113,8 +124,8 @@ fn run() -> anyhow::Result<()> {
         }
     }
 
-    check_agent_finds(&ebpf, flows * rounds)?;
-    check_mapped(&ebpf, programs[2], uplink, flows * rounds)?;
+    check_agent_finds(&lines, flows * rounds)?;
+    check_mapped(&lines, programs[2], uplink, flows * rounds)?;
 
     println!(
         "conntrack table shapes: {} new flows in {rounds} rounds, r=1, kernel-reported ns",
@@ -204,93 +215,65 @@ const BACKEND: (Ipv4Addr, u16) = (Ipv4Addr::new(198, 18, 1, 1), 8080);
 /// slot's state as the programs. Counts the live slots by walking the
 /// mapping, deletes flow 0's two entries (tombstones), and checks that the
 /// `lines` program then opens that flow anew, in slots of its chains.
-fn check_mapped(ebpf: &Ebpf, lines_prog: &Xdp, ifindex: u32, flows: usize) -> anyhow::Result<()> {
-    use std::{
-        os::fd::{AsFd as _, AsRawFd as _},
-        sync::atomic::{AtomicU64, Ordering},
-    };
-
-    use proxy_common::ct_table::{CtSlot, PROBES, hash, probe_index, state};
-    let Some(aya::maps::Map::Array(data)) = ebpf.map("CT_LINES") else {
-        anyhow::bail!("CT_LINES missing, or not an array");
-    };
-    let slots = data.info()?.max_entries() as usize;
-    let len = slots * std::mem::size_of::<CtSlot>();
-    // SAFETY: a shared mapping of the map's values, as the kernel allows
-    // for a BPF_F_MMAPABLE array; unmapped below.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            data.fd().as_fd().as_raw_fd(),
-            0,
-        )
-    };
-    ensure!(
-        base != libc::MAP_FAILED,
-        "mmap of CT_LINES: {}",
-        std::io::Error::last_os_error()
-    );
-    let slot = |i: u32| base.cast::<CtSlot>().wrapping_add(i as usize);
-    // SAFETY: `i` below `slots`: inside the mapping, a 64-byte aligned slot.
+fn check_mapped(
+    lines: &MappedArray<CtSlot>,
+    lines_prog: &Xdp,
+    ifindex: u32,
+    flows: usize,
+) -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let slots = lines.elements();
+    let slot = |i: u32| lines.as_ptr().wrapping_add(i as usize);
+    // SAFETY: `i` below `slots`: a slot of the mapping, whose state word is
+    // aligned; the programs write it only with atomic or aligned stores.
     let state_of = |i: u32| unsafe { &*(&raw const (*slot(i)).state).cast::<AtomicU64>() };
     let walk = || {
-        (0..slots as u32)
+        (0..slots)
             .filter(|i| state_of(*i).load(Ordering::Acquire) == state::LIVE)
             .count()
     };
     let started = std::time::Instant::now();
     let live = walk();
     let walked_in = started.elapsed();
-    let result = (|| {
-        ensure!(live == 2 * flows, "{live} live slots for {flows} flows");
-        let mask = slots as u32 - 1;
-        let be = |(addr, port): (Ipv4Addr, u16)| (u32::from(addr).to_be(), port.to_be());
-        let ((client, client_port), (frontend, frontend_port), (backend, backend_port)) =
-            (be(client(0)), be(FRONTEND), be(BACKEND));
-        let forward = CtKey::new(client, frontend, client_port, frontend_port, proto::TCP);
-        let reply = CtKey::new(backend, client, backend_port, client_port, proto::TCP);
-        let chain = |key: &CtKey| {
-            let home = hash(key);
-            (0..PROBES).map(move |i| probe_index(home, i, mask))
-        };
-        for key in [&forward, &reply] {
-            // SAFETY: as in `state_of`; the key is read only once the slot is live.
-            let at = chain(key)
-                .find(|i| {
-                    state_of(*i).load(Ordering::Acquire) == state::LIVE
-                        && unsafe { (*slot(*i)).key == *key }
-                })
-                .context("flow 0's entry not found through the mapping")?;
-            let deleted = state_of(at).compare_exchange(
-                state::LIVE,
-                state::TOMBSTONE,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            );
-            ensure!(deleted.is_ok(), "slot {at} changed under the delete");
-        }
-        ensure!(
-            walk() == 2 * flows - 2,
-            "the deletes left {} live slots",
-            walk()
+    ensure!(live == 2 * flows, "{live} live slots for {flows} flows");
+    let be = |(addr, port): (Ipv4Addr, u16)| (u32::from(addr).to_be(), port.to_be());
+    let ((client, client_port), (frontend, frontend_port), (backend, backend_port)) =
+        (be(client(0)), be(FRONTEND), be(BACKEND));
+    let forward = CtKey::new(client, frontend, client_port, frontend_port, proto::TCP);
+    let reply = CtKey::new(backend, client, backend_port, client_port, proto::TCP);
+    for key in [&forward, &reply] {
+        let home = hash(key);
+        let at = (0..PROBES)
+            .map(|i| probe_index(home, i, slots - 1))
+            // SAFETY: as in `state_of`; the key is read once the slot is live.
+            .find(|i| {
+                state_of(*i).load(Ordering::Acquire) == state::LIVE
+                    && unsafe { (*slot(*i)).key == *key }
+            })
+            .context("flow 0's entry not found through the mapping")?;
+        let deleted = state_of(at).compare_exchange(
+            state::LIVE,
+            state::TOMBSTONE,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
         );
-        let out = test_run::xdp(lines_prog, &new_flow(0), ifindex, 1)?;
-        ensure!(
-            out.verdict == XDP_TX,
-            "flow 0 again: verdict {}",
-            out.verdict
-        );
-        ensure!(walk() == 2 * flows, "flow 0 again: {} live slots", walk());
-        Ok(())
-    })();
-    // SAFETY: the mapping made above, no reference into it outlives this.
-    unsafe { libc::munmap(base, len) };
-    result?;
+        ensure!(deleted.is_ok(), "slot {at} changed under the delete");
+    }
+    ensure!(
+        walk() == 2 * flows - 2,
+        "the deletes left {} live slots",
+        walk()
+    );
+    let out = test_run::xdp(lines_prog, &new_flow(0), ifindex, 1)?;
+    ensure!(
+        out.verdict == XDP_TX,
+        "flow 0 again: verdict {}",
+        out.verdict
+    );
+    ensure!(walk() == 2 * flows, "flow 0 again: {} live slots", walk());
     println!(
-        "through the mapping: {live} live slots counted in {:.1} ms ({slots} slots), flow 0 deleted by compare-and-swap and opened anew by the program",
+        "through the mapping: {live} live slots counted in {:.1} ms ({slots} slots), flow 0 \
+         deleted by compare-and-swap and opened anew by the program",
         walked_in.as_secs_f64() * 1e3
     );
     Ok(())
@@ -306,11 +289,8 @@ fn new_flow(i: usize) -> Vec<u8> {
 /// entries found in the programs' `CT_LINES` with `proxy_common::ct_table`'s
 /// hash and probing, as the agent would look them up (a program and the
 /// agent that disagree on either lose every flow at a restart).
-fn check_agent_finds(ebpf: &Ebpf, flows: usize) -> anyhow::Result<()> {
-    use proxy_common::ct_table::{CtSlot, PROBES, hash, probe_index, state};
-    let lines: Array<_, CtSlot> =
-        Array::try_from(ebpf.map("CT_LINES").context("CT_LINES missing")?)?;
-    let mask = lines.len() - 1;
+fn check_agent_finds(lines: &MappedArray<CtSlot>, flows: usize) -> anyhow::Result<()> {
+    let (lines, mask) = (lines.array(), lines.elements() - 1);
     let be = |(addr, port): (Ipv4Addr, u16)| (u32::from(addr).to_be(), port.to_be());
     let find = |key: &CtKey| -> anyhow::Result<Option<CtSlot>> {
         let home = hash(key);
