@@ -27,7 +27,7 @@
 
 mod common;
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context as _, ensure};
 use aya::{Ebpf, maps::Array, programs::Xdp};
@@ -42,11 +42,22 @@ use proxy_common::{
 };
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bench-ct"));
-const PROGRAMS: [&str; 3] = ["bench_ct_htab", "bench_ct_slots", "bench_ct_lines"];
+/// The three tables' programs, IPv4 then IPv6.
+const PROGRAMS: [[&str; 3]; 2] = [
+    ["bench_ct_htab", "bench_ct_slots", "bench_ct_lines"],
+    ["bench_ct_htab6", "bench_ct_slots6", "bench_ct_lines6"],
+];
 const XDP_TX: i32 = 3;
 
 fn main() {
     common::main("ct_table", run);
+}
+
+/// How many flows, in how many rounds.
+#[derive(Clone, Copy)]
+struct Load {
+    flows: usize,
+    rounds: usize,
 }
 
 fn run() -> anyhow::Result<()> {
@@ -54,16 +65,18 @@ fn run() -> anyhow::Result<()> {
         !OBJECT.is_empty(),
         "the bench-ct object is empty: this build skipped the eBPF programs (AYA_BUILD_SKIP)"
     );
-    let flows = env_number("CT_BENCH_FLOWS", 10_000)?;
-    let rounds = env_number("CT_BENCH_ROUNDS", 10)?;
+    let load = Load {
+        flows: env_number("CT_BENCH_FLOWS", 10_000)?,
+        rounds: env_number("CT_BENCH_ROUNDS", 10)?,
+    };
     ensure!(
-        flows * rounds <= 100_000,
+        load.flows * load.rounds <= 100_000,
         "CT_BENCH_FLOWS x CT_BENCH_ROUNDS: at most 100,000 flows (two entries each in 262,144)"
     );
     let uplink = common::enter_throwaway_netns()?;
     pin_to_last_cpu();
     let mut ebpf = Ebpf::load(OBJECT).context("loading the bench-ct object")?;
-    for name in PROGRAMS {
+    for name in PROGRAMS.iter().flatten() {
         let prog: &mut Xdp = ebpf
             .program_mut(name)
             .with_context(|| format!("{name} missing"))?
@@ -80,8 +93,35 @@ fn run() -> anyhow::Result<()> {
             .with_context(|| format!("{name} missing"))?
             .try_into()?)
     };
-    let programs = [prog(PROGRAMS[0])?, prog(PROGRAMS[1])?, prog(PROGRAMS[2])?];
+    let programs = |family: usize| -> anyhow::Result<[&Xdp; 3]> {
+        let [a, b, c] = PROGRAMS[family];
+        Ok([prog(a)?, prog(b)?, prog(c)?])
+    };
+    let total = load.flows * load.rounds;
+    println!(
+        "conntrack table shapes: {total} new flows in {} rounds, r=1, kernel-reported ns",
+        load.rounds
+    );
 
+    let v4 = programs(0)?;
+    let mut samples = measure(v4, load, uplink, new_flow)?;
+    check_agent_finds(&lines, total)?;
+    check_mapped(&lines, v4[2], uplink, total)?;
+    report("IPv4", &PROGRAMS[0], &mut samples);
+
+    let mut samples = measure(programs(1)?, load, uplink, new_flow6)?;
+    report("IPv6", &PROGRAMS[1], &mut samples);
+    Ok(())
+}
+
+/// The three tables in turn, round after round: new flows, the same flows
+/// again, and a packet none touches; then cold hits.
+fn measure(
+    programs: [&Xdp; 3],
+    Load { flows, rounds }: Load,
+    uplink: u32,
+    new_flow: fn(usize) -> Vec<u8>,
+) -> anyhow::Result<[Samples; 3]> {
     let mut samples: [Samples; 3] = Default::default();
     let udp = Frame::udp(
         Ipv4Addr::new(198, 18, 0, 1),
@@ -92,19 +132,19 @@ fn run() -> anyhow::Result<()> {
     .build(&[]);
     for round in 0..rounds {
         let packets: Vec<Vec<u8>> = (0..flows).map(|i| new_flow(round * flows + i)).collect();
-        // Alternate which table goes first, so neither always runs on a
-        // cache the other cooled.
+        // Rotate which table goes first, so none always runs on a cache
+        // another cooled.
         let order = [0, 1, 2].map(|t| (t + round) % 3);
         for t in order {
             let s = &mut samples[t];
             for (i, p) in packets.iter().enumerate() {
                 let ns = timed(programs[t], p, uplink)
-                    .with_context(|| format!("{}: new flow {i} of round {round}", PROGRAMS[t]))?;
+                    .with_context(|| format!("table {t}: new flow {i} of round {round}"))?;
                 s.new.push(ns);
             }
             for (i, p) in packets.iter().enumerate() {
                 let ns = timed(programs[t], p, uplink)
-                    .with_context(|| format!("{}: flow {i} of round {round} again", PROGRAMS[t]))?;
+                    .with_context(|| format!("table {t}: flow {i} of round {round} again"))?;
                 s.hit.push(ns);
             }
             for _ in 0..flows.min(2_000) {
@@ -118,22 +158,17 @@ fn run() -> anyhow::Result<()> {
     let total = flows * rounds;
     let stride = if gcd(7919, total) == 1 { 7919 } else { 1 };
     let scattered: Vec<Vec<u8>> = (0..flows).map(|k| new_flow(k * stride % total)).collect();
-    for t in 0..PROGRAMS.len() {
+    for (t, program) in programs.iter().enumerate() {
         for p in &scattered {
-            samples[t].cold_hit.push(timed(programs[t], p, uplink)?);
+            samples[t].cold_hit.push(timed(program, p, uplink)?);
         }
     }
+    Ok(samples)
+}
 
-    check_agent_finds(&lines, flows * rounds)?;
-    check_mapped(&lines, programs[2], uplink, flows * rounds)?;
-
+fn report(family: &str, names: &[&str; 3], samples: &mut [Samples; 3]) {
     println!(
-        "conntrack table shapes: {} new flows in {rounds} rounds, r=1, kernel-reported ns",
-        flows * rounds
-    );
-    println!(
-        "{:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>9} | {:>9} | {:>9} {:>9} {:>9}",
-        "table",
+        "{family:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>9} | {:>9} | {:>9} {:>9} {:>9}",
         "new p50",
         "new p99",
         "hit p50",
@@ -153,22 +188,27 @@ fn run() -> anyhow::Result<()> {
         nets.push((new50 - call, hit50 - call, cold50 - call));
         println!(
             "{:>8} | {new50:>9.0} {new99:>9.0} | {hit50:>9.0} {hit99:>9.0} | {cold50:>9.0} | {call:>9.0} | {:>9.0} {:>9.0} {:>9.0}",
-            PROGRAMS[t].trim_start_matches("bench_ct_"),
+            table_name(names[t]),
             new50 - call,
             hit50 - call,
             cold50 - call
         );
     }
-    for t in 1..PROGRAMS.len() {
+    for t in 1..names.len() {
         println!(
-            "{} / htab: new flow net {:.2}, hit net {:.2}, cold hit net {:.2}",
-            PROGRAMS[t].trim_start_matches("bench_ct_"),
+            "{family} {} / htab: new flow net {:.2}, hit net {:.2}, cold hit net {:.2}",
+            table_name(names[t]),
             nets[t].0 / nets[0].0,
             nets[t].1 / nets[0].1,
             nets[t].2 / nets[0].2
         );
     }
-    Ok(())
+}
+
+fn table_name(program: &str) -> &str {
+    program
+        .trim_start_matches("bench_ct_")
+        .trim_end_matches('6')
 }
 
 #[derive(Default)]
@@ -283,6 +323,21 @@ fn check_mapped(
 fn new_flow(i: usize) -> Vec<u8> {
     let (addr, port) = client(i);
     Frame::tcp(addr, port, FRONTEND.0, FRONTEND.1).build(&[])
+}
+
+/// The same flow in IPv6: the client 2001:db8:ff::<its IPv4 address>, the
+/// frontend 2001:db8:ff::1.
+fn new_flow6(i: usize) -> Vec<u8> {
+    let (addr, port) = client(i);
+    let client =
+        Ipv6Addr::from(0x2001_0db8_00ff_0000_0000_0000_0000_0000u128 | u32::from(addr) as u128);
+    Frame::tcp(
+        client,
+        port,
+        Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, 1),
+        FRONTEND.1,
+    )
+    .build(&[])
 }
 
 /// The agent's side of the proposed table: every flow's forward and reply

@@ -7,11 +7,12 @@
 //! (`slots`), and of one line (`lines`: the proposed table,
 //! `proxy_common::ct_table`, through `ct_slots`).
 //!
-//! The programs do the same work for an IPv4 TCP packet: look up its
-//! tuple; on a hit, DNAT to the entry's backend; on a miss, insert the
-//! reply entry (backend -> client) and the forward entry (client ->
-//! frontend) for a fixed backend, then DNAT. Checksums are left alone and
-//! the verdict is XDP_TX: the table is what is compared.
+//! The programs do the same work for a TCP packet: look up its tuple; on a
+//! hit, DNAT to the entry's backend; on a miss, insert the reply entry
+//! (backend -> client) and the forward entry (client -> frontend) for a
+//! fixed backend, then DNAT. Checksums are left alone and the verdict is
+//! XDP_TX: the table is what is compared. Each table has an IPv4 and an
+//! IPv6 program (`…6`, the IPv6 tables and slots).
 #![no_std]
 #![no_main]
 // For `ct_slots` (BPF's core has no atomic compare-and-swap method; the
@@ -34,49 +35,111 @@ use aya_ebpf::{
 };
 use ct_slots::{Probe, Slot};
 use proxy_common::{
-    CtKey, CtValue, V4,
+    CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf, Family, V4, V6,
     conntrack::flags,
-    ct_table::{CtSlot, CtSlotValueOf, CtWideSlot},
+    ct_table::{CtSlot, CtSlot6, CtSlotOf, CtSlotValueOf, CtWideSlot, CtWideSlot6, CtWideSlotOf},
     proto,
 };
 
 const ETH_HLEN: usize = 14;
 const IPV4_HLEN: usize = 20;
+const IPV6_HLEN: usize = 40;
 const TCP_HLEN: usize = 20;
 
-/// Entries of the hash map; the slot tables have twice as many slots.
+/// Entries of the hash maps; the slot tables have twice as many slots.
 const ENTRIES: u32 = 262_144;
 const SLOTS: u32 = 2 * ENTRIES;
-const BACKEND_BE: u32 = u32::from_be_bytes([198, 18, 1, 1]).to_be();
 const BACKEND_PORT_BE: u16 = 8080u16.to_be();
 
 #[map]
 static CT_HTAB: HashMap<CtKey, CtValue> = HashMap::with_max_entries(ENTRIES, 0);
+#[map]
+static CT_HTAB6: HashMap<CtKey6, CtValue6> = HashMap::with_max_entries(ENTRIES, 0);
 
-/// Today's value (64 bytes) in slots of two cache lines
-/// (`proxy_common::ct_table`'s wide slots). `BPF_F_MMAPABLE`: the kernel
+/// Today's value in slots of two cache lines (three for IPv6):
+/// `proxy_common::ct_table`'s wide slots. `BPF_F_MMAPABLE`: the kernel
 /// then starts the values on a page boundary, so every slot starts on a
 /// cache line.
 #[map]
 static CT_SLOTS: Array<CtWideSlot> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
+#[map]
+static CT_SLOTS6: Array<CtWideSlot6> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
 
-/// The proposed table: `proxy_common::ct_table`'s one-line IPv4 slots.
+/// The proposed table: `proxy_common::ct_table`'s slots of one line (two
+/// for IPv6).
 #[map]
 static CT_LINES: Array<CtSlot> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
+#[map]
+static CT_LINES6: Array<CtSlot6> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
+
+/// A family's three tables and the backend every flow goes to.
+trait Tables: Family {
+    const BACKEND: Self::Addr;
+    fn htab() -> &'static HashMap<CtKeyOf<Self>, CtValueOf<Self>>;
+    fn slots() -> &'static Array<CtWideSlotOf<Self>>;
+    fn lines() -> &'static Array<CtSlotOf<Self>>;
+}
+
+impl Tables for V4 {
+    const BACKEND: u32 = u32::from_be_bytes([198, 18, 1, 1]).to_be();
+    fn htab() -> &'static HashMap<CtKey, CtValue> {
+        &CT_HTAB
+    }
+    fn slots() -> &'static Array<CtWideSlot> {
+        &CT_SLOTS
+    }
+    fn lines() -> &'static Array<CtSlot> {
+        &CT_LINES
+    }
+}
+
+impl Tables for V6 {
+    /// 2001:db8:1::1
+    const BACKEND: [u32; 4] = [
+        0x2001_0db8u32.to_be(),
+        0x0001_0000u32.to_be(),
+        0,
+        1u32.to_be(),
+    ];
+    fn htab() -> &'static HashMap<CtKey6, CtValue6> {
+        &CT_HTAB6
+    }
+    fn slots() -> &'static Array<CtWideSlot6> {
+        &CT_SLOTS6
+    }
+    fn lines() -> &'static Array<CtSlot6> {
+        &CT_LINES6
+    }
+}
 
 #[xdp]
 pub fn bench_ct_htab(ctx: XdpContext) -> u32 {
-    run(&ctx, Table::Htab)
+    run4(&ctx, Table::Htab)
 }
 
 #[xdp]
 pub fn bench_ct_slots(ctx: XdpContext) -> u32 {
-    run(&ctx, Table::Slots)
+    run4(&ctx, Table::Slots)
 }
 
 #[xdp]
 pub fn bench_ct_lines(ctx: XdpContext) -> u32 {
-    run(&ctx, Table::Lines)
+    run4(&ctx, Table::Lines)
+}
+
+#[xdp]
+pub fn bench_ct_htab6(ctx: XdpContext) -> u32 {
+    run6(&ctx, Table::Htab)
+}
+
+#[xdp]
+pub fn bench_ct_slots6(ctx: XdpContext) -> u32 {
+    run6(&ctx, Table::Slots)
+}
+
+#[xdp]
+pub fn bench_ct_lines6(ctx: XdpContext) -> u32 {
+    run6(&ctx, Table::Lines)
 }
 
 #[derive(Clone, Copy)]
@@ -87,7 +150,16 @@ enum Table {
 }
 
 #[inline(always)]
-fn run(ctx: &XdpContext, table: Table) -> u32 {
+fn flow<F: Tables>(table: Table, key: &CtKeyOf<F>) -> Option<(F::Addr, u16)> {
+    match table {
+        Table::Htab => htab_flow::<F>(key),
+        Table::Slots => slots_flow(F::slots(), key),
+        Table::Lines => slots_flow(F::lines(), key),
+    }
+}
+
+#[inline(always)]
+fn run4(ctx: &XdpContext, table: Table) -> u32 {
     let data = ctx.data();
     if data + ETH_HLEN + IPV4_HLEN + TCP_HLEN > ctx.data_end() {
         return XDP_PASS;
@@ -99,23 +171,16 @@ fn run(ctx: &XdpContext, table: Table) -> u32 {
             return XDP_PASS;
         }
         let tcp = ip.add(IPV4_HLEN);
-        let saddr = (ip.add(12) as *const u32).read_unaligned();
         let daddr = ip.add(16) as *mut u32;
-        let sport = (tcp as *const u16).read_unaligned();
         let dport = tcp.add(2) as *mut u16;
         let key = CtKey::new(
-            saddr,
+            (ip.add(12) as *const u32).read_unaligned(),
             daddr.read_unaligned(),
-            sport,
+            (tcp as *const u16).read_unaligned(),
             dport.read_unaligned(),
             proto::TCP,
         );
-        let to = match table {
-            Table::Htab => htab_flow(&key),
-            Table::Slots => slots_flow(&CT_SLOTS, &key),
-            Table::Lines => slots_flow(&CT_LINES, &key),
-        };
-        let Some((addr_be, port_be)) = to else {
+        let Some((addr_be, port_be)) = flow::<V4>(table, &key) else {
             return XDP_DROP;
         };
         daddr.write_unaligned(addr_be);
@@ -125,14 +190,45 @@ fn run(ctx: &XdpContext, table: Table) -> u32 {
 }
 
 #[inline(always)]
-fn value_for(key: &CtKey, reply: bool) -> CtValue {
-    let mut value = CtValue::default();
+fn run6(ctx: &XdpContext, table: Table) -> u32 {
+    let data = ctx.data();
+    if data + ETH_HLEN + IPV6_HLEN + TCP_HLEN > ctx.data_end() {
+        return XDP_PASS;
+    }
+    // SAFETY: the whole of Ethernet + IPv6 + TCP headers was bounds-checked above.
+    unsafe {
+        let ip = (data as *mut u8).add(ETH_HLEN);
+        if *ip >> 4 != 6 || *ip.add(6) != proto::TCP {
+            return XDP_PASS;
+        }
+        let tcp = ip.add(IPV6_HLEN);
+        let daddr = ip.add(24) as *mut [u32; 4];
+        let dport = tcp.add(2) as *mut u16;
+        let key = CtKey6::new(
+            (ip.add(8) as *const [u32; 4]).read_unaligned(),
+            daddr.read_unaligned(),
+            (tcp as *const u16).read_unaligned(),
+            dport.read_unaligned(),
+            proto::TCP,
+        );
+        let Some((addr_be, port_be)) = flow::<V6>(table, &key) else {
+            return XDP_DROP;
+        };
+        daddr.write_unaligned(addr_be);
+        dport.write_unaligned(port_be);
+    }
+    XDP_TX
+}
+
+#[inline(always)]
+fn value_for<F: Tables>(key: &CtKeyOf<F>, reply: bool) -> CtValueOf<F> {
+    let mut value = CtValueOf::<F>::default();
     if reply {
         value.nat_addr_be = key.daddr_be;
         value.nat_port_be = key.dport_be;
         value.flags = flags::REPLY;
     } else {
-        value.nat_addr_be = BACKEND_BE;
+        value.nat_addr_be = F::BACKEND;
         value.nat_port_be = BACKEND_PORT_BE;
     }
     value.last_seen_ns = 1;
@@ -141,9 +237,9 @@ fn value_for(key: &CtKey, reply: bool) -> CtValue {
 }
 
 #[inline(always)]
-fn reply_key(key: &CtKey) -> CtKey {
-    CtKey::new(
-        BACKEND_BE,
+fn reply_key<F: Tables>(key: &CtKeyOf<F>) -> CtKeyOf<F> {
+    CtKeyOf::new(
+        F::BACKEND,
         key.saddr_be,
         BACKEND_PORT_BE,
         key.sport_be,
@@ -152,42 +248,42 @@ fn reply_key(key: &CtKey) -> CtKey {
 }
 
 #[inline(always)]
-fn htab_flow(key: &CtKey) -> Option<(u32, u16)> {
+fn htab_flow<F: Tables>(key: &CtKeyOf<F>) -> Option<(F::Addr, u16)> {
     // SAFETY: values are plain data, read at once.
-    if let Some(hit) = unsafe { CT_HTAB.get(key) } {
+    if let Some(hit) = unsafe { F::htab().get(key) } {
         return Some((hit.nat_addr_be, hit.nat_port_be));
     }
     let reply = reply_key(key);
-    CT_HTAB
+    F::htab()
         .insert(&reply, &value_for(key, true), BPF_NOEXIST as u64)
         .ok()?;
-    CT_HTAB
+    F::htab()
         .insert(key, &value_for(key, false), BPF_NOEXIST as u64)
         .ok()?;
-    Some((BACKEND_BE, BACKEND_PORT_BE))
+    Some((F::BACKEND, BACKEND_PORT_BE))
 }
 
 /// A slot the bench fills: a flow's forward or reply entry, and the
 /// address and port a hit translates to.
-trait BenchSlot: Slot<V4> {
-    fn fill(&mut self, key: &CtKey, reply: bool);
-    fn nat(&self) -> (u32, u16);
+trait BenchSlot<F: Tables>: Slot<F> {
+    fn fill(&mut self, key: &CtKeyOf<F>, reply: bool);
+    fn nat(&self) -> (F::Addr, u16);
 }
 
-impl BenchSlot for CtWideSlot {
+impl<F: Tables> BenchSlot<F> for CtWideSlotOf<F> {
     #[inline(always)]
-    fn fill(&mut self, key: &CtKey, reply: bool) {
+    fn fill(&mut self, key: &CtKeyOf<F>, reply: bool) {
         self.value = value_for(key, reply);
     }
     #[inline(always)]
-    fn nat(&self) -> (u32, u16) {
+    fn nat(&self) -> (F::Addr, u16) {
         (self.value.nat_addr_be, self.value.nat_port_be)
     }
 }
 
-impl BenchSlot for CtSlot {
+impl<F: Tables> BenchSlot<F> for CtSlotOf<F> {
     #[inline(always)]
-    fn fill(&mut self, key: &CtKey, reply: bool) {
+    fn fill(&mut self, key: &CtKeyOf<F>, reply: bool) {
         let wide = value_for(key, reply);
         self.value = CtSlotValueOf {
             nat_addr_be: wide.nat_addr_be,
@@ -199,13 +295,16 @@ impl BenchSlot for CtSlot {
         };
     }
     #[inline(always)]
-    fn nat(&self) -> (u32, u16) {
+    fn nat(&self) -> (F::Addr, u16) {
         (self.value.nat_addr_be, self.value.nat_port_be)
     }
 }
 
 #[inline(always)]
-fn slots_flow<S: BenchSlot>(table: &Array<S>, key: &CtKey) -> Option<(u32, u16)> {
+fn slots_flow<F: Tables, S: BenchSlot<F>>(
+    table: &Array<S>,
+    key: &CtKeyOf<F>,
+) -> Option<(F::Addr, u16)> {
     match ct_slots::probe(table, SLOTS - 1, key) {
         // SAFETY: a pointer into the array's value, valid for this run.
         Probe::Hit(slot) => return Some(unsafe { &*slot }.nat()),
@@ -222,7 +321,7 @@ fn slots_flow<S: BenchSlot>(table: &Array<S>, key: &CtKey) -> Option<(u32, u16)>
             _ => return None,
         }
     }
-    Some((BACKEND_BE, BACKEND_PORT_BE))
+    Some((F::BACKEND, BACKEND_PORT_BE))
 }
 
 #[panic_handler]
