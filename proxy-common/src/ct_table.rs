@@ -30,6 +30,24 @@ pub mod state {
 /// at 40% load made chains of up to about 20 (the tests below).
 pub const PROBES: u32 = 32;
 
+/// The bytes a family's slots need after their value to fill their cache
+/// lines: explicit, as everywhere in the map ABI, so that no slot has
+/// implicit padding.
+pub trait SlotFamily: Family {
+    type SlotPad: Copy + Eq + core::fmt::Debug;
+    type WideSlotPad: Copy + Eq + core::fmt::Debug;
+}
+
+impl SlotFamily for V4 {
+    type SlotPad = [u8; 0];
+    type WideSlotPad = [u8; 40];
+}
+
+impl SlotFamily for V6 {
+    type SlotPad = [u8; 16];
+    type WideSlotPad = [u8; 56];
+}
+
 /// What a flow's entry remembers, cut to fit an IPv4 slot in one cache line:
 /// `CtValueOf` without the cached next hop (established packets would take
 /// it from the per-CPU next-hop cache), and its creation time in seconds.
@@ -55,11 +73,12 @@ pub struct CtSlotValueOf<F: Family> {
 /// on a page boundary).
 #[repr(C, align(64))]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct CtSlotOf<F: Family> {
+pub struct CtSlotOf<F: SlotFamily> {
     /// [`state`].
     pub state: u64,
     pub key: CtKeyOf<F>,
     pub value: CtSlotValueOf<F>,
+    pub _pad: F::SlotPad,
 }
 
 pub type CtSlot = CtSlotOf<V4>;
@@ -70,11 +89,12 @@ pub type CtSlot6 = CtSlotOf<V6>;
 /// the table changes, what an entry holds does not.
 #[repr(C, align(64))]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct CtWideSlotOf<F: Family> {
+pub struct CtWideSlotOf<F: SlotFamily> {
     /// [`state`].
     pub state: u64,
     pub key: CtKeyOf<F>,
     pub value: CtValueOf<F>,
+    pub _pad: F::WideSlotPad,
 }
 
 pub type CtWideSlot = CtWideSlotOf<V4>;
@@ -145,6 +165,26 @@ mod tests {
         assert_eq!(core::mem::size_of::<CtWideSlot6>(), 192);
         assert_eq!(core::mem::offset_of!(CtWideSlot, value), 24);
         assert_eq!(core::mem::offset_of!(CtWideSlot6, value), 48);
+    }
+
+    #[test]
+    fn slots_have_no_implicit_padding() {
+        use core::mem::size_of;
+        fn fields<F: SlotFamily>() -> (usize, usize) {
+            let head = size_of::<u64>() + size_of::<CtKeyOf<F>>();
+            (
+                head + size_of::<CtSlotValueOf<F>>() + size_of::<F::SlotPad>(),
+                head + size_of::<CtValueOf<F>>() + size_of::<F::WideSlotPad>(),
+            )
+        }
+        assert_eq!(
+            fields::<V4>(),
+            (size_of::<CtSlot>(), size_of::<CtWideSlot>())
+        );
+        assert_eq!(
+            fields::<V6>(),
+            (size_of::<CtSlot6>(), size_of::<CtWideSlot6>())
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use core::intrinsics::{AtomicOrdering, atomic_cxchg};
 use aya_ebpf::maps::Array;
 use proxy_common::{
     CtKeyOf, Family,
-    ct_table::{CtSlotOf, CtWideSlotOf, PROBES, hash, probe_index, state},
+    ct_table::{CtSlotOf, CtWideSlotOf, PROBES, SlotFamily, hash, probe_index, state},
 };
 
 /// A slot the operations work on: a state word and a key, the value its own.
@@ -21,7 +21,7 @@ pub trait Slot<F: Family> {
 
 macro_rules! slot {
     ($slot:ident) => {
-        impl<F: Family> Slot<F> for $slot<F> {
+        impl<F: SlotFamily> Slot<F> for $slot<F> {
             #[inline(always)]
             fn state(&mut self) -> *mut u64 {
                 &raw mut self.state

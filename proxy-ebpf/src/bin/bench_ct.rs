@@ -37,7 +37,9 @@ use ct_slots::{Probe, Slot};
 use proxy_common::{
     CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf, Family, V4, V6,
     conntrack::flags,
-    ct_table::{CtSlot, CtSlot6, CtSlotOf, CtSlotValueOf, CtWideSlot, CtWideSlot6, CtWideSlotOf},
+    ct_table::{
+        CtSlot, CtSlot6, CtSlotOf, CtSlotValueOf, CtWideSlot, CtWideSlot6, CtWideSlotOf, SlotFamily,
+    },
     proto,
 };
 
@@ -73,7 +75,7 @@ static CT_LINES: Array<CtSlot> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
 static CT_LINES6: Array<CtSlot6> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
 
 /// A family's three tables and the backend every flow goes to.
-trait Tables: Family {
+trait Tables: SlotFamily {
     const BACKEND: Self::Addr;
     fn htab() -> &'static HashMap<CtKeyOf<Self>, CtValueOf<Self>>;
     fn slots() -> &'static Array<CtWideSlotOf<Self>>;
