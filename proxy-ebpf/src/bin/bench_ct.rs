@@ -35,7 +35,7 @@ use aya_ebpf::{
 };
 use ct_slots::{Probe, Slot};
 use proxy_common::{
-    CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf, Family, V4, V6,
+    CtKey, CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf, V4, V6,
     conntrack::flags,
     ct_table::{
         CtSlot, CtSlot6, CtSlotOf, CtSlotValueOf, CtWideSlot, CtWideSlot6, CtWideSlotOf, SlotFamily,
