@@ -37,7 +37,7 @@ use proxy_agent::{
 };
 use proxy_common::{
     CtKey,
-    ct_table::{CtSlot, PROBES, hash, probe_index, state},
+    ct_table::{CtSlot, chain, state},
     proto,
 };
 
@@ -276,15 +276,8 @@ fn check_mapped(
     let live = walk();
     let walked_in = started.elapsed();
     ensure!(live == 2 * flows, "{live} live slots for {flows} flows");
-    let be = |(addr, port): (Ipv4Addr, u16)| (u32::from(addr).to_be(), port.to_be());
-    let ((client, client_port), (frontend, frontend_port), (backend, backend_port)) =
-        (be(client(0)), be(FRONTEND), be(BACKEND));
-    let forward = CtKey::new(client, frontend, client_port, frontend_port, proto::TCP);
-    let reply = CtKey::new(backend, client, backend_port, client_port, proto::TCP);
-    for key in [&forward, &reply] {
-        let home = hash(key);
-        let at = (0..PROBES)
-            .map(|i| probe_index(home, i, slots - 1))
+    for key in &flow_keys(0) {
+        let at = chain(key, slots - 1)
             // SAFETY: as in `state_of`; the key is read once the slot is live.
             .find(|i| {
                 state_of(*i).load(Ordering::Acquire) == state::LIVE
@@ -319,6 +312,22 @@ fn check_mapped(
     Ok(())
 }
 
+/// An address and port in network order, as keys hold them.
+fn be((addr, port): (Ipv4Addr, u16)) -> (u32, u16) {
+    (u32::from(addr).to_be(), port.to_be())
+}
+
+/// Flow `i`'s forward entry's key (client -> frontend) and its reply's
+/// (backend -> client).
+fn flow_keys(i: usize) -> [CtKey; 2] {
+    let ((client, client_port), (frontend, frontend_port), (backend, backend_port)) =
+        (be(client(i)), be(FRONTEND), be(BACKEND));
+    [
+        CtKey::new(client, frontend, client_port, frontend_port, proto::TCP),
+        CtKey::new(backend, client, backend_port, client_port, proto::TCP),
+    ]
+}
+
 /// Flow `i`'s first packet, to the one frontend.
 fn new_flow(i: usize) -> Vec<u8> {
     let (addr, port) = client(i);
@@ -346,11 +355,9 @@ fn new_flow6(i: usize) -> Vec<u8> {
 /// agent that disagree on either lose every flow at a restart).
 fn check_agent_finds(lines: &MappedArray<CtSlot>, flows: usize) -> anyhow::Result<()> {
     let (lines, mask) = (lines.array(), lines.elements() - 1);
-    let be = |(addr, port): (Ipv4Addr, u16)| (u32::from(addr).to_be(), port.to_be());
     let find = |key: &CtKey| -> anyhow::Result<Option<CtSlot>> {
-        let home = hash(key);
-        for i in 0..PROBES {
-            let slot = lines.get(&probe_index(home, i, mask), 0)?;
+        for at in chain(key, mask) {
+            let slot = lines.get(&at, 0)?;
             match slot.state {
                 state::LIVE if slot.key == *key => return Ok(Some(slot)),
                 state::EMPTY => return Ok(None),
@@ -359,18 +366,15 @@ fn check_agent_finds(lines: &MappedArray<CtSlot>, flows: usize) -> anyhow::Resul
         }
         Ok(None)
     };
-    let ((frontend, frontend_port), (backend, backend_port)) = (be(FRONTEND), be(BACKEND));
+    let nat = |slot: Option<CtSlot>| slot.map(|s| (s.value.nat_addr_be, s.value.nat_port_be));
     for i in 0..flows {
-        let (client, client_port) = be(client(i));
-        let forward = CtKey::new(client, frontend, client_port, frontend_port, proto::TCP);
-        let reply = CtKey::new(backend, client, backend_port, client_port, proto::TCP);
-        let nat = |slot: Option<CtSlot>| slot.map(|s| (s.value.nat_addr_be, s.value.nat_port_be));
+        let [forward, reply] = flow_keys(i);
         ensure!(
-            nat(find(&forward)?) == Some((backend, backend_port)),
+            nat(find(&forward)?) == Some(be(BACKEND)),
             "flow {i}: its forward entry is not where the agent looks for it"
         );
         ensure!(
-            nat(find(&reply)?) == Some((frontend, frontend_port)),
+            nat(find(&reply)?) == Some(be(FRONTEND)),
             "flow {i}: its reply entry is not where the agent looks for it"
         );
     }

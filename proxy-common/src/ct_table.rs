@@ -146,6 +146,13 @@ pub fn probe_index(home_hash: u32, i: u32, mask: u32) -> u32 {
     home_hash.wrapping_add(i) & mask
 }
 
+/// The slots `key`'s chain may use in a table of `mask + 1` slots, home
+/// first: what the agent walks to find a key the programs inserted.
+pub fn chain<F: Family>(key: &CtKeyOf<F>, mask: u32) -> impl Iterator<Item = u32> {
+    let home = hash(key);
+    (0..PROBES).map(move |i| probe_index(home, i, mask))
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
