@@ -230,18 +230,31 @@ fn the_agents_sweeps_leave_the_cpus_softirqs_running_the_timers_hold_them_at_mos
     let _traffic = Traffic::start();
     std::thread::sleep(Duration::from_millis(200));
 
-    // The agent's sweeps, back to back.
+    // The agent's sweeps, back to back. The other tests share the CPUs: a
+    // gap can also come from the datagrams' sender waiting for one (in the
+    // full kernel tier: 72 ms once, 1.5-4.4 ms alone), never from a sweep
+    // that holds softirqs being shorter. So up to three tries, the shortest
+    // gap kept: a sweep that held them would show its whole length in each.
     let sweeps = 5;
-    let before = collector::stats(&opened.ebpf).unwrap();
-    let agent_gap = measure(|| {
-        for _ in 0..sweeps {
-            collector::sweep(std::os::fd::AsFd::as_fd(&program)).unwrap();
+    let mut agent_gap = Duration::MAX;
+    let mut agent_sweep = Duration::ZERO;
+    let mut after = collector::stats(&opened.ebpf).unwrap();
+    for _ in 0..3 {
+        let before = after;
+        let gap = measure(|| {
+            for _ in 0..sweeps {
+                collector::sweep(std::os::fd::AsFd::as_fd(&program)).unwrap();
+            }
+        });
+        after = collector::stats(&opened.ebpf).unwrap();
+        assert_eq!(after.sweeps, before.sweeps + sweeps);
+        assert_eq!(after.live, u64::from(ENTRIES), "{after:?}");
+        agent_sweep = Duration::from_nanos(after.last_sweep_took_ns);
+        agent_gap = agent_gap.min(gap);
+        if agent_gap <= agent_sweep / 4 {
+            break;
         }
-    });
-    let after = collector::stats(&opened.ebpf).unwrap();
-    assert_eq!(after.sweeps, before.sweeps + sweeps);
-    assert_eq!(after.live, u64::from(ENTRIES), "{after:?}");
-    let agent_sweep = Duration::from_nanos(after.last_sweep_took_ns);
+    }
 
     // A new flow finds the table full on CPU 1: the timer sweeps there at once, in softirq.
     let timer_gap = measure(|| {
