@@ -5,81 +5,16 @@
 //! compare-and-swap on its state word, never written whole over a slot a
 //! program may be updating in place. Reads copy a live slot's key and value
 //! as they are at that moment (a program may be refreshing its timer).
-//!
-//! The mapping is made when first needed and kept until [`CtTable::release`]:
-//! the kernel maps every page of a BPF array at `mmap` (`remap_vmalloc_range`),
-//! so a table kept mapped counts whole in the agent's resident memory (80 MB
-//! for the default tables of both families).
 
-use std::{
-    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
-    sync::{
-        OnceLock,
-        atomic::{AtomicU64, Ordering},
-    },
-};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use aya::maps::{Array, IterableMap as _, MapData};
+use aya::maps::{Array, MapData};
 use proxy_common::{
     CtKeyOf, CtValueOf,
     ct_table::{CtWideSlotOf, SlotFamily, capacity_of, chain, state},
 };
 
-/// A shared mapping of a map's values, unmapped on drop.
-struct Mapping {
-    base: *mut u8,
-    bytes: usize,
-}
-
-// SAFETY: the mapping is plain shared memory, owned by this value; every
-// access through it goes by atomics or volatile copies.
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// `slots` values of `stride` bytes of the map `fd`, read-write or read-only.
-    fn new(
-        fd: BorrowedFd<'_>,
-        slots: usize,
-        stride: usize,
-        writable: bool,
-    ) -> std::io::Result<Self> {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let bytes = (slots * stride).div_ceil(page) * page;
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
-        // SAFETY: a shared mapping of the map's values, unmapped in Drop.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if at == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Mapping {
-            base: at.cast(),
-            bytes,
-        })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, not used after this.
-        unsafe { libc::munmap(self.base.cast(), self.bytes) };
-    }
-}
+use super::mapped_array::MappedArray;
 
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -91,9 +26,7 @@ pub struct TableFull {
 }
 
 pub struct CtTable<F: SlotFamily> {
-    array: Array<MapData, CtWideSlotOf<F>>,
-    slots: u32,
-    mapping: OnceLock<Mapping>,
+    slots: MappedArray<CtWideSlotOf<F>>,
     name: &'static str,
 }
 
@@ -106,29 +39,9 @@ impl<F: SlotFamily> CtTable<F> {
             "{name} holds {slots} slots, not a power of two: not a conntrack table of this version"
         );
         Ok(CtTable {
-            array,
-            slots,
-            mapping: OnceLock::new(),
+            slots: MappedArray::new(array, name)?,
             name,
         })
-    }
-
-    /// Unmaps the table until it is next used (see the module's documentation).
-    pub fn release(&mut self) {
-        self.mapping.take();
-    }
-
-    fn base(&self) -> *mut CtWideSlotOf<F> {
-        let mapping = self.mapping.get_or_init(|| {
-            let fd = self.map().fd().as_fd();
-            let stride = size_of::<CtWideSlotOf<F>>();
-            Mapping::new(fd, self.slots as usize, stride, true).unwrap_or_else(|e| {
-                // The array was created BPF_F_MMAPABLE, by this version
-                // (`new` checked its shape): only a failing kernel refuses.
-                panic!("mapping {} into memory: {e}", self.name)
-            })
-        });
-        mapping.base.cast()
     }
 
     pub fn name(&self) -> &'static str {
@@ -136,12 +49,12 @@ impl<F: SlotFamily> CtTable<F> {
     }
 
     pub fn map(&self) -> &MapData {
-        self.array.map()
+        aya::maps::IterableMap::map(self.slots.array())
     }
 
     /// The table's slots (a power of two).
     pub fn slots(&self) -> u32 {
-        self.slots
+        self.slots.elements()
     }
 
     /// The flows the table is sized for: half its slots.
@@ -156,7 +69,7 @@ impl<F: SlotFamily> CtTable<F> {
     fn slot(&self, index: u32) -> *mut CtWideSlotOf<F> {
         debug_assert!(index < self.slots());
         // SAFETY: in bounds of the mapping (indexes are masked or counted).
-        unsafe { self.base().add(index as usize) }
+        unsafe { self.slots.as_ptr().add(index as usize).cast_mut() }
     }
 
     fn state(&self, index: u32) -> &AtomicU64 {
@@ -276,12 +189,18 @@ impl<F: SlotFamily> CtTable<F> {
         }
         Err(TableFull { map: self.name })
     }
+
+    /// Copies every slot of `other` (a table of as many slots) as it is.
+    pub fn copy_from(&mut self, other: &CtTable<F>) {
+        self.slots.copy_from(&other.slots);
+    }
 }
 
 /// The live entries of the conntrack table `map` (any family: slots of the
 /// map's value size, the state word first), counted through a read-only
 /// mapping of it, for readers that hold the map untyped.
 pub fn count_live(map: &MapData) -> std::io::Result<u64> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
     let info = map.info().map_err(std::io::Error::other)?;
     let (slots, stride) = (info.max_entries() as usize, info.value_size() as usize);
     if stride < size_of::<u64>() || stride % size_of::<u64>() != 0 {
@@ -289,13 +208,32 @@ pub fn count_live(map: &MapData) -> std::io::Result<u64> {
             "values of {stride} bytes are no conntrack slots"
         )));
     }
-    let mapping = Mapping::new(map.fd().as_fd(), slots, stride, false)?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    let bytes = (slots * stride).div_ceil(page) * page;
+    // SAFETY: a read-only shared mapping of the map's values, unmapped below.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            map.fd().as_fd().as_raw_fd(),
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let base = at.cast::<u8>();
     let live = (0..slots)
         // SAFETY: inside the mapping; each slot starts with its aligned state word.
         .filter(|i| unsafe {
-            AtomicU64::from_ptr(mapping.base.add(i * stride).cast::<u64>()).load(Ordering::Relaxed)
+            AtomicU64::from_ptr(base.add(i * stride).cast::<u64>()).load(Ordering::Relaxed)
                 == state::LIVE
         })
         .count();
+    // SAFETY: the mapping made above, no longer used.
+    unsafe { libc::munmap(at, bytes) };
     Ok(live as u64)
 }

@@ -554,10 +554,7 @@ where
         matches: &dyn Fn(&CtKeyOf<F>, &CtValueOf<F>) -> bool,
     ) -> Result<usize, MapError> {
         self.write_deferred_before()?;
-        let conntrack = F::conntrack(self);
-        let removed = conntrack.remove_where(matches);
-        conntrack.release();
-        Ok(removed)
+        Ok(F::conntrack(self).remove_where(matches))
     }
 
     fn put_filter_word(&mut self, index: u32, word: u64) -> Result<(), MapError> {

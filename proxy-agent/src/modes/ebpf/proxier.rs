@@ -55,7 +55,7 @@ struct ConntrackFill {
 }
 
 impl ConntrackFill {
-    fn check(&mut self, maps: &mut KernelMaps) {
+    fn check(&mut self, maps: &KernelMaps) {
         if self.last.is_some_and(|t| t.elapsed() < FILL_INTERVAL) {
             return;
         }
@@ -93,8 +93,6 @@ impl ConntrackFill {
                 );
             }
         }
-        maps.conntrack.release();
-        maps.v6.conntrack.release();
     }
 }
 
@@ -350,7 +348,7 @@ impl Proxier for EbpfProxier {
     /// Bookkeeping once the sync is reported: neither delays a change, nor
     /// the first sync's report (the names took 40-60 ms at 50,000 services).
     fn after_sync(&mut self, desired: &DesiredState, changes: &SyncChanges) {
-        self.conntrack_fill.check(&mut self.maps);
+        self.conntrack_fill.check(&self.maps);
         self.publish_names(desired, changes);
     }
 }
