@@ -41,7 +41,7 @@ pub use stats::Counter;
 
 /// Bumped whenever a map type changes layout, so an agent never reuses maps
 /// pinned by an incompatible version.
-pub const ABI_VERSION: u32 = 9;
+pub const ABI_VERSION: u32 = 8;
 
 /// IP protocol numbers as stored in keys.
 pub mod proto {

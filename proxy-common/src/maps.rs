@@ -2,12 +2,8 @@
 
 pub const SERVICES: &str = "SERVICES";
 pub const BACKENDS: &str = "BACKENDS";
-/// Open-addressed arrays of slots since ABI 9 (`crate::ct_table`), plain
-/// hashes in ABI 8, LRU hashes before; swept by `CT_COLLECTOR`.
+/// Plain hashes since ABI 8 (LRU before), swept by `CT_COLLECTOR`.
 pub const CONNTRACK: &str = "CONNTRACK";
-/// The programs' global holding the conntrack tables' slot mask (slots - 1,
-/// the same for both families), set at load.
-pub const CT_SLOTS_MASK: &str = "CT_SLOTS_MASK";
 pub const STATS: &str = "STATS";
 pub const CONFIG: &str = "CONFIG";
 pub const IFACES: &str = "IFACES";
@@ -68,9 +64,9 @@ pub const MAX_SERVICE_ENTRIES: u32 = 262_144;
 /// 1,048,576 slots); the agent sizes the map at load.
 pub const MAX_SLOT_ELEMENTS: u32 = 524_288;
 pub const MAX_BACKENDS: u32 = 131_072;
-/// Conntrack slots in the object (`crate::ct_table`); the agent sizes the
-/// tables at load, both families alike, and sets `CT_SLOTS_MASK` to match.
-pub const MAX_CONNTRACK: u32 = 524_288;
+pub const MAX_CONNTRACK: u32 = 262_144;
+/// IPv6 flows: half the IPv4 table, whose entries are 2.3 times larger.
+pub const MAX_CONNTRACK6: u32 = 131_072;
 pub const MAX_IFACES: u32 = 4_096;
 pub const MAX_LOCAL_POD_CIDRS: u32 = 64;
 pub const MAX_SERVICE_CIDRS: u32 = 64;

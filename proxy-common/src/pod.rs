@@ -8,8 +8,8 @@ unsafe impl aya::Pod for crate::CtKey {}
 unsafe impl aya::Pod for crate::CtValue {}
 unsafe impl aya::Pod for crate::ct_table::CtSlot {}
 unsafe impl aya::Pod for crate::ct_table::CtSlot6 {}
-// For both families at once: the agent's conntrack table is generic over them.
-unsafe impl<F: crate::ct_table::SlotFamily> aya::Pod for crate::ct_table::CtWideSlotOf<F> {}
+unsafe impl aya::Pod for crate::ct_table::CtWideSlot {}
+unsafe impl aya::Pod for crate::ct_table::CtWideSlot6 {}
 unsafe impl aya::Pod for crate::DatapathConfig {}
 unsafe impl aya::Pod for crate::IfaceInfo {}
 unsafe impl aya::Pod for crate::Ipv4Prefix {}

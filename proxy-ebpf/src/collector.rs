@@ -9,11 +9,6 @@
 //! agent swept for that long (the agent is gone), and at once when a new
 //! flow finds a table full. It fires for as long as `CT_COLLECTOR` is
 //! pinned, agent or no agent.
-//!
-//! A sweep walks every slot of both tables (`proxy_common::ct_table`): a
-//! live entry past its timeout becomes a tombstone, a tombstone becomes an
-//! old one, and a run of old tombstones that an EMPTY slot ends is cleared
-//! to EMPTY, backwards from it, so that chains stay short.
 
 use core::ffi::c_void;
 
@@ -21,25 +16,22 @@ use aya_ebpf::{
     bindings::bpf_timer,
     btf_maps::Array,
     helpers::{
-        bpf_for_each_map_elem, bpf_ktime_get_ns, bpf_loop, bpf_timer_init, bpf_timer_set_callback,
-        bpf_timer_start,
+        bpf_for_each_map_elem, bpf_ktime_get_ns, bpf_map_delete_elem, bpf_timer_init,
+        bpf_timer_set_callback, bpf_timer_start,
     },
     macros::btf_map,
-    maps::Array as SlotArray,
 };
 use proxy_common::{
-    DatapathConfig, V4, V6,
+    CtKeyOf, CtValueOf, DatapathConfig, Family, V4, V6,
     collector::{
         AGENT_GRACE_NS, CollectorStats, CollectorValue, KICK_GAP_NS, KICK_GAP_SWEEPS,
         SWEEP_INTERVAL_NS, UNANSWERED_UNDER_PRESSURE_NS,
     },
     conntrack::flags,
-    ct_table::{CtWideSlotOf, SlotFamily, state},
 };
 
 use crate::{
     conntrack::{coarse_ns, idle_timeout},
-    ct_slots,
     maps::{CONNTRACK, CONNTRACK6},
 };
 
@@ -105,20 +97,15 @@ pub fn kick(now: u64) {
     }
 }
 
-/// One sweep's context, handed to the per-slot callbacks.
+/// One sweep's context, handed to the per-entry callbacks.
 #[repr(C)]
 struct Sweep {
     config: *const DatapathConfig,
     now: u64,
     pressure: u64,
-    /// Live entries seen.
     visited: u64,
     removed: u64,
     removed_under_pressure: u64,
-    /// 1: the slot before the one being visited is an old tombstone. A flag,
-    /// not a count: the verifier checks the per-slot callback until its
-    /// states repeat, which a growing count never does.
-    after_old_tombstone: u64,
 }
 
 /// The timer's callback: a sweep (under pressure when a full table kicked
@@ -175,7 +162,6 @@ fn sweep(stats: &mut CollectorStats, pressure: bool) {
             visited: 0,
             removed: 0,
             removed_under_pressure: 0,
-            after_old_tombstone: 0,
         };
         let ctx_ptr = &raw mut ctx as *mut c_void;
         bpf_for_each_map_elem(
@@ -187,7 +173,6 @@ fn sweep(stats: &mut CollectorStats, pressure: bool) {
         let live = ctx.visited - ctx.removed;
         let removed4 = ctx.removed;
         ctx.visited = 0;
-        ctx.after_old_tombstone = 0;
         bpf_for_each_map_elem(
             &CONNTRACK6 as *const _ as *mut c_void,
             visit6 as *mut c_void,
@@ -205,107 +190,48 @@ fn sweep(stats: &mut CollectorStats, pressure: bool) {
 }
 
 extern "C" fn visit4(
-    _map: *mut c_void,
-    index: *mut u32,
-    slot: *mut CtWideSlotOf<V4>,
+    map: *mut c_void,
+    key: *mut CtKeyOf<V4>,
+    value: *mut CtValueOf<V4>,
     ctx: *mut Sweep,
 ) -> i64 {
-    // SAFETY: the kernel hands the current slot, its index and our context.
-    unsafe { visit(*index, slot, &mut *ctx, clear4 as *mut c_void) }
+    visit(map, key, value, ctx)
 }
 
 extern "C" fn visit6(
-    _map: *mut c_void,
-    index: *mut u32,
-    slot: *mut CtWideSlotOf<V6>,
+    map: *mut c_void,
+    key: *mut CtKeyOf<V6>,
+    value: *mut CtValueOf<V6>,
     ctx: *mut Sweep,
 ) -> i64 {
-    // SAFETY: as in `visit4`.
-    unsafe { visit(*index, slot, &mut *ctx, clear6 as *mut c_void) }
+    visit(map, key, value, ctx)
 }
 
-extern "C" fn clear4(back: u64, empty: *mut u32) -> i64 {
-    // SAFETY: `bpf_loop` hands the context `visit` gave it.
-    clear_one(&CONNTRACK, unsafe { *empty }, back)
-}
-
-extern "C" fn clear6(back: u64, empty: *mut u32) -> i64 {
-    // SAFETY: as in `clear4`.
-    clear_one(&CONNTRACK6, unsafe { *empty }, back)
-}
-
-/// The longest run of old tombstones one EMPTY slot clears (the rest wait
-/// for a later sweep, or for an insert to reuse them).
-const CLEAR_MAX: u32 = 64;
-
-/// One slot of a sweep. A live entry is deleted if it expired (or, under
-/// pressure, never saw a reply and was idle
-/// [`UNANSWERED_UNDER_PRESSURE_NS`]). `clear` is the family's
-/// [`clear_one`] callback. Always 0: go on.
+/// Deletes the entry if it expired (or, under pressure, never saw a reply
+/// and was idle [`UNANSWERED_UNDER_PRESSURE_NS`]). Always 0: go on.
 #[inline(always)]
-fn visit<F: SlotFamily>(
-    index: u32,
-    slot: *mut CtWideSlotOf<F>,
-    ctx: &mut Sweep,
-    clear: *mut c_void,
+fn visit<F: Family>(
+    map: *mut c_void,
+    key: *mut CtKeyOf<F>,
+    value: *mut CtValueOf<F>,
+    ctx: *mut Sweep,
 ) -> i64 {
-    // SAFETY: the kernel hands the current slot; its state word is aligned,
-    // and other CPUs change it only whole.
-    let seen = unsafe { (&raw const (*slot).state).read_volatile() };
-    let after_old_tombstone = ctx.after_old_tombstone != 0;
-    ctx.after_old_tombstone = 0;
-    match seen {
-        state::LIVE => {
-            ctx.visited += 1;
-            // SAFETY: the kernel hands the current slot.
-            let (key, value) = unsafe { (&(*slot).key, &(*slot).value) };
-            let idle = ctx.now.saturating_sub(value.last_seen_ns);
-            // SAFETY: the sweep's configuration, read before the walk.
-            let timeout = idle_timeout(unsafe { &*ctx.config }, key.proto, value.flags);
-            let expired = idle > timeout;
-            let unanswered = ctx.pressure != 0
-                && value.flags & flags::SEEN_REPLY == 0
-                && idle >= UNANSWERED_UNDER_PRESSURE_NS;
-            if (expired || unanswered) && ct_slots::remove::<F, _>(slot) {
-                ctx.removed += 1;
-                if !expired {
-                    ctx.removed_under_pressure += 1;
-                }
+    // SAFETY: the kernel hands the current element and our context.
+    unsafe {
+        let ctx = &mut *ctx;
+        let value = &*value;
+        ctx.visited += 1;
+        let idle = ctx.now.saturating_sub(value.last_seen_ns);
+        let expired = idle > idle_timeout(&*ctx.config, (*key).proto, value.flags);
+        let unanswered = ctx.pressure != 0
+            && value.flags & flags::SEEN_REPLY == 0
+            && idle >= UNANSWERED_UNDER_PRESSURE_NS;
+        if (expired || unanswered) && bpf_map_delete_elem(map, key as *const c_void) == 0 {
+            ctx.removed += 1;
+            if !expired {
+                ctx.removed_under_pressure += 1;
             }
         }
-        state::TOMBSTONE => {
-            ct_slots::swap_state::<F, _>(slot, state::TOMBSTONE, state::OLD_TOMBSTONE);
-        }
-        state::OLD_TOMBSTONE => ctx.after_old_tombstone = 1,
-        state::EMPTY if after_old_tombstone => {
-            // Through `bpf_loop`, whose callback is verified once: a loop
-            // here made the sweep's callback too large to verify.
-            let mut empty = index;
-            // SAFETY: the callback and its context are this family's.
-            unsafe { bpf_loop(CLEAR_MAX, clear, &raw mut empty as *mut c_void, 0) };
-        }
-        _ => {}
     }
     0
-}
-
-/// Turns the old tombstone `back + 1` slots before the EMPTY slot `empty`
-/// EMPTY; 1 (stop) at the end of the run (a slot that is no old tombstone:
-/// the run's start, or one an insert took meanwhile) or of the table. Nearest first: no chain loses a key, as an insert
-/// takes the first free slot of its chain, so no key lies past an EMPTY
-/// slot on its chain, and so none past these tombstones.
-#[inline(always)]
-fn clear_one<F: SlotFamily>(table: &SlotArray<CtWideSlotOf<F>>, empty: u32, back: u64) -> i64 {
-    let back = back as u32 + 1;
-    if back > empty {
-        return 1;
-    }
-    let Some(slot) = table.get_ptr_mut(empty - back) else {
-        return 1;
-    };
-    if ct_slots::swap_state::<F, _>(slot, state::OLD_TOMBSTONE, state::EMPTY) {
-        0
-    } else {
-        1
-    }
 }

@@ -1,94 +1,21 @@
 //! Flow state: which backend a flow uses and how to reverse-translate replies.
-//! The tables are `proxy_common::ct_table`'s open-addressed slots, worked
-//! through `ct_slots`.
 
-use core::ffi::c_void;
-
-use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_map_lookup_elem};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns},
+};
 use proxy_common::{
-    Counter, CtDirection, CtKeyOf, CtValueOf, DatapathConfig, V4, V6,
+    Counter, CtDirection, CtKeyOf, CtValueOf, DatapathConfig, V6,
     conntrack::NextHop,
     conntrack::{
         DEFAULT_TCP_CLOSE_NS, DEFAULT_TCP_CLOSING_NS, DEFAULT_TCP_ESTABLISHED_NS,
         DEFAULT_TCP_SYN_SENT_NS, DEFAULT_TCP_TIME_WAIT_NS, DEFAULT_UDP_NS, DEFAULT_UDP_STREAM_NS,
         REFRESH_INTERVAL_NS, flags,
     },
-    ct_table::CtWideSlotOf,
     proto,
 };
 
-use crate::{
-    ct_slots::{self, Probe},
-    ip::{Ip, Scratch},
-    maps::ct_slots_mask,
-};
-
-/// `key`'s chain in this family's table. The walk is a global function
-/// (`ct_probe4`, `ct_probe6`), which the verifier checks once: inlined at
-/// every lookup and insert, its loop of `PROBES` slots made the programs
-/// too large to verify. Its argument is the key in scratch memory (a global
-/// function's arguments are scalars), its answer a scalar.
-#[inline(always)]
-fn probe<F: Ip>(key: &CtKeyOf<F>) -> Probe<CtWideSlotOf<F>> {
-    let Some(scratch) = F::scratch() else {
-        return Probe::Full;
-    };
-    // SAFETY: `key` is never the probe key itself; copied word by word from
-    // memory to memory, not through the caller's (full) stack frame.
-    unsafe { core::ptr::copy_nonoverlapping(key, &raw mut scratch.probe_key, 1) };
-    Probe::unpack(F::ct_probe(), F::conntrack())
-}
-
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn ct_probe4() -> u64 {
-    probe_scratch_key::<V4>(&crate::maps::SCRATCH as *const _ as *mut c_void)
-}
-
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn ct_probe6() -> u64 {
-    probe_scratch_key::<V6>(&crate::maps::SCRATCH6 as *const _ as *mut c_void)
-}
-
-/// The scratch array's only index, in read-only data: a lookup with it
-/// takes no slot of the stack, and the probe's frame stays empty (it lies
-/// under the deepest chains, the masquerade port's take-over at 512 bytes).
-static SCRATCH_INDEX: u32 = 0;
-
-/// `scratch_map` is this family's `SCRATCH` map.
-#[inline(always)]
-fn probe_scratch_key<F: Ip>(scratch_map: *mut c_void) -> u64 {
-    // SAFETY: a lookup in the family's per-CPU scratch array, whose value
-    // is a `Scratch<F>`.
-    let scratch = unsafe {
-        bpf_map_lookup_elem(scratch_map, &raw const SCRATCH_INDEX as *const c_void)
-            as *mut Scratch<F>
-    };
-    if scratch.is_null() {
-        return ct_slots::packed::FULL;
-    }
-    let table = F::conntrack() as *const _ as *mut c_void;
-    // SAFETY (all three): checked above; valid for this program run. The
-    // lookup's key is in scratch memory too, not on the stack.
-    let lookup = move |index: u32| unsafe {
-        (*scratch).probe_index = index;
-        let slot = bpf_map_lookup_elem(table, &raw const (*scratch).probe_index as *const c_void);
-        (!slot.is_null()).then_some(slot as *mut CtWideSlotOf<F>)
-    };
-    let (key, free) = unsafe { (&(*scratch).probe_key, &mut (*scratch).probe_free) };
-    ct_slots::probe_packed(lookup, ct_slots_mask, key, free)
-}
-
-/// The live slot holding `key`.
-#[inline(always)]
-fn find<F: Ip>(key: &CtKeyOf<F>) -> Option<&'static mut CtWideSlotOf<F>> {
-    match probe::<F>(key) {
-        // SAFETY: a pointer into the array's value, valid for this program run.
-        Probe::Hit(slot) => Some(unsafe { &mut *slot }),
-        _ => None,
-    }
-}
+use crate::ip::Ip;
 
 /// CLOCK_MONOTONIC at the last tick: every timer here counts seconds, and
 /// the coarse clock costs a fraction of reading the clock source. It moves
@@ -268,7 +195,9 @@ pub fn lookup<F: Ip>(
     clock: &Clock,
     set_flags: impl Fn(CtDirection) -> Option<u16>,
 ) -> Option<Hit<F>> {
-    let entry = &mut find::<F>(key)?.value;
+    let entry = F::conntrack().get_ptr_mut(key)?;
+    // SAFETY: the pointer from the map lookup stays valid for this program run.
+    let entry = unsafe { &mut *entry };
     let direction = entry.direction();
     let set_flags = set_flags(direction)?;
     let now = clock.now::<F>();
@@ -304,50 +233,34 @@ pub fn live<F: Ip>(
     key: &CtKeyOf<F>,
     now: u64,
 ) -> Option<&'static CtValueOf<F>> {
-    let entry = &find::<F>(key)?.value;
+    // SAFETY: the reference from the map lookup stays valid for this program run.
+    let entry = unsafe { F::conntrack().get(key) }?;
     let idle = now.saturating_sub(entry.last_seen_ns);
     (idle <= idle_timeout(config, key.proto, entry.flags)).then_some(entry)
 }
 
-/// Inserts or replaces. A full table (no free slot in the key's chain)
-/// refuses, as the kernel's conntrack drops a new flow's packet when its
-/// table is full, and asks the collector for a sweep.
+/// Inserts or replaces. A full table refuses (as the kernel's conntrack
+/// drops a new flow's packet when its table is full) and asks the
+/// collector for a sweep.
 #[inline(always)]
 pub fn insert<F: Ip>(key: &CtKeyOf<F>, value: &CtValueOf<F>) -> Result<(), Counter> {
-    put(key, value, true)
+    F::conntrack().insert(key, value, 0).map_err(|e| {
+        if e == -E2BIG {
+            crate::collector::kick(coarse_ns());
+        }
+        Counter::DropConntrackFull
+    })
 }
+
+/// The error of an insert into a full hash.
+const E2BIG: i32 = 7;
 
 /// Inserts only if `key` holds no entry at all (live or expired).
 #[inline(always)]
 pub fn insert_new<F: Ip>(key: &CtKeyOf<F>, value: &CtValueOf<F>) -> bool {
-    put(key, value, false).is_ok()
-}
-
-/// Writes `key`'s entry into a free slot of its chain, or over the live one
-/// when `replace`. A slot another CPU took between the probe and the claim
-/// (two first packets of one flow at once, or the collector turning the
-/// tombstone EMPTY) refuses the packet, counted as a full table, as the
-/// kernel's conntrack drops a packet that loses its insert race: the
-/// sender's retransmission finds the entry. (Probing again here made the
-/// programs 15,000 instructions longer to verify.)
-#[inline(always)]
-fn put<F: Ip>(key: &CtKeyOf<F>, value: &CtValueOf<F>, replace: bool) -> Result<(), Counter> {
-    match probe::<F>(key) {
-        Probe::Hit(slot) if replace => {
-            // SAFETY: a pointer into the array's value, valid for this run.
-            unsafe { (*slot).value = *value };
-            Ok(())
-        }
-        Probe::Hit(..) => Err(Counter::DropConntrackFull),
-        Probe::Free(slot, seen) if ct_slots::claim(slot, seen, key, |s| s.value = *value) => Ok(()),
-        Probe::Free(..) => Err(Counter::DropConntrackFull),
-        Probe::Full => {
-            if replace {
-                crate::collector::kick(coarse_ns());
-            }
-            Err(Counter::DropConntrackFull)
-        }
-    }
+    F::conntrack()
+        .insert(key, value, BPF_NOEXIST as u64)
+        .is_ok()
 }
 
 /// What [`claim`] did with a tuple.
@@ -377,7 +290,7 @@ pub fn claim<F: Ip>(
     match live(config, key, now) {
         Some(found) if found.flags & flags::REPLY != 0 && closed(found.flags) => Claim::Closed,
         Some(_) => Claim::Live,
-        None if put(key, value, true).is_ok() => Claim::Claimed,
+        None if F::conntrack().insert(key, value, 0).is_ok() => Claim::Claimed,
         None => Claim::Live,
     }
 }
@@ -437,8 +350,8 @@ pub fn take_over<F: Ip>(
             && (forward.flags & flags::SNAT == 0
                 || (forward.snat_addr_be == key.daddr_be && forward.snat_port_be == key.dport_be))
     });
-    if same_flow && let Probe::Hit(slot) = probe::<F>(other) {
-        ct_slots::remove(slot);
+    if same_flow {
+        let _ = F::conntrack().remove(other);
     }
     insert(key, value).is_ok()
 }

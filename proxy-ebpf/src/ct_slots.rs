@@ -1,7 +1,7 @@
-//! The operations of `proxy_common::ct_table` (the open-addressed conntrack
-//! table of cache-line slots) for the programs: `conntrack` uses them on the
-//! wide slots, the `ct_table` bench on both kinds. The crate root needs
-//! `#![feature(core_intrinsics)]` (BPF's `core` has no atomic
+//! The operations of `proxy_common::ct_table` (an open-addressed conntrack
+//! table of cache-line slots, docs/proposal-conntrack-slots.md) for the
+//! programs. Only the `ct_table` bench's object uses it so far; its crate
+//! root needs `#![feature(core_intrinsics)]` (BPF's `core` has no atomic
 //! compare-and-swap method, the intrinsic lowers to `BPF_CMPXCHG`).
 
 use core::intrinsics::{AtomicOrdering, atomic_cxchg};
@@ -52,23 +52,13 @@ pub enum Probe<S> {
     Full,
 }
 
-/// `key`'s chain in a table of `mask() + 1` slots, as a scalar (what a
-/// global function can return; [`Probe::unpack`] makes it a [`Probe`]): `lookup` gives slot `index` of the table, `free` is room for the
-/// first free slot seen. The datapath's probe keeps both the lookup's key
-/// and `free` in scratch memory and reads the mask again on every probe:
-/// its stack frame adds to the deepest call chain's 512 bytes, and this
-/// leaves it none.
+/// Walks `key`'s chain in `table` (`mask + 1` slots).
 #[inline(always)]
-pub fn probe_packed<F: Family, S: Slot<F>>(
-    lookup: impl Fn(u32) -> Option<*mut S>,
-    mask: impl Fn() -> u32,
-    key: &CtKeyOf<F>,
-    free: &mut u64,
-) -> u64 {
+pub fn probe<F: Family, S: Slot<F>>(table: &Array<S>, mask: u32, key: &CtKeyOf<F>) -> Probe<S> {
     let home = hash(key);
-    *free = packed::FULL;
+    let mut free: Option<*mut S> = None;
     for i in 0..PROBES {
-        let Some(slot) = lookup(probe_index(home, i, mask())) else {
+        let Some(slot) = table.get_ptr_mut(probe_index(home, i, mask)) else {
             break;
         };
         // SAFETY: a pointer into the array's value, valid for this program run.
@@ -76,44 +66,22 @@ pub fn probe_packed<F: Family, S: Slot<F>>(
         // SAFETY: the state word is aligned; another CPU may write it (a
         // compare-and-swap or an aligned store), never half of it.
         let seen = unsafe { s.state().read_volatile() };
-        // The index again, not kept across the lookup.
-        let index = || u64::from(probe_index(home, i, mask()));
         match seen {
-            state::LIVE if s.key() == key => return packed::HIT | index(),
-            state::EMPTY if *free == packed::FULL => return packed::FREE | index(),
-            state::EMPTY => return *free,
-            state::TOMBSTONE | state::OLD_TOMBSTONE if *free == packed::FULL => {
-                *free = packed::FREE | seen << 32 | index();
+            state::LIVE if s.key() == key => return Probe::Hit(slot),
+            state::EMPTY => {
+                return match free {
+                    Some(tombstone) => Probe::Free(tombstone, state::TOMBSTONE),
+                    None => Probe::Free(slot, state::EMPTY),
+                };
             }
+            state::TOMBSTONE if free.is_none() => free = Some(slot),
             _ => {}
         }
     }
-    *free
-}
-
-impl<S> Probe<S> {
-    /// [`probe_packed`]'s answer with the slot looked up again in `table`.
-    #[inline(always)]
-    pub fn unpack(answer: u64, table: &Array<S>) -> Probe<S> {
-        let index = answer as u32;
-        let Some(slot) = table.get_ptr_mut(index) else {
-            return Probe::Full;
-        };
-        match answer & packed::KIND {
-            packed::HIT => Probe::Hit(slot),
-            packed::FREE => Probe::Free(slot, (answer >> 32) & 0xff),
-            _ => Probe::Full,
-        }
+    match free {
+        Some(tombstone) => Probe::Free(tombstone, state::TOMBSTONE),
+        None => Probe::Full,
     }
-}
-
-/// [`probe_packed`]'s answers: the kind in the top byte, a free slot's
-/// state in bits 32 to 39, the slot's index in the low 32 bits.
-pub mod packed {
-    pub const KIND: u64 = 0xff << 56;
-    pub const FULL: u64 = 0;
-    pub const HIT: u64 = 1 << 56;
-    pub const FREE: u64 = 2 << 56;
 }
 
 /// Takes `slot`, free in state `seen`, for `key`: `write` fills the value
@@ -151,22 +119,15 @@ pub fn claim<F: Family, S: Slot<F>>(
 /// Deletes a live slot (it becomes a tombstone); false when it was not live.
 #[inline(always)]
 pub fn remove<F: Family, S: Slot<F>>(slot: *mut S) -> bool {
-    swap_state::<F, S>(slot, state::LIVE, state::TOMBSTONE)
-}
-
-/// Moves `slot` from state `from` to `to`, unless another CPU changed it
-/// first (then false).
-#[inline(always)]
-pub fn swap_state<F: Family, S: Slot<F>>(slot: *mut S, from: u64, to: u64) -> bool {
     // SAFETY: a pointer into the array's value, valid for this program run.
     let s = unsafe { &mut *slot };
     // SAFETY: the state word is aligned and inside the slot.
-    let (_, swapped) = unsafe {
+    let (_, removed) = unsafe {
         atomic_cxchg::<u64, { AtomicOrdering::AcqRel }, { AtomicOrdering::Relaxed }>(
             s.state(),
-            from,
-            to,
+            state::LIVE,
+            state::TOMBSTONE,
         )
     };
-    swapped
+    removed
 }

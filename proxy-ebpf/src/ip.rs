@@ -12,7 +12,6 @@ use proxy_common::{
     DatapathConfig, Family, MonitorEventOf, PrefixOf, ServiceKeyOf, ServiceValue, SockKeyOf,
     SockValueOf, SourceRangeOf, V4, V6,
     config::flags as config_flags,
-    ct_table::{CtWideSlotOf, SlotFamily},
     maglev::{AddrWords, MaglevChunk},
     proto,
     slots::SlotPair,
@@ -32,23 +31,14 @@ use crate::{
 /// would overflow (LLVM's BPF backend reuses few stack slots).
 #[repr(C)]
 pub struct Scratch<F: Family> {
-    /// The slot index a conntrack probe looks up (`conntrack::probe`): the
-    /// map lookup's key, first, so that the probe needs one register for it
-    /// and the rest of its scratch memory.
-    pub probe_index: u32,
-    pub _pad: u32,
     /// The one field read across runs: this CPU's clock cache
-    /// ([`crate::conntrack::now_ns`]), in the first cache line, a
+    /// ([`crate::conntrack::now_ns`]), first, in the cache line a
     /// packet's conntrack key is built in.
     pub clock: TickClock,
     /// A service map key being looked up.
     pub service: ServiceKeyOf<F>,
     pub key: CtKeyOf<F>,
     pub value: CtValueOf<F>,
-    /// The key a conntrack probe walks the table for (`conntrack::probe`),
-    /// and the first free slot it saw.
-    pub probe_key: CtKeyOf<F>,
-    pub probe_free: u64,
     /// The other half of a closed flow whose masquerade port a new flow
     /// takes over (`conntrack::take_over`).
     pub other_key: CtKeyOf<F>,
@@ -86,7 +76,7 @@ pub struct RewriteJob<F: Family> {
 /// The largest reply a reject builds (an ICMPv6 error with its quote).
 pub const REPLY_MAX: usize = 112;
 
-pub trait Ip: SlotFamily + AddrWords {
+pub trait Ip: Family + AddrWords {
     /// Bytes of the fixed IP header.
     const HDR_LEN: usize;
     const SADDR_OFF: usize;
@@ -110,10 +100,7 @@ pub trait Ip: SlotFamily + AddrWords {
 
     fn services() -> &'static HashMap<ServiceKeyOf<Self>, ServiceValue>;
     fn backends() -> &'static HashMap<BackendId, BackendOf<Self>>;
-    /// The conntrack table's slots (`proxy_common::ct_table`).
-    fn conntrack() -> &'static Array<CtWideSlotOf<Self>>;
-    /// Walks the chain of the key in scratch memory (`conntrack::probe`).
-    fn ct_probe() -> u64;
+    fn conntrack() -> &'static HashMap<CtKeyOf<Self>, CtValueOf<Self>>;
     fn local_pod_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8>;
     fn service_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8>;
     fn source_ranges() -> &'static LpmTrie<SourceRangeOf<Self>, u8>;
@@ -183,12 +170,8 @@ impl Ip for V4 {
         &maps::BACKENDS
     }
     #[inline(always)]
-    fn conntrack() -> &'static Array<CtWideSlotOf<Self>> {
+    fn conntrack() -> &'static HashMap<CtKeyOf<Self>, CtValueOf<Self>> {
         &maps::CONNTRACK
-    }
-    #[inline(always)]
-    fn ct_probe() -> u64 {
-        crate::conntrack::ct_probe4()
     }
     #[inline(always)]
     fn local_pod_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8> {
@@ -279,12 +262,8 @@ impl Ip for V6 {
         &maps::BACKENDS6
     }
     #[inline(always)]
-    fn conntrack() -> &'static Array<CtWideSlotOf<Self>> {
+    fn conntrack() -> &'static HashMap<CtKeyOf<Self>, CtValueOf<Self>> {
         &maps::CONNTRACK6
-    }
-    #[inline(always)]
-    fn ct_probe() -> u64 {
-        crate::conntrack::ct_probe6()
     }
     #[inline(always)]
     fn local_pod_cidrs() -> &'static LpmTrie<PrefixOf<Self>, u8> {

@@ -2,17 +2,12 @@
 //! node's external interfaces, and an XDP fast path for the latter.
 #![no_std]
 #![no_main]
-// For `ct_slots`: BPF's `core` has no atomic compare-and-swap method; the
-// intrinsic lowers to the BPF_CMPXCHG instruction.
-#![feature(core_intrinsics)]
-#![allow(internal_features)]
 
 mod affinity;
 mod collector;
 mod config;
 mod conntrack;
 mod csum;
-mod ct_slots;
 mod filter;
 mod flow;
 mod forward;

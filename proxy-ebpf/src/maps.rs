@@ -7,14 +7,14 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use proxy_common::{
-    AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, BackendId, DatapathConfig,
-    DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, MonitorSlot, ServiceKey, ServiceKey6,
-    ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange, SourceRange6, V4, V6,
-    ct_table::{CtWideSlot, CtWideSlot6},
+    AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, BackendId, CtKey, CtKey6, CtValue,
+    CtValue6, DatapathConfig, DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, MonitorSlot,
+    ServiceKey, ServiceKey6, ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange,
+    SourceRange6, V4, V6,
     filter::FILTER_WORDS,
     maglev::MaglevChunk,
     maps::{
-        MAX_AFFINITY, MAX_BACKENDS, MAX_CONNTRACK, MAX_IFACES, MAX_LOCAL_POD_CIDRS,
+        MAX_AFFINITY, MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS,
         MAX_MAGLEV_CHUNKS, MAX_SERVICE_CIDRS, MAX_SERVICE_ENTRIES, MAX_SLOT_ELEMENTS, MAX_SOCKETS,
         MAX_SOURCE_RANGES,
     },
@@ -31,24 +31,8 @@ pub static SERVICES: HashMap<ServiceKey, ServiceValue> =
 #[map]
 pub static BACKENDS: HashMap<BackendId, Backend> = HashMap::with_max_entries(MAX_BACKENDS, 0);
 
-/// `proxy_common::ct_table`'s slots; `BPF_F_MMAPABLE`, which starts the
-/// values on a page boundary (every slot on a cache line) and lets the
-/// agent map the table into its memory.
 #[map]
-pub static CONNTRACK: Array<CtWideSlot> = Array::with_max_entries(MAX_CONNTRACK, BPF_F_MMAPABLE);
-
-/// The slot mask of both conntrack tables (slots - 1), set by the agent at
-/// load (`proxy_common::maps::CT_SLOTS_MASK`): read-only data, which the
-/// verifier then knows as a constant.
-#[unsafe(no_mangle)]
-static CT_SLOTS_MASK: u32 = MAX_CONNTRACK - 1;
-
-#[inline(always)]
-pub fn ct_slots_mask() -> u32 {
-    // SAFETY: a plain read of a global; volatile, so that the compiler does
-    // not fold the object's default in.
-    unsafe { core::ptr::read_volatile(&CT_SLOTS_MASK) }
-}
+pub static CONNTRACK: HashMap<CtKey, CtValue> = HashMap::with_max_entries(MAX_CONNTRACK, 0);
 
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_MAX, 0);
@@ -95,7 +79,7 @@ pub static SERVICES6: HashMap<ServiceKey6, ServiceValue> =
 pub static BACKENDS6: HashMap<BackendId, Backend6> = HashMap::with_max_entries(MAX_BACKENDS, 0);
 
 #[map]
-pub static CONNTRACK6: Array<CtWideSlot6> = Array::with_max_entries(MAX_CONNTRACK, BPF_F_MMAPABLE);
+pub static CONNTRACK6: HashMap<CtKey6, CtValue6> = HashMap::with_max_entries(MAX_CONNTRACK6, 0);
 
 #[map]
 pub static CONFIG6: Array<DatapathConfig6> = Array::with_max_entries(1, 0);

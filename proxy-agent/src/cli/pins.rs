@@ -11,8 +11,7 @@ use proxy_common::maps as names;
 use crate::{
     cli::values::nonempty_path,
     modes::ebpf::{
-        KernelMaps, MapSizes, ct_table::CtTable, mapped_array::MappedArray, maps::Maps6, pin,
-        slot_table::SlotTable,
+        KernelMaps, MapSizes, mapped_array::MappedArray, maps::Maps6, pin, slot_table::SlotTable,
     },
 };
 
@@ -51,8 +50,7 @@ impl PinnedMaps {
         }
         let (services, services_max) = open(dir, names::SERVICES)?;
         let (backends, backends_max) = open(dir, names::BACKENDS)?;
-        let conntrack = CtTable::new(open(dir, names::CONNTRACK)?.0, names::CONNTRACK)?;
-        let conntrack_max = conntrack.capacity();
+        let (conntrack, conntrack_max) = open(dir, names::CONNTRACK)?;
         let (maglev, maglev_max) = open(dir, names::MAGLEV)?;
         let maps = KernelMaps {
             services,
@@ -74,7 +72,7 @@ impl PinnedMaps {
             v6: Maps6 {
                 services: open(dir, names::SERVICES6)?.0,
                 backends: open(dir, names::BACKENDS6)?.0,
-                conntrack: CtTable::new(open(dir, names::CONNTRACK6)?.0, names::CONNTRACK6)?,
+                conntrack: open(dir, names::CONNTRACK6)?.0,
                 config: open(dir, names::CONFIG6)?.0,
                 local_pod_cidrs: open(dir, names::LOCAL_POD_CIDRS6)?.0,
                 service_cidrs: open(dir, names::SERVICE_CIDRS6)?.0,

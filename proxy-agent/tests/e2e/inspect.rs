@@ -13,8 +13,7 @@ use std::{
 };
 
 use aya::maps::{HashMap, Map, MapData};
-use proxy_agent::modes::ebpf::ct_table::CtTable;
-use proxy_common::{CtDirection, CtKey, CtValue, ServiceKey, ServiceValue, V4};
+use proxy_common::{CtDirection, CtKey, CtValue, ServiceKey, ServiceValue};
 use serde_json::Value;
 use testbed::{clients::tcp_connect_outcome, cluster::NodeId};
 
@@ -62,19 +61,13 @@ fn pinned<K: aya::Pod, V: aya::Pod>(pin_dir: &Path, name: &str) -> (HashMap<MapD
     )
 }
 
-/// The IPv4 conntrack table, read by this process.
-fn conntrack_table(pin_dir: &Path) -> CtTable<V4> {
-    let data = MapData::from_pin(pin_dir.join("CONNTRACK")).unwrap();
-    CtTable::new(
-        Map::from_map_data(data).unwrap().try_into().unwrap(),
-        "CONNTRACK",
-    )
-    .unwrap()
-}
-
 /// The conntrack entries, read by this process.
 fn conntrack(pin_dir: &Path) -> Vec<(CtKey, CtValue)> {
-    conntrack_table(pin_dir).iter().collect()
+    pinned::<CtKey, CtValue>(pin_dir, "CONNTRACK")
+        .0
+        .iter()
+        .map(Result::unwrap)
+        .collect()
 }
 
 fn be(ip: Ipv4Addr) -> u32 {
@@ -337,10 +330,9 @@ fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments()
         .iter()
         .map(|m| (m["name"].as_str().unwrap().to_owned(), m.clone()))
         .collect();
-    let ct = conntrack_table(&pin_dir);
-    assert_eq!(maps["CONNTRACK"]["entries"], ct.len());
-    assert_eq!(maps["CONNTRACK"]["capacity"], ct.capacity());
-    assert_eq!(maps["CONNTRACK"]["map_type"], "ConntrackSlots");
+    let (ct_map, ct_capacity) = pinned::<CtKey, CtValue>(&pin_dir, "CONNTRACK");
+    assert_eq!(maps["CONNTRACK"]["entries"], ct_map.keys().count());
+    assert_eq!(maps["CONNTRACK"]["capacity"], ct_capacity);
     let (svc_map, svc_capacity) = pinned::<ServiceKey, ServiceValue>(&pin_dir, "SERVICES");
     assert_eq!(maps["SERVICES"]["entries"], svc_map.keys().count());
     assert_eq!(maps["SERVICES"]["capacity"], svc_capacity);

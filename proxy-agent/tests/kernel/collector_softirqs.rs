@@ -16,19 +16,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, Map, MapData};
+use aya::maps::{HashMap, MapData};
 use proxy_agent::{
     cli::packet::{Frame, tcp_flags},
     modes::ebpf::{
-        MapSizes, Programmer, collector, mapped_array::MappedArray, maps::NodeMaps as _,
-        open_pinned, pin::PinLayout, test_run,
+        MapSizes, Programmer, collector, maps::NodeMaps as _, open_pinned, pin::PinLayout, test_run,
     },
 };
-use proxy_common::{
-    CtKey, CtValue, DatapathConfig,
-    conntrack::flags,
-    ct_table::{CtWideSlot, state},
-};
+use proxy_common::{CtKey, CtValue, DatapathConfig, conntrack::flags};
 use testbed::{cleanup, netns};
 
 use crate::{
@@ -211,7 +206,7 @@ fn the_agents_sweeps_leave_the_cpus_softirqs_running_the_timers_hold_them_at_mos
     opened.maps.put_config(&DatapathConfig::default()).unwrap();
     // A full table of live, answered flows: sweeps visit them all and delete none.
     {
-        let ct = &mut opened.maps.conntrack;
+        let ct: &mut HashMap<MapData, CtKey, CtValue> = &mut opened.maps.conntrack;
         let now = coarse_now_ns();
         for i in 0..ENTRIES {
             let client = 0xc612_8000u32 + (i >> 16);
@@ -228,45 +223,9 @@ fn the_agents_sweeps_leave_the_cpus_softirqs_running_the_timers_hold_them_at_mos
                 created_ns: now,
                 ..CtValue::default()
             };
-            ct.insert(&key, &value).unwrap();
+            ct.insert(key, value, 0).unwrap();
         }
     }
-    // Every other slot taken too, by answered flows of their own (keys
-    // away from their home slots: only the sweep reads them), so that any
-    // new flow finds its chain full.
-    let slots = {
-        let data = MapData::from_pin(layout.maps_dir().join("CONNTRACK")).unwrap();
-        let array: Array<MapData, CtWideSlot> =
-            Map::from_map_data(data).unwrap().try_into().unwrap();
-        let mut mapped = MappedArray::new(array, "CONNTRACK").unwrap();
-        let now = coarse_now_ns();
-        for index in 0..mapped.elements() {
-            // SAFETY: in bounds of the mapping; a copy of the slot.
-            let seen = unsafe { mapped.as_ptr().add(index as usize).read_volatile() }.state;
-            if seen != state::EMPTY {
-                continue;
-            }
-            let slot = CtWideSlot {
-                state: state::LIVE,
-                key: CtKey::new(
-                    (0x0a00_0000 + index).to_be(),
-                    u32::from(vip).to_be(),
-                    1,
-                    80,
-                    6,
-                ),
-                value: CtValue {
-                    flags: flags::SEEN_REPLY,
-                    last_seen_ns: now,
-                    created_ns: now,
-                    ..CtValue::default()
-                },
-                _pad: [0; 40],
-            };
-            assert!(mapped.write(index, slot));
-        }
-        mapped.elements()
-    };
     let program = collector::sweep_program(&opened.ebpf).unwrap();
     let _traffic = Traffic::start();
     std::thread::sleep(Duration::from_millis(200));
@@ -289,7 +248,7 @@ fn the_agents_sweeps_leave_the_cpus_softirqs_running_the_timers_hold_them_at_mos
         });
         after = collector::stats(&opened.ebpf).unwrap();
         assert_eq!(after.sweeps, before.sweeps + sweeps);
-        assert_eq!(after.live, u64::from(slots), "{after:?}");
+        assert_eq!(after.live, u64::from(ENTRIES), "{after:?}");
         agent_sweep = Duration::from_nanos(after.last_sweep_took_ns);
         agent_gap = agent_gap.min(gap);
         if agent_gap <= agent_sweep / 4 {

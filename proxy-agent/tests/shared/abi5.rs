@@ -1,6 +1,6 @@
 #![allow(dead_code)] // each test binary uses its own subset
 //! Pinned maps turned back into older ABIs' layouts (the conntrack maps
-//! into hashes, and ABI 5's layout, the service maps into ABI 6's), to test the migration from
+//! into ABI 5's, the service maps into ABI 6's), to test the migration from
 //! them with the state a current datapath holds.
 
 use std::path::Path;
@@ -9,13 +9,9 @@ use aya::{
     Pod,
     maps::{HashMap, Map, MapData},
 };
-use proxy_agent::modes::ebpf::{
-    ct_table::CtTable,
-    migrate::{v5, v6},
-};
+use proxy_agent::modes::ebpf::migrate::{v5, v6};
 use proxy_common::{
-    CtKeyOf, CtValueOf, Family, ServiceKeyOf, ServiceValue, conntrack::flags, ct_table::SlotFamily,
-    slots::SlotPair,
+    CtKeyOf, CtValueOf, Family, ServiceKeyOf, ServiceValue, conntrack::flags, slots::SlotPair,
 };
 
 use crate::bpffs::BpfFs;
@@ -24,14 +20,14 @@ use crate::bpffs::BpfFs;
 /// (the half of the flow in the key) holding the same entries, and returns
 /// how many it holds, with the same capacity. Programs still attached keep
 /// the map they hold.
-pub fn conntrack_to_abi_5<F: SlotFamily>(fs: &BpfFs, path: &Path) -> usize
+pub fn conntrack_to_abi_5<F: Family>(fs: &BpfFs, path: &Path) -> usize
 where
     CtKeyOf<F>: Pod,
     CtValueOf<F>: Pod,
     v5::CtKeyOf<F>: Pod,
     v5::CtValueOf<F>: Pod,
 {
-    let (entries, mut old) = repin_as::<F, v5::CtKeyOf<F>, v5::CtValueOf<F>>(fs, path, "lru_hash");
+    let (entries, mut old) = repin_as_lru::<F, v5::CtKeyOf<F>, v5::CtValueOf<F>>(fs, path);
     for (k, v) in entries.iter().copied() {
         let key = v5::CtKeyOf::<F> {
             saddr_be: k.saddr_be,
@@ -130,15 +126,14 @@ where
     old_entries.len()
 }
 
-/// Replaces the conntrack table pinned at `path` with a hash of `map_type`
-/// (`lru_hash` as ABI 6 and 7 had, `hash` as ABI 8 had), holding the same
-/// entries, one per flow of the table's capacity.
-pub fn conntrack_to_hash<F: SlotFamily>(fs: &BpfFs, path: &Path, map_type: &str)
+/// Replaces the conntrack table pinned at `path` with an LRU hash, as ABI 7
+/// and older had, holding the same entries with the same capacity.
+pub fn conntrack_to_lru<F: Family>(fs: &BpfFs, path: &Path)
 where
     CtKeyOf<F>: Pod,
     CtValueOf<F>: Pod,
 {
-    let (entries, mut old) = repin_as::<F, CtKeyOf<F>, CtValueOf<F>>(fs, path, map_type);
+    let (entries, mut old) = repin_as_lru::<F, CtKeyOf<F>, CtValueOf<F>>(fs, path);
     for (k, v) in entries {
         old.insert(k, v, 0).unwrap();
     }
@@ -147,30 +142,27 @@ where
 /// A conntrack table's entries.
 type Entries<F> = Vec<(CtKeyOf<F>, CtValueOf<F>)>;
 
-/// The entries of the conntrack table pinned at `path`, and an empty hash
-/// of `map_type` with keys `K` and values `V` pinned in its place, of its
-/// capacity in flows.
-fn repin_as<F: SlotFamily, K: Pod, V: Pod>(
+/// The entries of the conntrack table pinned at `path`, and an empty LRU
+/// hash of keys `K` and values `V` pinned in its place, of its capacity.
+fn repin_as_lru<F: Family, K: Pod, V: Pod>(
     fs: &BpfFs,
     path: &Path,
-    map_type: &str,
-) -> (Entries<F>, HashMap<MapData, K, V>) {
-    let now = CtTable::<F>::new(
-        Map::from_map_data(MapData::from_pin(path).unwrap())
-            .unwrap()
-            .try_into()
-            .unwrap(),
-        "CONNTRACK",
-    )
-    .unwrap();
-    let capacity = now.capacity();
-    let entries: Vec<(CtKeyOf<F>, CtValueOf<F>)> = now.iter().collect();
+) -> (Entries<F>, HashMap<MapData, K, V>)
+where
+    CtKeyOf<F>: Pod,
+    CtValueOf<F>: Pod,
+{
+    let pinned = MapData::from_pin(path).unwrap();
+    let capacity = pinned.info().unwrap().max_entries();
+    let now: HashMap<MapData, CtKeyOf<F>, CtValueOf<F>> =
+        Map::from_map_data(pinned).unwrap().try_into().unwrap();
+    let entries: Vec<(CtKeyOf<F>, CtValueOf<F>)> = now.iter().map(Result::unwrap).collect();
     drop(now);
     std::fs::remove_file(path).unwrap();
     let size = |n: usize| u32::try_from(n).unwrap();
     fs.pin_map_of(
         path,
-        map_type,
+        "lru_hash",
         size(size_of::<K>()),
         size(size_of::<V>()),
         capacity,

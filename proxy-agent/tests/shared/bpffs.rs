@@ -30,26 +30,12 @@ impl BpfFs {
 
     /// Pins a new map of any layout at `path` with bpftool.
     pub fn pin_map_of(&self, path: &Path, map_type: &str, key: u32, value: u32, entries: u32) {
-        self.pin_map_with_flags(path, map_type, key, value, entries, 0);
-    }
-
-    /// [`BpfFs::pin_map_of`] with map flags (`BPF_F_MMAPABLE` = 1024).
-    pub fn pin_map_with_flags(
-        &self,
-        path: &Path,
-        map_type: &str,
-        key: u32,
-        value: u32,
-        entries: u32,
-        flags: u32,
-    ) {
         let out = Command::new("bpftool")
             .args(["map", "create"])
             .arg(path)
             .args(["type", map_type])
             .args(["key", &key.to_string(), "value", &value.to_string()])
             .args(["entries", &entries.to_string(), "name", "test_map"])
-            .args(["flags", &flags.to_string()])
             .output()
             .expect("bpftool");
         assert!(

@@ -302,20 +302,12 @@ impl<F: Tables> BenchSlot<F> for CtSlotOf<F> {
     }
 }
 
-/// `key`'s chain in `table`, through the datapath's walk.
-#[inline(always)]
-fn probe<F: Tables, S: BenchSlot<F>>(table: &Array<S>, key: &CtKeyOf<F>) -> Probe<S> {
-    let mut free = 0;
-    let answer = ct_slots::probe_packed(|i| table.get_ptr_mut(i), || SLOTS - 1, key, &mut free);
-    Probe::unpack(answer, table)
-}
-
 #[inline(always)]
 fn slots_flow<F: Tables, S: BenchSlot<F>>(
     table: &Array<S>,
     key: &CtKeyOf<F>,
 ) -> Option<(F::Addr, u16)> {
-    match probe(table, key) {
+    match ct_slots::probe(table, SLOTS - 1, key) {
         // SAFETY: a pointer into the array's value, valid for this run.
         Probe::Hit(slot) => return Some(unsafe { &*slot }.nat()),
         Probe::Free(..) => {}
@@ -325,7 +317,7 @@ fn slots_flow<F: Tables, S: BenchSlot<F>>(
     // reply may have taken the one the lookup found (the line is warm now).
     let reply = reply_key(key);
     for (entry, is_reply) in [(&reply, true), (key, false)] {
-        match probe(table, entry) {
+        match ct_slots::probe(table, SLOTS - 1, entry) {
             Probe::Free(slot, seen)
                 if ct_slots::claim(slot, seen, entry, |s: &mut S| s.fill(key, is_reply)) => {}
             _ => return None,

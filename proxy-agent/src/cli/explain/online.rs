@@ -14,7 +14,6 @@ use aya::{
 use proxy_common::{
     IfaceInfo, Scope, ServiceKeyOf, ServiceValue, V4, V6,
     config::iface,
-    ct_table::SlotFamily,
     maglev::{MAGLEV_SLOT, chunks_per_table},
     maps as names,
 };
@@ -25,9 +24,7 @@ use super::{
 };
 use crate::{
     cli::pins::PinnedMaps,
-    modes::ebpf::{
-        self, KernelMaps, ct_table::CtTable, family::AgentFamily as _, mapped_array::MappedArray,
-    },
+    modes::ebpf::{self, KernelMaps, family::AgentFamily as _, mapped_array::MappedArray},
 };
 
 /// XDP's filter as the agent wrote it; pins of an agent before the filter
@@ -59,15 +56,6 @@ pub fn prepare(pin_dir: &Path, probe: &Probe) -> anyhow::Result<Datapath> {
     })
 }
 
-/// The live flows of `from`, entry by entry: the sandbox's table may have
-/// another number of slots, and so other chains.
-fn copy_conntrack<F: SlotFamily>(from: &CtTable<F>, to: &mut CtTable<F>) -> anyhow::Result<()> {
-    for (key, value) in from.iter() {
-        to.insert(&key, &value)?;
-    }
-    Ok(())
-}
-
 fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
     copy_hash(&from.backends, &mut to.backends, names::BACKENDS)?;
     copy_hash(&from.services, &mut to.services, names::SERVICES)?;
@@ -88,7 +76,7 @@ fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
         &mut to.service_cidrs,
         names::SERVICE_CIDRS,
     )?;
-    copy_conntrack(&from.conntrack, &mut to.conntrack)?;
+    copy_hash(&from.conntrack, &mut to.conntrack, names::CONNTRACK)?;
     copy_hash(&from.affinity, &mut to.affinity, names::AFFINITY)?;
     copy_filter(from.filter.as_ref(), to.filter.as_mut());
     let config = from
@@ -119,7 +107,7 @@ fn copy(from: &KernelMaps, to: &mut KernelMaps) -> anyhow::Result<()> {
         &mut to.service_cidrs,
         names::SERVICE_CIDRS6,
     )?;
-    copy_conntrack(&from.conntrack, &mut to.conntrack)?;
+    copy_hash(&from.conntrack, &mut to.conntrack, names::CONNTRACK6)?;
     copy_hash(&from.affinity, &mut to.affinity, names::AFFINITY6)?;
     let config = from
         .config

@@ -18,6 +18,7 @@ pub mod table;
 use std::{collections::BTreeSet, process::ExitCode};
 
 use anyhow::Context as _;
+use aya::maps::IterableMap as _;
 use proxy_common::{V4, V6};
 use serde::Serialize;
 
@@ -86,7 +87,14 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
                 endpoint: args.endpoint,
                 client: args.client,
             };
-            let capacity = pinned.maps.conntrack.capacity() + pinned.maps.v6.conntrack.capacity();
+            let capacity6 = pinned
+                .maps
+                .v6
+                .conntrack
+                .map()
+                .info()
+                .map_or(0, |i| i.max_entries());
+            let capacity = pinned.sizes.conntrack + capacity6;
             let opts = conntrack::Options {
                 filter: &filter,
                 limit: args.limit,
@@ -94,8 +102,8 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
                 capacity,
                 now_ns: conntrack::monotonic_now_ns(),
             };
-            let entries4 = pinned.maps.conntrack.iter();
-            let entries6 = pinned.maps.v6.conntrack.iter();
+            let entries4 = pinned.maps.conntrack.iter().filter_map(Result::ok);
+            let entries6 = pinned.maps.v6.conntrack.iter().filter_map(Result::ok);
             let entries = (entries4.map(|(k, v)| conntrack::Flow::of::<V4>(&k, &v)))
                 .chain(entries6.map(|(k, v)| conntrack::Flow::of::<V6>(&k, &v)));
             let mut report = conntrack::report(entries, &naming, &opts);

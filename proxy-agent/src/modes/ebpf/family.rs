@@ -10,11 +10,11 @@ use std::{
 
 use aya::{Pod, maps::lpm_trie::Key};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use proxy_common::{PrefixOf, SourceRangeOf, V4, V6, ct_table::SlotFamily, maps as names};
+use proxy_common::{Family, PrefixOf, SourceRangeOf, V4, V6, maps as names};
 
 use crate::model::IpFamily;
 
-pub trait AgentFamily: SlotFamily + fmt::Debug {
+pub trait AgentFamily: Family + fmt::Debug {
     /// The model's address of this family.
     type Ip: Copy + Ord + Hash + fmt::Debug + fmt::Display + Into<IpAddr>;
     type Net: Copy + Ord + Hash + fmt::Debug + fmt::Display + Into<IpNet>;

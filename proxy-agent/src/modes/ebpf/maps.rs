@@ -9,16 +9,16 @@ use aya::{
 };
 use ipnet::{IpNet, Ipv4Net};
 use proxy_common::{
-    AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, BackendId, BackendOf, CtKeyOf,
-    CtValueOf, DatapathConfig, DatapathConfig6, IfaceInfo, Ipv4Prefix, Ipv6Prefix, PrefixOf,
-    ServiceKey, ServiceKey6, ServiceKeyOf, ServiceValue, SockKey, SockKey6, SockKeyOf, SockValue,
-    SockValue6, SockValueOf, SourceRange, SourceRange6, SourceRangeOf, V4, V6, maglev::MaglevChunk,
-    maps as names,
+    AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, BackendId, BackendOf, CtKey,
+    CtKey6, CtKeyOf, CtValue, CtValue6, CtValueOf, DatapathConfig, DatapathConfig6, IfaceInfo,
+    Ipv4Prefix, Ipv6Prefix, PrefixOf, ServiceKey, ServiceKey6, ServiceKeyOf, ServiceValue, SockKey,
+    SockKey6, SockKeyOf, SockValue, SockValue6, SockValueOf, SourceRange, SourceRange6,
+    SourceRangeOf, V4, V6, maglev::MaglevChunk, maps as names,
 };
 
 use super::deferred::{DeferredWrites, Entries};
 use super::family::AgentFamily;
-use super::{ct_table::CtTable, mapped_array::MappedArray, slot_table::SlotTable};
+use super::{mapped_array::MappedArray, slot_table::SlotTable};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
@@ -116,7 +116,7 @@ pub fn prefix_key(cidr: Ipv4Net) -> Key<Ipv4Prefix> {
 pub struct Maps6 {
     pub services: HashMap<MapData, ServiceKey6, ServiceValue>,
     pub backends: HashMap<MapData, BackendId, Backend6>,
-    pub conntrack: CtTable<V6>,
+    pub conntrack: HashMap<MapData, CtKey6, CtValue6>,
     pub config: Array<MapData, DatapathConfig6>,
     pub local_pod_cidrs: LpmTrie<MapData, Ipv6Prefix, u8>,
     pub service_cidrs: LpmTrie<MapData, Ipv6Prefix, u8>,
@@ -132,7 +132,7 @@ pub struct Maps6 {
 pub struct KernelMaps {
     pub services: HashMap<MapData, ServiceKey, ServiceValue>,
     pub backends: HashMap<MapData, BackendId, Backend>,
-    pub conntrack: CtTable<V4>,
+    pub conntrack: HashMap<MapData, CtKey, CtValue>,
     pub config: Array<MapData, DatapathConfig>,
     pub ifaces: HashMap<MapData, u32, IfaceInfo>,
     pub local_pod_cidrs: LpmTrie<MapData, Ipv4Prefix, u8>,
@@ -193,7 +193,7 @@ impl KernelMaps {
         let maps = KernelMaps {
             services: take_map(ebpf, names::SERVICES)?,
             backends: take_map(ebpf, names::BACKENDS)?,
-            conntrack: CtTable::new(take_map(ebpf, names::CONNTRACK)?, names::CONNTRACK)?,
+            conntrack: take_map(ebpf, names::CONNTRACK)?,
             config: take_map(ebpf, names::CONFIG)?,
             ifaces: take_map(ebpf, names::IFACES)?,
             local_pod_cidrs: take_map(ebpf, names::LOCAL_POD_CIDRS)?,
@@ -210,7 +210,7 @@ impl KernelMaps {
             v6: Maps6 {
                 services: take_map(ebpf, names::SERVICES6)?,
                 backends: take_map(ebpf, names::BACKENDS6)?,
-                conntrack: CtTable::new(take_map(ebpf, names::CONNTRACK6)?, names::CONNTRACK6)?,
+                conntrack: take_map(ebpf, names::CONNTRACK6)?,
                 config: take_map(ebpf, names::CONFIG6)?,
                 local_pod_cidrs: take_map(ebpf, names::LOCAL_POD_CIDRS6)?,
                 service_cidrs: take_map(ebpf, names::SERVICE_CIDRS6)?,
@@ -386,7 +386,7 @@ const PRESENT: u8 = 1;
 pub trait FamilyMapsOf: AgentFamily {
     fn services(maps: &mut KernelMaps) -> &mut HashMap<MapData, ServiceKeyOf<Self>, ServiceValue>;
     fn backends(maps: &mut KernelMaps) -> &mut HashMap<MapData, BackendId, BackendOf<Self>>;
-    fn conntrack(maps: &mut KernelMaps) -> &mut CtTable<Self>;
+    fn conntrack(maps: &mut KernelMaps) -> &mut HashMap<MapData, CtKeyOf<Self>, CtValueOf<Self>>;
     fn source_ranges(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, SourceRangeOf<Self>, u8>;
     fn local_pod_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, PrefixOf<Self>, u8>;
     fn service_cidrs(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, PrefixOf<Self>, u8>;
@@ -408,7 +408,7 @@ impl FamilyMapsOf for V4 {
     fn backends(maps: &mut KernelMaps) -> &mut HashMap<MapData, BackendId, Backend> {
         &mut maps.backends
     }
-    fn conntrack(maps: &mut KernelMaps) -> &mut CtTable<V4> {
+    fn conntrack(maps: &mut KernelMaps) -> &mut HashMap<MapData, CtKey, CtValue> {
         &mut maps.conntrack
     }
     fn source_ranges(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, SourceRange, u8> {
@@ -447,7 +447,7 @@ impl FamilyMapsOf for V6 {
     fn backends(maps: &mut KernelMaps) -> &mut HashMap<MapData, BackendId, Backend6> {
         &mut maps.v6.backends
     }
-    fn conntrack(maps: &mut KernelMaps) -> &mut CtTable<V6> {
+    fn conntrack(maps: &mut KernelMaps) -> &mut HashMap<MapData, CtKey6, CtValue6> {
         &mut maps.v6.conntrack
     }
     fn source_ranges(maps: &mut KernelMaps) -> &mut LpmTrie<MapData, SourceRange6, u8> {
@@ -554,7 +554,12 @@ where
         matches: &dyn Fn(&CtKeyOf<F>, &CtValueOf<F>) -> bool,
     ) -> Result<usize, MapError> {
         self.write_deferred_before()?;
-        Ok(F::conntrack(self).remove_where(matches))
+        let conntrack = F::conntrack(self);
+        let doomed = matching_entries(F::CONNTRACK, conntrack, matches)?;
+        for key in &doomed {
+            ignore_missing(conntrack.remove(key)).map_err(write_error(F::CONNTRACK))?;
+        }
+        Ok(doomed.len())
     }
 
     fn put_filter_word(&mut self, index: u32, word: u64) -> Result<(), MapError> {

@@ -16,15 +16,15 @@ use aya::{
 };
 use proxy_common::{
     BackendId, CtKeyOf, CtValueOf, DatapathConfig, Family, ServiceKeyOf, ServiceValue,
-    ct_table::SlotFamily, maglev::MAGLEV_SLOT, maps as names, service::flags,
+    maglev::MAGLEV_SLOT, maps as names, service::flags,
 };
 use std::collections::BTreeMap;
 use tracing::info;
 
-use super::{KernelMaps, ct_table::CtTable, slot_table::SlotTable};
+use super::{KernelMaps, slot_table::SlotTable};
 
 /// The versions this agent migrates from.
-const FROM: &[u32] = &[3, 4, 5, 6, 7, 8];
+const FROM: &[u32] = &[3, 4, 5, 6, 7];
 
 pub fn can_migrate(version: u32) -> bool {
     FROM.contains(&version)
@@ -55,9 +55,7 @@ pub fn migrate(
     // Version 6 -> 7: backend slots moved from service-map entries to the
     // SLOTS arrays, named by the frontend's `first_slot`. Version 7 -> 8:
     // the conntrack tables became plain hashes swept by CT_COLLECTOR (LRU
-    // hashes before; same keys and values). Version 8 -> 9: the conntrack
-    // tables became open-addressed slot arrays (`proxy_common::ct_table`),
-    // the same keys and values in slots. Maps added without a bump are
+    // hashes before; same keys and values). Maps added without a bump are
     // copied when the old version has them.
     let mut done = Migrated::default();
     done.entries += if version >= 7 {
@@ -73,7 +71,7 @@ pub fn migrate(
     };
     done.entries += copy_hash(old_dir, names::BACKENDS, &mut maps.backends)?;
     done.conntrack = if version >= 6 {
-        copy_flows(old_dir, names::CONNTRACK, &mut maps.conntrack)?
+        copy_hash(old_dir, names::CONNTRACK, &mut maps.conntrack)?
     } else {
         copy_conntrack(old_dir, names::CONNTRACK, &mut maps.conntrack)?
     };
@@ -93,7 +91,7 @@ pub fn migrate(
         })?;
         done.conntrack += copy_if_pinned(old_dir, names::CONNTRACK6, |d, n| {
             if version >= 6 {
-                copy_flows(d, n, &mut maps.v6.conntrack)
+                copy_hash(d, n, &mut maps.v6.conntrack)
             } else {
                 copy_conntrack(d, n, &mut maps.v6.conntrack)
             }
@@ -283,41 +281,23 @@ fn copy_array<V: Pod>(
 
 /// Copies a conntrack map of ABI 5 or older, whose keys carried the half
 /// of the flow they belong to, into this ABI's single tuple space.
-/// Copies a conntrack hash of ABI 6 to 8 (LRU before 8) into this ABI's
-/// slot table.
-fn copy_flows<F: SlotFamily>(dir: &Path, name: &str, into: &mut CtTable<F>) -> anyhow::Result<usize>
-where
-    CtKeyOf<F>: Pod,
-    CtValueOf<F>: Pod,
-{
-    let from: HashMap<MapData, CtKeyOf<F>, CtValueOf<F>> = open(dir, name)?;
-    let mut copied = 0;
-    for entry in from.iter() {
-        let Ok((key, value)) = entry else { continue };
-        into.insert(&key, &value)
-            .with_context(|| format!("copying {name}"))?;
-        copied += 1;
-    }
-    Ok(copied)
-}
-
-/// Copies a conntrack hash of ABI 5 or older (keys that named their half)
-/// into this ABI's slot table.
-fn copy_conntrack<F: SlotFamily>(
+fn copy_conntrack<F: Family>(
     dir: &Path,
     name: &str,
-    into: &mut CtTable<F>,
+    into: &mut HashMap<MapData, CtKeyOf<F>, CtValueOf<F>>,
 ) -> anyhow::Result<usize>
 where
     v5::CtKeyOf<F>: Pod,
     v5::CtValueOf<F>: Pod,
+    CtKeyOf<F>: Pod,
+    CtValueOf<F>: Pod,
 {
     let from: HashMap<MapData, v5::CtKeyOf<F>, v5::CtValueOf<F>> = open(dir, name)?;
     let mut copied = 0;
     for entry in from.iter() {
         let Ok((key, value)) = entry else { continue };
         let (key, value) = key.upgrade(value);
-        into.insert(&key, &value)
+        into.insert(key, value, 0)
             .with_context(|| format!("copying {name}"))?;
         copied += 1;
     }

@@ -4,7 +4,6 @@
 mod attach;
 pub mod cleanup;
 pub mod collector;
-pub mod ct_table;
 mod deferred;
 pub mod family;
 mod interfaces;
@@ -104,20 +103,17 @@ pub fn create_maps(sizes: MapSizes, maps_dir: Option<&std::path::Path>) -> anyho
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the pin directory {}", dir.display()))?;
     }
-    let ct_slots = proxy_common::ct_table::slots_for(sizes.conntrack);
-    let ct_mask = ct_slots - 1;
     let mut loader = EbpfLoader::new();
     loader
-        .override_global(names::CT_SLOTS_MASK, &ct_mask, true)
         .map_max_entries(names::SERVICES, sizes.services)
         .map_max_entries(names::BACKENDS, sizes.backends)
-        .map_max_entries(names::CONNTRACK, ct_slots)
+        .map_max_entries(names::CONNTRACK, sizes.conntrack)
         // Each family's tables take the same configured sizes, as Cilium's
         // per-family tables do: a dual-stack node's IPv6 flows get the
         // capacity its IPv4 flows have.
         .map_max_entries(names::SERVICES6, sizes.services)
         .map_max_entries(names::BACKENDS6, sizes.backends)
-        .map_max_entries(names::CONNTRACK6, ct_slots)
+        .map_max_entries(names::CONNTRACK6, sizes.conntrack)
         .map_max_entries(names::MAGLEV, sizes.maglev.max(1))
         .map_max_entries(names::MAGLEV6, sizes.maglev.max(1))
         .map_max_entries(names::SLOTS, slot_elements(sizes.slots))

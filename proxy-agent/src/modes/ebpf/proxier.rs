@@ -1,9 +1,11 @@
 use std::time::{Duration, Instant};
 
+use aya::maps::IterableMap as _;
 use proxy_common::{V4, V6};
 
 use tracing::{debug, info, warn};
 
+use super::introspect::{MapUsage, map_usage};
 use super::programs_ready::ProgramsReady;
 use super::{
     EbpfNodeSettings, KernelMaps, MapError, NodeFacts, NodeProgrammer, Programmer, node_facts,
@@ -60,38 +62,33 @@ impl ConntrackFill {
             return;
         }
         self.last = Some(Instant::now());
-        // A walk of the mapped slots: a millisecond per half a million.
-        for (map, entries, capacity) in [
-            (
-                maps.conntrack.name(),
-                maps.conntrack.len(),
-                maps.conntrack.capacity(),
-            ),
-            (
-                maps.v6.conntrack.name(),
-                maps.v6.conntrack.len(),
-                maps.v6.conntrack.capacity(),
-            ),
-        ] {
-            let (fill, nearly_full) = fill_level(entries, capacity);
-            if nearly_full {
-                warn!(
-                    map,
-                    entries,
-                    capacity,
-                    fill = format!("{:.0}%", fill * 100.0),
-                    "the conntrack table is nearly full: when full it refuses new flows until \
-                     flows expire (raise conntrack.maxPerCore / min or the extension's maps.conntrack)"
-                );
-            } else if entries > 0 || map == proxy_common::maps::CONNTRACK {
-                info!(
-                    map,
-                    entries,
-                    capacity,
-                    fill = format!("{:.0}%", fill * 100.0),
-                    "conntrack table"
-                );
-            }
+        // Counted in batches, not a call per entry on the sync's thread.
+        let usage = map_usage(proxy_common::maps::CONNTRACK, maps.conntrack.map());
+        let Ok(MapUsage {
+            capacity,
+            entries: Some(entries),
+            ..
+        }) = usage
+        else {
+            return;
+        };
+        let entries = entries as usize;
+        let (fill, nearly_full) = fill_level(entries, capacity);
+        if nearly_full {
+            warn!(
+                entries,
+                capacity,
+                fill = format!("{:.0}%", fill * 100.0),
+                "the conntrack table is nearly full: when full it refuses new flows until \
+                 flows expire (raise conntrack.maxPerCore / min or the extension's maps.conntrack)"
+            );
+        } else {
+            info!(
+                entries,
+                capacity,
+                fill = format!("{:.0}%", fill * 100.0),
+                "conntrack table"
+            );
         }
     }
 }

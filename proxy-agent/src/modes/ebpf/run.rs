@@ -363,6 +363,7 @@ pub fn load(
     for (name, size) in [
         (names::SERVICES, &mut sizes.services),
         (names::BACKENDS, &mut sizes.backends),
+        (names::CONNTRACK, &mut sizes.conntrack),
         (names::MAGLEV, &mut sizes.maglev),
     ] {
         if let Some(pinned) = capacities.get(name)
@@ -376,26 +377,6 @@ pub fn load(
             );
             *size = *pinned;
         }
-    }
-    // Capacity is configured in flows; the table holds twice as many slots
-    // (since ABI 9: an older version's hash held one entry per flow).
-    let pinned_ct_slots = capacities
-        .get(names::CONNTRACK)
-        .map(|&pinned| match takeover {
-            Takeover::Migrate { .. } => proxy_common::ct_table::slots_for(pinned),
-            _ => pinned,
-        });
-    if let Some(pinned) = pinned_ct_slots
-        && pinned != proxy_common::ct_table::slots_for(sizes.conntrack)
-    {
-        let pinned_flows = proxy_common::ct_table::capacity_of(pinned);
-        warn!(
-            map = names::CONNTRACK,
-            pinned = pinned_flows,
-            configured = sizes.conntrack,
-            "a pinned map keeps its capacity; `--cleanup` and a restart apply the new one"
-        );
-        sizes.conntrack = pinned_flows;
     }
     if let Some(pinned) = capacities.get(names::SLOTS)
         && *pinned != super::slot_elements(sizes.slots)

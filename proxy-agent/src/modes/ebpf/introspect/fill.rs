@@ -6,24 +6,20 @@ use std::os::fd::AsFd as _;
 use aya::maps::{MapData, MapType};
 use serde::Serialize;
 
-use proxy_common::maps as names;
-
 use super::IntrospectError;
-use crate::modes::ebpf::{ct_table::count_live, sys};
+use crate::modes::ebpf::sys;
 
 /// One map's fill.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MapUsage {
     /// The pin's file name (`CONNTRACK`), the map's name in the object.
     pub name: String,
-    /// The kernel's map type, as aya names it (`LruHash`); the conntrack
-    /// tables are `ConntrackSlots`.
+    /// The kernel's map type, as aya names it (`LruHash`).
     pub map_type: String,
     /// The kernel's map id.
     pub id: u32,
     /// `max_entries`: entries for hash maps and tries, slots for arrays,
-    /// bytes for a ring buffer; for the conntrack tables, the flows they are
-    /// sized for (half their slots).
+    /// bytes for a ring buffer.
     pub capacity: u32,
     /// The entries the map holds now; for arrays, every slot exists. `None`
     /// for maps without entries to count (ring buffers).
@@ -58,17 +54,6 @@ pub fn map_usage(name: &str, map: &MapData) -> Result<MapUsage, IntrospectError>
             source,
         })
     };
-    if name == names::CONNTRACK || name == names::CONNTRACK6 {
-        // Slots of an open-addressed table: the live ones are its entries,
-        // and it is sized for half its slots.
-        return Ok(MapUsage {
-            name: name.to_owned(),
-            map_type: "ConntrackSlots".to_owned(),
-            id: info.id(),
-            capacity: proxy_common::ct_table::capacity_of(capacity),
-            entries: walk(count_live(map))?,
-        });
-    }
     let entries = match map_type {
         Ok(MapType::Array | MapType::PerCpuArray) => Some(u64::from(capacity)),
         Ok(MapType::RingBuf | MapType::PerfEventArray) => None,
