@@ -49,6 +49,8 @@
 //!   ways (r=1 and loop, hit and pass-through) in the same rounds, and every
 //!   path of ours is reported as a ratio to it: a figure that holds across
 //!   machines where nanoseconds do not.
+//! - **aged tables** (`DATAPATH_AGE_FLOWS=n`): see [`Tier::age`]. A new
+//!   table gives its entries out in memory order, which flatters new flows.
 
 use std::{
     collections::BTreeMap,
@@ -69,14 +71,14 @@ use proxy_agent::{
     cli::packet::{ETH_HLEN, Frame, IPV4_HLEN, fix_checksums, tcp_flags},
     model::{DesiredService, DesiredState, Endpoint, Protocol, ServicePortName},
     modes::ebpf::{
-        KernelMaps, MapSizes, NodeFacts, NodeProgrammer, Programmer, load_with,
+        KernelMaps, MapSizes, NodeFacts, NodeProgrammer, Programmer, ServiceMaps, load_with,
         node::{NodeAddresses, SNAT_PORT_MAX, SNAT_PORT_MIN},
         test_run,
     },
     sources::host::HostNetwork,
 };
 use proxy_common::{
-    Backend, Counter, DatapathConfig, IfaceInfo, ServiceKey, ServiceValue,
+    Backend, Counter, CtKey, DatapathConfig, IfaceInfo, ServiceKey, ServiceValue, V4,
     action::{TC_ACT_OK, TC_ACT_REDIRECT, XDP_PASS, XDP_TX},
     config,
 };
@@ -197,9 +199,17 @@ fn run() -> anyhow::Result<()> {
         Ok(name) => Some(profile::metric(&name)?),
         Err(_) => None,
     };
+    let aged_by: usize = match std::env::var("DATAPATH_AGE_FLOWS") {
+        Ok(v) => v.trim().parse().context("DATAPATH_AGE_FLOWS: a number")?,
+        Err(_) => 0,
+    };
     let mut tiers = Vec::new();
     for &n in &tier_sizes {
-        tiers.push(Tier::new(n, sizes, ifaces, katran_object.as_ref().ok())?);
+        let mut tier = Tier::new(n, sizes, ifaces, katran_object.as_ref().ok())?;
+        if aged_by > 0 {
+            tier.age(aged_by)?;
+        }
+        tiers.push(tier);
     }
     println!();
     if let Some(metric) = profiled {
@@ -388,6 +398,20 @@ fn client(base: Ipv4Addr, j: usize) -> (Ipv4Addr, u16) {
 /// New flow `j` from outside to the NodePort.
 fn node_port_flow(j: usize) -> Vec<u8> {
     tcp(client(EXTERNAL_BASE, j), NODE_PORT_FRONTEND, tcp_flags::SYN)
+}
+
+/// Source ports from here on are the aging flows' alone.
+const AGING_PORT_BASE: u16 = 50_000;
+
+/// Aging flow `j`: from outside to the NodePort, on source ports no
+/// measured flow uses.
+fn aging_flow(j: usize) -> Vec<u8> {
+    let (addr, port) = client(EXTERNAL_BASE, j);
+    tcp(
+        (addr, port - 10_000 + AGING_PORT_BASE),
+        NODE_PORT_FRONTEND,
+        tcp_flags::SYN,
+    )
 }
 
 fn port_name(name: &str) -> ServicePortName {
@@ -585,6 +609,54 @@ impl Tier {
             group(sync.writes),
         );
         Ok(tier)
+    }
+
+    /// Brings the flow tables to the state a node's reach after their first
+    /// flows ended: `flows` NodePort flows opened (ours through XDP, Katran's
+    /// through its LRU), then ours deleted as the agent's flush deletes them,
+    /// so later inserts take memory in the order it was freed, not in the
+    /// order a new table hands it out. Katran's LRU, smaller than `flows`,
+    /// evicts; its probe flow is opened again.
+    fn age(&mut self, flows: usize) -> anyhow::Result<()> {
+        let t0 = Instant::now();
+        let before = self.counters()?;
+        for j in 0..flows {
+            let syn = aging_flow(j);
+            self.timed(Hook::Xdp, &syn, 1, XDP_TX)?;
+            if self.katran.is_some() {
+                let out = self.run(Hook::Katran, &syn, 1)?;
+                ensure!(
+                    out.verdict == XDP_TX,
+                    "Katran aging: verdict {}",
+                    out.verdict
+                );
+            }
+        }
+        self.expect("aging flows", before, flows as u64, XDP_NEW)?;
+        let aging = |port_be: u16| u16::from_be(port_be) >= AGING_PORT_BASE;
+        let closed = ServiceMaps::<V4>::flush_flows(&mut self.maps, &|k: &CtKey, _| {
+            aging(k.sport_be) || aging(k.dport_be)
+        })?;
+        ensure!(
+            closed == 2 * flows,
+            "aging: {closed} conntrack entries flushed, expected {}",
+            2 * flows
+        );
+        if self.katran.is_some() {
+            let out = self.run(Hook::Katran, &self.node_port_probe, 1)?;
+            ensure!(
+                out.verdict == XDP_TX,
+                "Katran probe after aging: verdict {}",
+                out.verdict
+            );
+        }
+        println!(
+            "{:>7} services: tables aged by {} flows opened and closed in {:.1} s",
+            group(self.layout.frontends),
+            group(flows),
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(())
     }
 
     fn measure_round(&self, round: usize, out: &mut Results) -> anyhow::Result<()> {
