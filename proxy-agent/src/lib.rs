@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod cleanup;
 pub mod cli;
+pub mod clock;
 pub mod events;
 pub mod health;
 pub mod hostsetup;

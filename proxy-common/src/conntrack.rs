@@ -155,3 +155,38 @@ pub const DEFAULT_TCP_TIME_WAIT_NS: u64 = 120 * 1_000_000_000;
 pub const DEFAULT_TCP_CLOSE_NS: u64 = 10 * 1_000_000_000;
 /// `last_seen_ns` is refreshed at most this often, to keep writes off the hot path.
 pub const REFRESH_INTERVAL_NS: u64 = 1_000_000_000;
+
+#[inline(always)]
+fn or_default(value: u64, default: u64) -> u64 {
+    if value == 0 { default } else { value }
+}
+
+/// How long an entry with `entry_flags` may stay idle, from the conntrack
+/// settings: the datapath's lookups and both collectors (the agent's, the
+/// timer's) decide with it.
+#[inline(always)]
+pub fn idle_timeout(config: &crate::DatapathConfig, proto: u8, entry_flags: u16) -> u64 {
+    use crate::proto;
+    // An SCTP association lives as a TCP connection does (its chunks are
+    // given to conntrack as TCP flags, see `sctp::conntrack_flags`).
+    if proto == proto::TCP || proto == proto::SCTP {
+        // The kernel's conntrack states, as far as flags can tell them.
+        if entry_flags & flags::RST != 0 {
+            or_default(config.tcp_close_ns, DEFAULT_TCP_CLOSE_NS)
+        } else if entry_flags & (flags::FIN_FORWARD | flags::FIN_REPLY)
+            == flags::FIN_FORWARD | flags::FIN_REPLY
+        {
+            or_default(config.tcp_time_wait_ns, DEFAULT_TCP_TIME_WAIT_NS)
+        } else if entry_flags & flags::CLOSING != 0 {
+            or_default(config.tcp_closing_ns, DEFAULT_TCP_CLOSING_NS)
+        } else if entry_flags & flags::SEEN_REPLY == 0 {
+            or_default(config.tcp_syn_sent_ns, DEFAULT_TCP_SYN_SENT_NS)
+        } else {
+            or_default(config.tcp_established_ns, DEFAULT_TCP_ESTABLISHED_NS)
+        }
+    } else if entry_flags & flags::SEEN_REPLY != 0 {
+        or_default(config.udp_stream_ns, DEFAULT_UDP_STREAM_NS)
+    } else {
+        or_default(config.udp_ns, DEFAULT_UDP_NS)
+    }
+}

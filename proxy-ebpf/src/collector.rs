@@ -1,10 +1,9 @@
 //! The conntrack collector (`proxy_common::collector`): sweeps of both
 //! conntrack tables that delete the entries whose idle timeout passed.
 //!
-//! While an agent runs, it sweeps (`ct_collector_sweep`, run through
-//! BPF_PROG_TEST_RUN from a thread of its own): in process context, where
-//! the CPU's softirqs, and so its packets, go on during the sweep. Each of
-//! those sweeps pushes the timer back ([`AGENT_GRACE_NS`]). The timer, which
+//! While an agent runs, it sweeps from user space and hands what it did to
+//! `ct_collector_sweep` (run through BPF_PROG_TEST_RUN), which records it
+//! and pushes the timer back ([`AGENT_GRACE_NS`]). The timer, which
 //! the agent arms once (`ct_collector_arm`), sweeps in softirq: when no
 //! agent swept for that long (the agent is gone), and at once when a new
 //! flow finds a table full. It fires for as long as `CT_COLLECTOR` is
@@ -24,14 +23,13 @@ use aya_ebpf::{
 use proxy_common::{
     CtKeyOf, CtValueOf, DatapathConfig, Family, V4, V6,
     collector::{
-        AGENT_GRACE_NS, CollectorStats, CollectorValue, KICK_GAP_NS, KICK_GAP_SWEEPS,
-        SWEEP_INTERVAL_NS, UNANSWERED_UNDER_PRESSURE_NS,
+        AGENT_GRACE_NS, AgentSweep, CollectorStats, CollectorValue, KICK_GAP_NS, KICK_GAP_SWEEPS,
+        Removal, SWEEP_INTERVAL_NS, removal,
     },
-    conntrack::flags,
 };
 
 use crate::{
-    conntrack::{coarse_ns, idle_timeout},
+    conntrack::coarse_ns,
     maps::{CONNTRACK, CONNTRACK6},
 };
 
@@ -113,32 +111,38 @@ struct Sweep {
 extern "C" fn on_timer(_map: *mut c_void, _key: *mut u32, slot: *mut Collector) -> i32 {
     // SAFETY: the kernel hands the timer's map value.
     unsafe {
-        let pressure = kick_pending(&(*slot).stats);
+        let pressure = (*slot).stats.kick_pending();
         sweep(&mut (*slot).stats, pressure);
         bpf_timer_start(&raw mut (*slot).timer, SWEEP_INTERVAL_NS, 0);
     }
     0
 }
 
-/// Whether a full table asked for a sweep that has not run yet.
+/// Records the agent's sweep (`report`) and pushes the timer back by
+/// [`AGENT_GRACE_NS`]. A kick's sweep is the timer's, at once, but a push
+/// landing between the kick and its firing cancels that firing: when a
+/// table asked for a sweep after the agent's had started, this program
+/// sweeps under pressure in its place. 0, or -1 without the collector's value.
 #[inline(always)]
-fn kick_pending(stats: &CollectorStats) -> bool {
-    stats.kicked_ns != 0 && stats.kicked_ns >= stats.last_sweep_ns
-}
-
-/// The agent's sweep; the timer is pushed back by [`AGENT_GRACE_NS`]. A
-/// kick's sweep is the timer's, at once, but a push landing between the
-/// kick and its firing cancels that firing: then this sweep runs under
-/// pressure in its place. 0, or -1 without the collector's value.
-#[inline(always)]
-pub fn sweep_for_agent() -> i64 {
+pub fn record_agent_sweep(report: &AgentSweep) -> i64 {
     let Some(slot) = CT_COLLECTOR.get_ptr_mut(0) else {
         return -1;
     };
     // SAFETY: `slot` points into the array's only value; the helper checks the timer.
     unsafe {
-        let pressure = kick_pending(&(*slot).stats);
-        sweep(&mut (*slot).stats, pressure);
+        let stats = &mut (*slot).stats;
+        stats.live = report.live;
+        stats.live6 = report.live6;
+        stats.sweeps += 1;
+        stats.removed += report.removed;
+        stats.removed_under_pressure += report.removed_under_pressure;
+        // The timer may have swept since the agent's sweep started (a kick
+        // meanwhile): that later sweep is the last.
+        stats.last_sweep_ns = stats.last_sweep_ns.max(report.started_ns);
+        stats.last_sweep_took_ns = report.took_ns;
+        if stats.kick_pending() {
+            sweep(stats, true);
+        }
         // Fails only while the timer is unarmed, as before the agent's first
         // arming: then there is nothing to push back.
         bpf_timer_start(&raw mut (*slot).timer, AGENT_GRACE_NS, 0);
@@ -207,8 +211,7 @@ extern "C" fn visit6(
     visit(map, key, value, ctx)
 }
 
-/// Deletes the entry if it expired (or, under pressure, never saw a reply
-/// and was idle [`UNANSWERED_UNDER_PRESSURE_NS`]). Always 0: go on.
+/// Deletes the entry if [`removal`] says so. Always 0: go on.
 #[inline(always)]
 fn visit<F: Family>(
     map: *mut c_void,
@@ -221,14 +224,19 @@ fn visit<F: Family>(
         let ctx = &mut *ctx;
         let value = &*value;
         ctx.visited += 1;
-        let idle = ctx.now.saturating_sub(value.last_seen_ns);
-        let expired = idle > idle_timeout(&*ctx.config, (*key).proto, value.flags);
-        let unanswered = ctx.pressure != 0
-            && value.flags & flags::SEEN_REPLY == 0
-            && idle >= UNANSWERED_UNDER_PRESSURE_NS;
-        if (expired || unanswered) && bpf_map_delete_elem(map, key as *const c_void) == 0 {
+        let why = removal(
+            &*ctx.config,
+            ctx.now,
+            ctx.pressure != 0,
+            (*key).proto,
+            value.flags,
+            value.last_seen_ns,
+        );
+        if let Some(why) = why
+            && bpf_map_delete_elem(map, key as *const c_void) == 0
+        {
             ctx.removed += 1;
-            if !expired {
+            if why == Removal::Unanswered {
                 ctx.removed_under_pressure += 1;
             }
         }

@@ -7,12 +7,7 @@ use aya_ebpf::{
 use proxy_common::{
     Counter, CtDirection, CtKeyOf, CtValueOf, DatapathConfig, V6,
     conntrack::NextHop,
-    conntrack::{
-        DEFAULT_TCP_CLOSE_NS, DEFAULT_TCP_CLOSING_NS, DEFAULT_TCP_ESTABLISHED_NS,
-        DEFAULT_TCP_SYN_SENT_NS, DEFAULT_TCP_TIME_WAIT_NS, DEFAULT_UDP_NS, DEFAULT_UDP_STREAM_NS,
-        REFRESH_INTERVAL_NS, flags,
-    },
-    proto,
+    conntrack::{REFRESH_INTERVAL_NS, flags, idle_timeout},
 };
 
 use crate::ip::Ip;
@@ -84,38 +79,6 @@ impl Clock {
             self.0.set(F::now_ns());
         }
         self.0.get()
-    }
-}
-
-#[inline(always)]
-fn or_default(value: u64, default: u64) -> u64 {
-    if value == 0 { default } else { value }
-}
-
-/// How long `entry` may stay idle, from the conntrack settings.
-#[inline(always)]
-pub fn idle_timeout(config: &DatapathConfig, proto: u8, entry_flags: u16) -> u64 {
-    // An SCTP association lives as a TCP connection does (its chunks are
-    // given to conntrack as TCP flags, see `sctp::conntrack_flags`).
-    if proto == proto::TCP || proto == proto::SCTP {
-        // The kernel's conntrack states, as far as flags can tell them.
-        if entry_flags & flags::RST != 0 {
-            or_default(config.tcp_close_ns, DEFAULT_TCP_CLOSE_NS)
-        } else if entry_flags & (flags::FIN_FORWARD | flags::FIN_REPLY)
-            == flags::FIN_FORWARD | flags::FIN_REPLY
-        {
-            or_default(config.tcp_time_wait_ns, DEFAULT_TCP_TIME_WAIT_NS)
-        } else if entry_flags & flags::CLOSING != 0 {
-            or_default(config.tcp_closing_ns, DEFAULT_TCP_CLOSING_NS)
-        } else if entry_flags & flags::SEEN_REPLY == 0 {
-            or_default(config.tcp_syn_sent_ns, DEFAULT_TCP_SYN_SENT_NS)
-        } else {
-            or_default(config.tcp_established_ns, DEFAULT_TCP_ESTABLISHED_NS)
-        }
-    } else if entry_flags & flags::SEEN_REPLY != 0 {
-        or_default(config.udp_stream_ns, DEFAULT_UDP_STREAM_NS)
-    } else {
-        or_default(config.udp_ns, DEFAULT_UDP_NS)
     }
 }
 

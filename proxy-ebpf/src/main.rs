@@ -33,6 +33,7 @@ use aya_ebpf::{
 use proxy_common::{
     Counter, V4, V6,
     action::{TC_ACT_OK, TC_ACT_SHOT, XDP_DROP, XDP_PASS},
+    collector::AgentSweep,
     monitor::{hook, kind},
 };
 
@@ -282,15 +283,22 @@ pub fn ct_collector_arm(_ctx: XdpContext) -> u32 {
     proxy_common::collector::arm_answer(collector::arm())
 }
 
-/// Run by the agent (BPF_PROG_TEST_RUN, any frame of 14 bytes or more)
-/// every `SWEEP_INTERVAL_NS` to sweep the conntrack tables in process
-/// context. A flow dissector program because its test run leaves the CPU's
-/// softirqs enabled (as the sk_lookup one does; XDP and TC runs disable
-/// them, and tracing programs may not use a map holding a timer); it is
-/// never attached. 0 when swept.
+/// Run by the agent (BPF_PROG_TEST_RUN) after each of its sweeps, its data
+/// the sweep's [`AgentSweep`]: records it and holds the timer off. A flow
+/// dissector program because its test run leaves the CPU's softirqs enabled
+/// (XDP and TC runs disable them, and tracing programs may not use a map
+/// holding a timer) for the sweep it makes itself when a full table asked
+/// for one meanwhile; it is never attached. 0 when recorded.
 #[flow_dissector]
-pub fn ct_collector_sweep(_ctx: FlowDissectorContext) -> u32 {
-    if collector::sweep_for_agent() == 0 {
+pub fn ct_collector_sweep(ctx: FlowDissectorContext) -> u32 {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + core::mem::size_of::<AgentSweep>() > end {
+        return 2;
+    }
+    // SAFETY: the bounds check above covers the whole report (the verifier
+    // checks it again); AgentSweep is plain u64s, read unaligned.
+    let report = unsafe { core::ptr::read_unaligned(start as *const AgentSweep) };
+    if collector::record_agent_sweep(&report) == 0 {
         0
     } else {
         1

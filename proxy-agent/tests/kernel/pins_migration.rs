@@ -581,7 +581,6 @@ fn the_agents_sweeps_hold_the_timer_off_until_they_stop() {
     use proxy_agent::modes::ebpf::collector::{self, Sweeper};
     use proxy_common::collector::AGENT_GRACE_NS;
     use std::{
-        os::fd::AsFd as _,
         sync::{Arc, atomic::AtomicBool},
         time::{Duration, Instant},
     };
@@ -613,13 +612,12 @@ fn the_agents_sweeps_hold_the_timer_off_until_they_stop() {
 
     // The agent's sweeper thread: a sweep at once, then one per period,
     // until it is stopped.
-    let program = collector::sweep_program(&agent.ebpf).unwrap();
     let stopped = Arc::new(AtomicBool::new(false));
     let before = sweeps(&agent);
     reset(&agent, 40000);
     std::thread::sleep(Duration::from_millis(150));
     let thread = Sweeper {
-        program: program.try_clone().unwrap(),
+        sweep: collector::Sweep::of(&agent.ebpf).unwrap(),
         every: Duration::from_millis(100),
         stopped: stopped.clone(),
     }
@@ -644,7 +642,7 @@ fn the_agents_sweeps_hold_the_timer_off_until_they_stop() {
     // for AGENT_GRACE_NS (twice its own period), then it does.
     reset(&agent, 40001);
     std::thread::sleep(Duration::from_millis(150));
-    collector::sweep(program.as_fd()).unwrap();
+    collector::Sweep::of(&agent.ebpf).unwrap().run().unwrap();
     let swept_at = Instant::now();
     let after_agent = sweeps(&agent);
     assert_eq!(conntrack_entries(&agent), 2);
@@ -664,7 +662,6 @@ fn the_agents_sweeps_hold_the_timer_off_until_they_stop() {
 #[test]
 fn an_agents_sweep_serves_a_kick_the_timer_did_not() {
     use proxy_agent::modes::ebpf::collector::{self, Value};
-    use std::os::fd::AsFd as _;
 
     let fs = BpfFs::new();
     let layout = PinLayout::new(root(&fs));
@@ -677,8 +674,8 @@ fn an_agents_sweep_serves_a_kick_the_timer_did_not() {
     }
     assert_eq!(conntrack_entries(&agent), 6);
     std::thread::sleep(std::time::Duration::from_millis(1_100));
-    let program_fd = collector::sweep_program(&agent.ebpf).unwrap();
-    collector::sweep(program_fd.as_fd()).unwrap();
+    let sweep = collector::Sweep::of(&agent.ebpf).unwrap();
+    sweep.run().unwrap();
     assert_eq!(conntrack_entries(&agent), 6, "no pressure, nothing removed");
 
     // A pending kick, and no timer to serve it (a write from user space
@@ -693,7 +690,8 @@ fn an_agents_sweep_serves_a_kick_the_timer_did_not() {
     value.0.stats.kicked_ns = now;
     collector_map.set(0, value, 0).unwrap();
 
-    collector::sweep(program_fd.as_fd()).unwrap();
+    let report = sweep.run().unwrap();
+    assert_eq!(report.pressure, 1, "{report:?}");
     let stats = collector::stats(&agent.ebpf).unwrap();
     assert_eq!(stats.removed_under_pressure, 6, "{stats:?}");
     assert_eq!(conntrack_entries(&agent), 0);

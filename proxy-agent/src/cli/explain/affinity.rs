@@ -57,7 +57,7 @@ pub fn read(maps: &KernelMaps, frontend: &Frontend, probe: &Probe, trace: &Trace
             let ends = value.last_ns + u64::from(timeout_seconds) * 1_000_000_000;
             (
                 backend.map(|b| b.to_string()),
-                Some(ends.saturating_sub(monotonic_ns()) / 1_000_000_000),
+                Some(ends.saturating_sub(crate::clock::monotonic_ns()) / 1_000_000_000),
             )
         }
         None => (None, None),
@@ -68,17 +68,6 @@ pub fn read(maps: &KernelMaps, frontend: &Frontend, probe: &Probe, trace: &Trace
         already_pinned: trace.moved(Counter::AffinityHit) > 0,
         expires_in_seconds,
     })
-}
-
-/// The clock the programs' `bpf_ktime_get_ns` reads.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The report's line for a pin.

@@ -289,15 +289,6 @@ fn view(f: &Flow, naming: &Naming, now_ns: u64) -> EntryView {
     }
 }
 
-/// CLOCK_MONOTONIC in ns.
-pub fn monotonic_now_ns() -> u64 {
-    // SAFETY: a zeroed timespec is valid output space for clock_gettime.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: `ts` lives across the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 impl ConntrackReport {
     pub fn text(&self) -> String {
         let mut out = naming_line(&self.names);

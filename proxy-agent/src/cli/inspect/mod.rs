@@ -100,7 +100,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
                 limit: args.limit,
                 top: args.top,
                 capacity,
-                now_ns: conntrack::monotonic_now_ns(),
+                now_ns: crate::clock::monotonic_ns(),
             };
             let entries4 = pinned.maps.conntrack.iter().filter_map(Result::ok);
             let entries6 = pinned.maps.v6.conntrack.iter().filter_map(Result::ok);

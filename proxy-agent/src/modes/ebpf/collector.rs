@@ -1,8 +1,17 @@
 //! Arms the datapath's conntrack collector (`proxy_common::collector`),
 //! sweeps while the agent runs, and reads what the sweeps did.
+//!
+//! The agent's sweep walks the tables from user space, a batch of entries
+//! per system call, and deletes what [`removal`] says, each entry taken out
+//! and judged again in one step (a flow refreshed meanwhile is put back).
+//! A sweep inside the kernel (one BPF program run) would hold its CPU for
+//! the whole walk: over 100 ms for a full table of 2^20 entries, during
+//! which no other thread of that CPU runs (these kernels do not preempt
+//! kernel code). Between two batches the CPU's other threads and softirqs
+//! run. Then `ct_collector_sweep` records the sweep and pushes the timer back.
 
 use std::{
-    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
+    os::fd::{AsFd as _, OwnedFd},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -12,14 +21,15 @@ use std::{
 
 use anyhow::{Context as _, ensure};
 use aya::{
-    Ebpf,
+    Ebpf, Pod,
     maps::{Array, Map, MapData},
     programs::{FlowDissector, Xdp},
 };
 use proxy_common::{
+    CtKeyOf, CtValueOf, DatapathConfig, Family, V4, V6,
     action::XDP_PASS,
-    collector::{CollectorStats, CollectorValue, SWEEP_INTERVAL_NS},
-    maps::CT_COLLECTOR,
+    collector::{AgentSweep, CollectorStats, CollectorValue, Removal, SWEEP_INTERVAL_NS, removal},
+    maps::{CONFIG, CONNTRACK, CONNTRACK6, CT_COLLECTOR},
 };
 use tracing::{debug, info, warn};
 
@@ -91,36 +101,186 @@ fn refusal(verdict: u32) -> String {
     }
 }
 
-/// The sweep program's fd, for a [`Sweeper`] that outlives the borrow.
-pub fn sweep_program(ebpf: &Ebpf) -> anyhow::Result<OwnedFd> {
-    let prog: &FlowDissector = ebpf
-        .program(PROG_SWEEP)
-        .with_context(|| format!("program {PROG_SWEEP} missing from the object"))?
-        .try_into()
-        .with_context(|| format!("{PROG_SWEEP} is not a flow dissector program"))?;
-    let fd = prog
-        .fd()
-        .with_context(|| format!("{PROG_SWEEP} is not loaded"))?;
-    Ok(fd.as_fd().try_clone_to_owned()?)
+/// The agent's sweep: the program that records it and the maps it walks,
+/// found through the program (pinned or not, taken out of the object or not).
+pub struct Sweep {
+    program: OwnedFd,
+    conntrack: MapData,
+    conntrack6: MapData,
+    config: MapData,
+    collector: MapData,
 }
 
-/// One sweep of both tables, now, on this thread's CPU and in its context
-/// (softirqs enabled), holding the timer off for `AGENT_GRACE_NS`.
-pub fn sweep(program: BorrowedFd<'_>) -> anyhow::Result<()> {
-    // A frame is required (at least an Ethernet header); the program reads none of it.
-    let verdict = super::sys::test_run(program, &[0u8; 64])
-        .with_context(|| format!("running {PROG_SWEEP}"))?;
-    ensure!(
-        verdict == 0,
-        "{PROG_SWEEP} found no collector (returned {verdict})"
-    );
-    Ok(())
+impl Sweep {
+    pub fn of(ebpf: &Ebpf) -> anyhow::Result<Self> {
+        let prog: &FlowDissector = ebpf
+            .program(PROG_SWEEP)
+            .with_context(|| format!("program {PROG_SWEEP} missing from the object"))?
+            .try_into()
+            .with_context(|| format!("{PROG_SWEEP} is not a flow dissector program"))?;
+        let program = prog
+            .fd()
+            .with_context(|| format!("{PROG_SWEEP} is not loaded"))?
+            .as_fd()
+            .try_clone_to_owned()?;
+        let mut maps: Vec<(String, MapData)> = prog
+            .info()?
+            .map_ids()?
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|id| MapData::from_id(id).ok())
+            .filter_map(|data| Some((data.info().ok()?.name_as_str()?.to_owned(), data)))
+            .collect();
+        let mut take = |name: &str| {
+            let at = maps
+                .iter()
+                .position(|(n, _)| n == name)
+                .with_context(|| format!("{PROG_SWEEP} does not use the map {name}"))?;
+            anyhow::Ok(maps.swap_remove(at).1)
+        };
+        Ok(Self {
+            conntrack: take(CONNTRACK)?,
+            conntrack6: take(CONNTRACK6)?,
+            config: take(CONFIG)?,
+            collector: take(CT_COLLECTOR)?,
+            program,
+        })
+    }
+
+    /// One sweep of both tables, now, from this thread: what it did, as
+    /// the program recorded it.
+    pub fn run(&self) -> anyhow::Result<AgentSweep> {
+        let started = Instant::now();
+        let stats = read(&self.collector)?;
+        let mut config = DatapathConfig::default();
+        let found = super::sys::lookup(
+            self.config.fd().as_fd(),
+            bytes_of(&0u32),
+            bytes_of_mut(&mut config),
+        )
+        .context("reading CONFIG")?;
+        ensure!(found, "CONFIG holds no element 0");
+        let judge = Judge {
+            config,
+            now: crate::clock::coarse_monotonic_ns(),
+            pressure: stats.kick_pending(),
+        };
+        let (live, removed4, unanswered4) = sweep_table::<V4>(&self.conntrack, &judge)
+            .with_context(|| format!("sweeping {CONNTRACK}"))?;
+        let (live6, removed6, unanswered6) = sweep_table::<V6>(&self.conntrack6, &judge)
+            .with_context(|| format!("sweeping {CONNTRACK6}"))?;
+        let report = AgentSweep {
+            started_ns: judge.now,
+            took_ns: started.elapsed().as_nanos() as u64,
+            pressure: u64::from(judge.pressure),
+            live,
+            live6,
+            removed: removed4 + removed6,
+            removed_under_pressure: unanswered4 + unanswered6,
+        };
+        let verdict = super::sys::test_run(self.program.as_fd(), &report.to_bytes())
+            .with_context(|| format!("running {PROG_SWEEP}"))?;
+        ensure!(
+            verdict == 0,
+            "{PROG_SWEEP} found no collector or no report (returned {verdict})"
+        );
+        Ok(report)
+    }
+}
+
+/// What a sweep judges entries by.
+struct Judge {
+    config: DatapathConfig,
+    now: u64,
+    pressure: bool,
+}
+
+impl Judge {
+    fn removal<F: Family>(&self, key: &CtKeyOf<F>, value: &CtValueOf<F>) -> Option<Removal> {
+        removal(
+            &self.config,
+            self.now,
+            self.pressure,
+            key.proto,
+            value.flags,
+            value.last_seen_ns,
+        )
+    }
+}
+
+/// Walks `table` in batches and deletes what `judge` removes: each entry
+/// taken out with the kernel's lookup-and-delete, then judged again on the
+/// value it had, so a flow refreshed since the walk read it goes back (its
+/// packets in between find the other half, or open it again, as after any
+/// sweep). Entries left, removed, and of those removed under pressure.
+fn sweep_table<F: Family>(table: &MapData, judge: &Judge) -> anyhow::Result<(u64, u64, u64)>
+where
+    CtKeyOf<F>: Pod,
+    CtValueOf<F>: Pod,
+{
+    let fd = table.fd().as_fd();
+    let (key_size, value_size) = (size_of::<CtKeyOf<F>>(), size_of::<CtValueOf<F>>());
+    let mut visited = 0u64;
+    let mut doomed: Vec<CtKeyOf<F>> = Vec::new();
+    super::sys::walk_batches(fd, key_size, value_size, |keys, values| {
+        for (k, v) in keys
+            .chunks_exact(key_size)
+            .zip(values.chunks_exact(value_size))
+        {
+            // SAFETY: the kernel wrote whole keys and values of these Pod
+            // types; read_unaligned copes with the buffer's alignment.
+            let (key, value) = unsafe {
+                (
+                    std::ptr::read_unaligned(k.as_ptr().cast::<CtKeyOf<F>>()),
+                    std::ptr::read_unaligned(v.as_ptr().cast::<CtValueOf<F>>()),
+                )
+            };
+            visited += 1;
+            if judge.removal::<F>(&key, &value).is_some() {
+                doomed.push(key);
+            }
+        }
+    })?;
+    let (mut removed, mut unanswered) = (0u64, 0u64);
+    let mut value = vec![0u8; value_size];
+    for key in &doomed {
+        let key_bytes = bytes_of(key);
+        if !super::sys::take(fd, key_bytes, &mut value)? {
+            continue;
+        }
+        // SAFETY: the kernel wrote a whole value of this Pod type.
+        let taken: CtValueOf<F> = unsafe { std::ptr::read_unaligned(value.as_ptr().cast()) };
+        match judge.removal::<F>(key, &taken) {
+            Some(why) => {
+                removed += 1;
+                if why == Removal::Unanswered {
+                    unanswered += 1;
+                }
+            }
+            // Refreshed since the walk read it. Should the datapath have
+            // opened the tuple again meanwhile, its entry stays.
+            None => {
+                super::sys::insert_new(fd, key_bytes, &value)?;
+            }
+        }
+    }
+    Ok((visited.saturating_sub(removed), removed, unanswered))
+}
+
+fn bytes_of<T: Pod>(value: &T) -> &[u8] {
+    // SAFETY: a Pod value is plain bytes of its size.
+    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
+}
+
+fn bytes_of_mut<T: Pod>(value: &mut T) -> &mut [u8] {
+    // SAFETY: a Pod value is plain bytes of its size, any of which is valid.
+    unsafe { std::slice::from_raw_parts_mut((value as *mut T).cast::<u8>(), size_of::<T>()) }
 }
 
 /// The agent's sweeps, on a thread of their own, every `every` until
 /// `stopped`: while they run, the timer sweeps only when a table is full.
 pub struct Sweeper {
-    pub program: OwnedFd,
+    pub sweep: Sweep,
     pub every: Duration,
     pub stopped: Arc<AtomicBool>,
 }
@@ -138,13 +298,19 @@ impl Sweeper {
         let mut failing = false;
         while !self.stopped.load(Ordering::Relaxed) {
             let started = Instant::now();
-            match sweep(self.program.as_fd()) {
-                Ok(()) => {
+            match self.sweep.run() {
+                Ok(done) => {
                     if failing {
                         info!("conntrack sweeps work again");
                     }
                     failing = false;
-                    debug!(took = ?started.elapsed(), "conntrack swept");
+                    debug!(
+                        took = ?started.elapsed(),
+                        removed = done.removed,
+                        under_pressure = done.removed_under_pressure,
+                        left = done.live + done.live6,
+                        "conntrack swept"
+                    );
                 }
                 Err(e) if !failing => {
                     failing = true;

@@ -2,6 +2,7 @@
 //! lease that turns the programs' reports on while it is renewed, and the
 //! slot's ring buffer they report into. Used by `proxy-agent monitor`.
 
+pub use crate::clock::monotonic_ns;
 use std::{
     os::fd::{AsFd as _, AsRawFd as _},
     time::Duration,
@@ -93,17 +94,6 @@ fn read_record<T: aya::Pod>(bytes: &[u8]) -> T {
     // SAFETY: the caller checked the length; T is plain data, and
     // read_unaligned copes with any alignment of the ring's bytes.
     unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) }
-}
-
-/// `CLOCK_MONOTONIC`, the programs' `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Which events a monitor wants.

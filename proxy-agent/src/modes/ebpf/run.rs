@@ -179,9 +179,9 @@ fn attach_once_verified(
         info!(took = ?started.elapsed(), "packet programs verified");
         // The agent sweeps conntrack itself while it runs (in process
         // context); without it, the datapath's timer does.
-        let sweeper = collector::sweep_program(&ebpf).and_then(|program| {
+        let sweeper = collector::Sweep::of(&ebpf).and_then(|sweep| {
             let sweeper = collector::Sweeper {
-                program,
+                sweep,
                 every: Duration::from_nanos(proxy_common::collector::SWEEP_INTERVAL_NS),
                 stopped: stopped.clone(),
             };

@@ -8,10 +8,13 @@ use std::{
     os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
 };
 
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
+const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
@@ -213,6 +216,72 @@ pub fn update_batches(
         }
     }
     Ok(())
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+const BPF_NOEXIST: u64 = 1;
+
+fn elem(
+    cmd: libc::c_long,
+    fd: BorrowedFd<'_>,
+    key: &[u8],
+    value: *mut u8,
+    flags: u64,
+) -> io::Result<bool> {
+    let mut attr = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        key: key.as_ptr() as u64,
+        value: value as u64,
+        flags,
+        ..Default::default()
+    };
+    match bpf(cmd, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads the value of `key` into `value` (its map's value size); false
+/// when there is no such key.
+pub fn lookup(fd: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
+    elem(BPF_MAP_LOOKUP_ELEM, fd, key, value.as_mut_ptr(), 0)
+}
+
+/// Deletes `key` and hands back the value it had, in one step
+/// (BPF_MAP_LOOKUP_AND_DELETE_ELEM, hash maps since Linux 5.14); false when
+/// there was no such key.
+pub fn take(fd: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
+    elem(
+        BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+        fd,
+        key,
+        value.as_mut_ptr(),
+        0,
+    )
+}
+
+/// Inserts `key` unless the map holds it already; false when it did.
+pub fn insert_new(fd: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> io::Result<bool> {
+    match elem(
+        BPF_MAP_UPDATE_ELEM,
+        fd,
+        key,
+        value.as_ptr().cast_mut(),
+        BPF_NOEXIST,
+    ) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(false),
+        other => other,
+    }
 }
 
 #[repr(C)]
