@@ -258,9 +258,12 @@ where
                 }
             }
             // Refreshed since the walk read it. Should the datapath have
-            // opened the tuple again meanwhile, its entry stays.
+            // opened the tuple again meanwhile, its entry stays; should the
+            // table have filled meanwhile, the flow's next refresh rebuilds
+            // this half from the other, as after any lost entry: the sweep
+            // goes on either way.
             None => {
-                super::sys::insert_new(fd, key_bytes, &value)?;
+                let _ = super::sys::insert_new(fd, key_bytes, &value);
             }
         }
     }
