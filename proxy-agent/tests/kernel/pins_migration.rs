@@ -696,3 +696,70 @@ fn an_agents_sweep_serves_a_kick_the_timer_did_not() {
     assert_eq!(stats.removed_under_pressure, 6, "{stats:?}");
     assert_eq!(conntrack_entries(&agent), 0);
 }
+
+/// The agent's sweep deletes each batch's expired entries before it reads
+/// the next: of 20,000 entries (five batches), every expired one goes and
+/// every live one stays, wherever the table holds them.
+#[test]
+fn an_agents_sweep_removes_exactly_the_expired_entries_over_many_batches() {
+    use proxy_agent::modes::ebpf::collector;
+
+    let fs = BpfFs::new();
+    let layout = PinLayout::new(root(&fs));
+    let entries: u32 = 20_000;
+    let mut agent = open_pinned(
+        &layout,
+        MapSizes {
+            conntrack: 32_768,
+            ..MapSizes::default()
+        },
+    )
+    .unwrap();
+    agent.maps.put_config(&DatapathConfig::default()).unwrap();
+    let key = |i: u32| {
+        CtKey::new(
+            (0xc612_8000u32 + (i >> 16)).to_be(),
+            u32::from(VIP).to_be(),
+            ((i & 0xffff) as u16).to_be(),
+            80u16.to_be(),
+            proxy_common::proto::TCP,
+        )
+    };
+    // Odd entries closed by a RST a minute ago (their timeout is 10 s).
+    let expired = |i: u32| i % 2 == 1;
+    let now = crate::tester::coarse_now_ns();
+    {
+        let ct: &mut HashMap<MapData, CtKey, CtValue> = &mut agent.maps.conntrack;
+        for i in 0..entries {
+            let (flags, last_seen_ns) = if expired(i) {
+                (flags::SEEN_REPLY | flags::RST, now - 60_000_000_000)
+            } else {
+                (flags::SEEN_REPLY, now)
+            };
+            let value = CtValue {
+                flags,
+                last_seen_ns,
+                created_ns: now - 60_000_000_000,
+                ..CtValue::default()
+            };
+            ct.insert(key(i), value, 0).unwrap();
+        }
+    }
+    let report = collector::Sweep::of(&agent.ebpf).unwrap().run().unwrap();
+    assert_eq!(report.removed, u64::from(entries / 2), "{report:?}");
+    assert_eq!(report.live, u64::from(entries / 2), "{report:?}");
+    let ct: &HashMap<MapData, CtKey, CtValue> = &agent.maps.conntrack;
+    for i in 0..entries {
+        assert_eq!(
+            ct.get(&key(i), 0).is_ok(),
+            !expired(i),
+            "entry {i} (expired: {})",
+            expired(i)
+        );
+    }
+    let stats = collector::stats(&agent.ebpf).unwrap();
+    assert_eq!(
+        (stats.removed, stats.live),
+        (u64::from(entries / 2), u64::from(entries / 2))
+    );
+}

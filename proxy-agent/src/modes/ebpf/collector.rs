@@ -208,11 +208,13 @@ impl Judge {
     }
 }
 
-/// Walks `table` in batches and deletes what `judge` removes: each entry
-/// taken out with the kernel's lookup-and-delete, then judged again on the
-/// value it had, so a flow refreshed since the walk read it goes back (its
-/// packets in between find the other half, or open it again, as after any
-/// sweep). Entries left, removed, and of those removed under pressure.
+/// Walks `table` in batches and deletes what `judge` removes, each batch's
+/// before the next is read (so the agent holds one batch of keys, not the
+/// table's): each entry taken out with the kernel's lookup-and-delete, then
+/// judged again on the value it had, so a flow refreshed since the walk
+/// read it goes back (its packets in between find the other half, or open
+/// it again, as after any sweep). Entries left, removed, and of those
+/// removed under pressure.
 fn sweep_table<F: Family>(table: &MapData, judge: &Judge) -> anyhow::Result<(u64, u64, u64)>
 where
     CtKeyOf<F>: Pod,
@@ -221,7 +223,9 @@ where
     let fd = table.fd().as_fd();
     let (key_size, value_size) = (size_of::<CtKeyOf<F>>(), size_of::<CtValueOf<F>>());
     let mut visited = 0u64;
+    let mut removals = Removals::default();
     let mut doomed: Vec<CtKeyOf<F>> = Vec::new();
+    let mut failed = None;
     super::sys::walk_batches(fd, key_size, value_size, |keys, values| {
         for (k, v) in keys
             .chunks_exact(key_size)
@@ -240,34 +244,69 @@ where
                 doomed.push(key);
             }
         }
-    })?;
-    let (mut removed, mut unanswered) = (0u64, 0u64);
-    let mut value = vec![0u8; value_size];
-    for key in &doomed {
-        let key_bytes = bytes_of(key);
-        if !super::sys::take(fd, key_bytes, &mut value)? {
-            continue;
+        if failed.is_none()
+            && let Err(e) = removals.remove::<F>(fd, &doomed, judge)
+        {
+            failed = Some(e);
         }
-        // SAFETY: the kernel wrote a whole value of this Pod type.
-        let taken: CtValueOf<F> = unsafe { std::ptr::read_unaligned(value.as_ptr().cast()) };
-        match judge.removal::<F>(key, &taken) {
-            Some(why) => {
-                removed += 1;
-                if why == Removal::Unanswered {
-                    unanswered += 1;
+        doomed.clear();
+    })?;
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    Ok((
+        visited.saturating_sub(removals.removed),
+        removals.removed,
+        removals.unanswered,
+    ))
+}
+
+/// What a sweep removed from a table.
+#[derive(Default)]
+struct Removals {
+    removed: u64,
+    /// Of them, under pressure ([`Removal::Unanswered`]).
+    unanswered: u64,
+}
+
+impl Removals {
+    fn remove<F: Family>(
+        &mut self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        doomed: &[CtKeyOf<F>],
+        judge: &Judge,
+    ) -> std::io::Result<()>
+    where
+        CtKeyOf<F>: Pod,
+        CtValueOf<F>: Pod,
+    {
+        let mut value = vec![0u8; size_of::<CtValueOf<F>>()];
+        for key in doomed {
+            let key_bytes = bytes_of(key);
+            if !super::sys::take(fd, key_bytes, &mut value)? {
+                continue;
+            }
+            // SAFETY: the kernel wrote a whole value of this Pod type.
+            let taken: CtValueOf<F> = unsafe { std::ptr::read_unaligned(value.as_ptr().cast()) };
+            match judge.removal::<F>(key, &taken) {
+                Some(why) => {
+                    self.removed += 1;
+                    if why == Removal::Unanswered {
+                        self.unanswered += 1;
+                    }
+                }
+                // Refreshed since the walk read it. Should the datapath have
+                // opened the tuple again meanwhile, its entry stays; should
+                // the table have filled meanwhile, the flow's next refresh
+                // rebuilds this half from the other, as after any lost
+                // entry: the sweep goes on either way.
+                None => {
+                    let _ = super::sys::insert_new(fd, key_bytes, &value);
                 }
             }
-            // Refreshed since the walk read it. Should the datapath have
-            // opened the tuple again meanwhile, its entry stays; should the
-            // table have filled meanwhile, the flow's next refresh rebuilds
-            // this half from the other, as after any lost entry: the sweep
-            // goes on either way.
-            None => {
-                let _ = super::sys::insert_new(fd, key_bytes, &value);
-            }
         }
+        Ok(())
     }
-    Ok((visited.saturating_sub(removed), removed, unanswered))
 }
 
 fn bytes_of<T: Pod>(value: &T) -> &[u8] {
