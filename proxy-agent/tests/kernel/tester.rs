@@ -469,19 +469,11 @@ pub fn web_service<A: Into<IpAddr> + Copy>(vip: A, backends: &[A], port: u16) ->
     }
 }
 
-/// `frame` as a TCP segment carrying exactly `flags`, with valid checksums.
 /// CLOCK_MONOTONIC_COARSE, the clock of the datapath's conntrack and
 /// collector times (`bpf_ktime_get_coarse_ns`).
-pub fn coarse_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes the timespec only.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use proxy_agent::clock::coarse_monotonic_ns as coarse_now_ns;
 
+/// `frame` as a TCP segment carrying exactly `flags`, with valid checksums.
 pub fn tcp_segment(frame: Frame, flags: u8) -> Vec<u8> {
     tcp_data(frame, flags, b"")
 }

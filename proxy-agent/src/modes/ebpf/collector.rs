@@ -123,14 +123,7 @@ impl Sweep {
             .with_context(|| format!("{PROG_SWEEP} is not loaded"))?
             .as_fd()
             .try_clone_to_owned()?;
-        let mut maps: Vec<(String, MapData)> = prog
-            .info()?
-            .map_ids()?
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|id| MapData::from_id(id).ok())
-            .filter_map(|data| Some((data.info().ok()?.name_as_str()?.to_owned(), data)))
-            .collect();
+        let mut maps = super::maps::named_maps(prog.info()?.map_ids()?.unwrap_or_default());
         let mut take = |name: &str| {
             let at = maps
                 .iter()
@@ -188,11 +181,12 @@ impl Sweep {
     }
 }
 
-/// What a sweep judges entries by.
-struct Judge {
-    config: DatapathConfig,
-    now: u64,
-    pressure: bool,
+/// What a sweep judges entries by: the settings, the coarse clock at its
+/// start, and whether it runs under pressure.
+pub struct Judge {
+    pub config: DatapathConfig,
+    pub now: u64,
+    pub pressure: bool,
 }
 
 impl Judge {
@@ -280,33 +274,47 @@ impl Removals {
         CtKeyOf<F>: Pod,
         CtValueOf<F>: Pod,
     {
-        let mut value = vec![0u8; size_of::<CtValueOf<F>>()];
         for key in doomed {
-            let key_bytes = bytes_of(key);
-            if !super::sys::take(fd, key_bytes, &mut value)? {
-                continue;
-            }
-            // SAFETY: the kernel wrote a whole value of this Pod type.
-            let taken: CtValueOf<F> = unsafe { std::ptr::read_unaligned(value.as_ptr().cast()) };
-            match judge.removal::<F>(key, &taken) {
-                Some(why) => {
+            match remove_if_due::<F>(fd, key, judge)? {
+                Some(Removal::Unanswered) => {
                     self.removed += 1;
-                    if why == Removal::Unanswered {
-                        self.unanswered += 1;
-                    }
+                    self.unanswered += 1;
                 }
-                // Refreshed since the walk read it. Should the datapath have
-                // opened the tuple again meanwhile, its entry stays; should
-                // the table have filled meanwhile, the flow's next refresh
-                // rebuilds this half from the other, as after any lost
-                // entry: the sweep goes on either way.
-                None => {
-                    let _ = super::sys::insert_new(fd, key_bytes, &value);
-                }
+                Some(Removal::Expired) => self.removed += 1,
+                None => {}
             }
         }
         Ok(())
     }
+}
+
+/// Takes `key` out of the table `fd` (lookup-and-delete, one step) and
+/// judges it again on the value it had: what removed it, or `None` when it
+/// was gone already or is live, in which case it goes back. Should the
+/// datapath have opened the tuple again meanwhile, its entry stays; should
+/// the table have filled meanwhile, the flow's next refresh rebuilds this
+/// half from the other, as after any lost entry.
+pub fn remove_if_due<F: Family>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    key: &CtKeyOf<F>,
+    judge: &Judge,
+) -> std::io::Result<Option<Removal>>
+where
+    CtKeyOf<F>: Pod,
+    CtValueOf<F>: Pod,
+{
+    let mut value = vec![0u8; size_of::<CtValueOf<F>>()];
+    let key_bytes = bytes_of(key);
+    if !super::sys::take(fd, key_bytes, &mut value)? {
+        return Ok(None);
+    }
+    // SAFETY: the kernel wrote a whole value of this Pod type.
+    let taken: CtValueOf<F> = unsafe { std::ptr::read_unaligned(value.as_ptr().cast()) };
+    let why = judge.removal::<F>(key, &taken);
+    if why.is_none() {
+        let _ = super::sys::insert_new(fd, key_bytes, &value);
+    }
+    Ok(why)
 }
 
 fn bytes_of<T: Pod>(value: &T) -> &[u8] {

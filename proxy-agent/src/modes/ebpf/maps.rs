@@ -667,6 +667,15 @@ impl PrefixSet {
     }
 }
 
+/// The maps of these kernel ids, with their names: how the datapath's maps
+/// are found from its programs, pinned or not, taken out of the object or not.
+pub fn named_maps(ids: impl IntoIterator<Item = u32>) -> Vec<(String, MapData)> {
+    ids.into_iter()
+        .filter_map(|id| MapData::from_id(id).ok())
+        .filter_map(|data| Some((data.info().ok()?.name_as_str()?.to_owned(), data)))
+        .collect()
+}
+
 /// The keys of `map`'s entries that `matches` (see [`entries_where`]).
 pub fn matching_entries<K: Pod, V: Pod>(
     name: &'static str,

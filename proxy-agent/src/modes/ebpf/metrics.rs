@@ -96,16 +96,9 @@ impl DatapathMetrics {
             .filter_map(|info| info.map_ids().ok().flatten())
             .flatten()
             .collect();
-        let mut maps: Vec<(String, MapData)> = map_ids
-            .iter()
-            .filter_map(|id| MapData::from_id(*id).ok())
-            .filter_map(|data| {
-                let name = data.info().ok()?.name_as_str()?.to_owned();
-                Some((name, data))
-            })
-            // The loader's own maps (.rodata, .bss) are not the datapath's.
-            .filter(|(name, _)| !name.contains('.'))
-            .collect();
+        let mut maps = super::maps::named_maps(map_ids.iter().copied());
+        // The loader's own maps (.rodata, .bss) are not the datapath's.
+        maps.retain(|(name, _)| !name.contains('.'));
         maps.sort_by(|a, b| a.0.cmp(&b.0));
         let counters = maps
             .iter()
