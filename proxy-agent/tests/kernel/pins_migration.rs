@@ -763,3 +763,56 @@ fn an_agents_sweep_removes_exactly_the_expired_entries_over_many_batches() {
         (u64::from(entries / 2), u64::from(entries / 2))
     );
 }
+
+/// An entry the walk read as expired but whose flow was refreshed before it
+/// was taken out goes back as it was; an expired one goes; a key already
+/// gone is no removal.
+#[test]
+fn a_sweep_puts_back_an_entry_refreshed_since_the_walk_read_it() {
+    use proxy_agent::modes::ebpf::collector::{Judge, remove_if_due};
+    use proxy_common::collector::Removal;
+    use std::os::fd::AsFd as _;
+
+    let fs = BpfFs::new();
+    let layout = PinLayout::new(root(&fs));
+    let mut agent = open_pinned(&layout, sizes()).unwrap();
+    let key = |sport: u16| {
+        CtKey::new(
+            u32::from(CLIENT).to_be(),
+            u32::from(VIP).to_be(),
+            sport.to_be(),
+            80u16.to_be(),
+            proxy_common::proto::TCP,
+        )
+    };
+    let now = crate::tester::coarse_now_ns();
+    let entry = |last_seen_ns| CtValue {
+        flags: flags::SEEN_REPLY | flags::RST,
+        last_seen_ns,
+        created_ns: now - 60_000_000_000,
+        ..CtValue::default()
+    };
+    let (refreshed, expired) = (entry(now), entry(now - 60_000_000_000));
+    let ct: &mut HashMap<MapData, CtKey, CtValue> = &mut agent.maps.conntrack;
+    ct.insert(key(40000), refreshed, 0).unwrap();
+    ct.insert(key(40001), expired, 0).unwrap();
+    let judge = Judge {
+        config: DatapathConfig::default(),
+        now,
+        pressure: false,
+    };
+    let ct: &HashMap<MapData, CtKey, CtValue> = ct;
+    let fd = aya::maps::IterableMap::map(ct).fd().as_fd();
+    assert_eq!(remove_if_due::<V4>(fd, &key(40000), &judge).unwrap(), None);
+    assert_eq!(
+        remove_if_due::<V4>(fd, &key(40001), &judge).unwrap(),
+        Some(Removal::Expired)
+    );
+    assert_eq!(remove_if_due::<V4>(fd, &key(40002), &judge).unwrap(), None);
+    assert_eq!(
+        ct.get(&key(40000), 0).unwrap(),
+        refreshed,
+        "put back as it was"
+    );
+    assert!(ct.get(&key(40001), 0).is_err(), "the expired entry went");
+}
