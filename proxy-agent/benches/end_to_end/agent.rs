@@ -188,7 +188,8 @@ impl Agent {
         services: usize,
     ) -> anyhow::Result<Self> {
         let work = Path::new(&node.work);
-        let log = work.join(format!("agent-{mode}.log"));
+        // One log per scale: the last start of each is the one measured.
+        let log = work.join(format!("agent-{mode}-{services}.log"));
         // The mode goes in the file: with --config, upstream (and we) ignore
         // the flags the file could set, --proxy-mode among them.
         let config = work.join(format!("config-{mode}.yaml"));

@@ -67,6 +67,7 @@
 mod common;
 
 mod agent;
+mod cpu_taken;
 mod hosts;
 mod maps_watch;
 mod report;
@@ -187,6 +188,9 @@ pub struct Outcome {
     pub change_ms: Vec<f64>,
     /// Endpoint change to the agent's maps holding it, ms (eBPF modes).
     pub change_maps_ms: Vec<f64>,
+    /// By change (as `change_maps_ms`, when measured): CPU time other tasks
+    /// ran on the agent's CPUs until the maps held it, ms.
+    pub change_cpu_taken_ms: Vec<f64>,
 }
 
 /// The machines (or namespaces) of one bed's roles.
@@ -804,6 +808,7 @@ fn run() -> anyhow::Result<()> {
                 .with_context(|| format!("endpoint changes on {} at {n} services", dp.name))?;
             row[i].change_ms = times.packets;
             row[i].change_maps_ms = times.maps;
+            row[i].change_cpu_taken_ms = times.cpu_taken;
             eprintln!(
                 "e2e: {} at {n} services followed {} endpoint changes",
                 dp.name,
@@ -1019,6 +1024,9 @@ struct ChangeTimes {
     packets: Vec<f64>,
     /// To the agent's maps balancing to it (eBPF modes).
     maps: Vec<f64>,
+    /// CPU time other tasks ran on the agent's CPUs meanwhile ([`cpu_taken`]),
+    /// by change, when the worker watching the maps was not on them.
+    cpu_taken: Vec<f64>,
 }
 
 /// `settings.changes` times: the target service's endpoints replaced by a
@@ -1066,28 +1074,41 @@ fn change_latencies(
         if watch_maps {
             change.push_str(&format!(" {pid} {target} {new_backend} 120000"));
         }
-        let (t, at) = (Instant::now(), std::time::SystemTime::now());
-        let to_maps = bed.workers.node.ask(&change)?;
+        let (t, mut moved_at) = (Instant::now(), std::time::SystemTime::now());
+        let answer = bed.workers.node.ask(&change)?;
         bed.client(dp)
             .ask(&format!("reach {target} {new} 120000"))?;
-        times.packets.push(t.elapsed().as_secs_f64() * 1e3);
+        let mut to_packets = t.elapsed().as_secs_f64() * 1e3;
         if watch_maps {
-            let ns: f64 = to_maps
-                .parse()
-                .with_context(|| format!("{change}: not a number: {to_maps:?}"))?;
-            times.maps.push(ns / 1e6);
+            let numbers: Vec<&str> = answer.split_whitespace().collect();
+            let [to_maps, taken, counting_before, counting_after] = numbers[..] else {
+                bail!("{change}: four figures expected, got {answer:?}");
+            };
+            let ms = |s: &str| {
+                s.parse::<f64>()
+                    .map(|ns| ns / 1e6)
+                    .with_context(|| format!("{change}: not a number: {answer:?}"))
+            };
+            times.maps.push(ms(to_maps)?);
+            if taken != "-" {
+                times.cpu_taken.push(ms(taken)?);
+            }
+            let before = ms(counting_before)?;
+            to_packets -= before + ms(counting_after)?;
+            moved_at += Duration::from_secs_f64(before / 1e3);
         }
+        times.packets.push(to_packets);
         // Each change on its own line, stamped as the agents' logs are, so
         // a slow one can be found in them (E2E_AGENT_LOG, E2E_KEEP_WORK).
+        let last = |v: &Vec<f64>| v.last().map_or("-".into(), |ms| format!("{ms:.2}"));
         eprintln!(
-            "e2e: {} at {n} services: change at {} to maps {} ms, to packets {:.2} ms",
+            "e2e: {} at {n} services: change at {} to maps {} ms, to packets {:.2} ms, \
+             other tasks on the agent's CPUs {} ms",
             dp.name,
-            humantime::format_rfc3339_micros(at),
-            times
-                .maps
-                .last()
-                .map_or("-".into(), |ms| format!("{ms:.2}")),
-            times.packets.last().copied().unwrap_or_default()
+            humantime::format_rfc3339_micros(moved_at),
+            last(&times.maps),
+            times.packets.last().copied().unwrap_or_default(),
+            last(&times.cpu_taken),
         );
         bed.manifests(n).write_target_slice(n, &serving)?;
         bed.client(dp)

@@ -144,7 +144,12 @@ pub fn render(
          each change alone: made once the agent's last sync (its metrics' timestamp) is 1.2 s \
          old, so that it never waits for minSyncPeriod (upstream's default, 1 s from a sync's \
          end: a rate limit, not the agent's latency), the agent's threads kept off the \
-         workloads' CPU meanwhile (see the setup). p99 of {} changes is their maximum.\n",
+         workloads' CPU meanwhile (see the setup). p99 of {} changes is their maximum. \
+         Beside each change the bench counts the CPU time other tasks ran on the agent's \
+         CPUs from the move to the maps holding it (every task's schedstat, read before and \
+         after; the worker watching the maps is on another CPU): on a kernel without \
+         preemption (these VMs' `PREEMPT_NONE`) a kernel thread that runs for milliseconds \
+         there (kdamond, rcu, kworkers) holds the agent off for as long.\n",
         s.starts, s.changes, s.changes
     );
     for (k, &n) in scales.iter().enumerate() {
@@ -226,6 +231,25 @@ pub fn render(
             });
             let _ = writeln!(out, "| {title} | {line} |");
         }
+        let line = cells(&|_, o| {
+            taken_summary(o).map_or_else(
+                || "—".into(),
+                |t| format!("max {:.1} ms; {} of {} changes", t.max, t.taken, t.of),
+            )
+        });
+        let _ = writeln!(
+            out,
+            "| endpoint change: other tasks on the agent's CPUs meanwhile; changes they took ≥ {OWN_CPU_MS} ms of | {line} |"
+        );
+        let line = cells(&|_, o| {
+            taken_summary(o)
+                .and_then(|t| Some((percentile(&t.own, 0.99)?, t.own.len())))
+                .map_or_else(|| "—".into(), |(p99, n)| format!("{p99:.1} ms (of {n})"))
+        });
+        let _ = writeln!(
+            out,
+            "| endpoint change to maps p99, changes others took < {OWN_CPU_MS} ms of the agent's CPUs | {line} |"
+        );
         let _ = writeln!(out);
     }
     let _ = writeln!(
@@ -238,6 +262,37 @@ pub fn render(
         "![every figure against the number of services](e2e.svg)"
     );
     out
+}
+
+/// Other tasks' CPU time on the agent's CPUs during a change from which
+/// the change counts as one the machine took the agent's CPU from.
+const OWN_CPU_MS: f64 = 1.0;
+
+/// A datapath's changes split by the CPU time other tasks took from the agent.
+struct Taken {
+    /// The most other tasks ran during one change, ms.
+    max: f64,
+    /// Changes they took at least [`OWN_CPU_MS`] of.
+    taken: usize,
+    of: usize,
+    /// To maps, ms, of the other changes.
+    own: Vec<f64>,
+}
+
+fn taken_summary(o: &Outcome) -> Option<Taken> {
+    let taken = &o.change_cpu_taken_ms;
+    if taken.is_empty() || taken.len() != o.change_maps_ms.len() {
+        return None;
+    }
+    Some(Taken {
+        max: taken.iter().copied().fold(0.0, f64::max),
+        taken: taken.iter().filter(|t| **t >= OWN_CPU_MS).count(),
+        of: taken.len(),
+        own: (o.change_maps_ms.iter().zip(taken))
+            .filter(|(_, t)| **t < OWN_CPU_MS)
+            .map(|(ms, _)| *ms)
+            .collect(),
+    })
 }
 
 /// One panel per figure (ratio to raw), then the start time and the

@@ -18,6 +18,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::{
+    cpu_taken,
     hosts::Host,
     maps_watch::{self, AgentMaps},
     workloads,
@@ -208,7 +209,10 @@ fn run(
         }
         // change FROM TO [AGENT_PID FRONTEND BACKEND TIMEOUT_MS]: moves a
         // manifest into place; with an agent, then waits until its maps
-        // balance FRONTEND to BACKEND alone: the ns from the move to that.
+        // balance FRONTEND to BACKEND alone: the ns from the move to that,
+        // the ns other tasks ran on the agent's CPUs meanwhile (`-` when
+        // this worker shares them, see [`cpu_taken`]), and the ns counting
+        // that took before the move and after the maps changed.
         Some("change") => {
             let (from, to) = (
                 words.get(1).context("change FROM TO")?,
@@ -228,15 +232,39 @@ fn run(
                 }
                 None => None,
             };
+            let Some(((frontend, backend, limit), (pid, maps))) = watch.zip(agent_maps.as_ref())
+            else {
+                std::fs::rename(from, to).with_context(|| format!("moving {from} to {to}"))?;
+                return Ok(String::new());
+            };
+            // Other tasks' time on the agent's CPUs means something only
+            // when this worker (watching the maps) is not on them.
+            let agent_cpus = cpu_taken::cpus_of(*pid)?;
+            let apart = PINNED_CPU.get().is_some_and(|c| !agent_cpus.contains(c));
+            let skip = [*pid, std::process::id()];
+            let asked = Instant::now();
+            let before = apart.then(|| cpu_taken::snapshot(&skip));
             let moved = Instant::now();
             std::fs::rename(from, to).with_context(|| format!("moving {from} to {to}"))?;
-            match (watch, agent_maps.as_ref()) {
-                (Some((frontend, backend, limit)), Some((_, maps))) => maps
-                    .wait_serving_only(frontend, backend, moved, limit)?
-                    .as_nanos()
-                    .to_string(),
-                _ => String::new(),
-            }
+            let to_maps = maps.wait_serving_only(frontend, backend, moved, limit)?;
+            let seen = Instant::now();
+            let taken = match before {
+                Some(before) => {
+                    let after = cpu_taken::snapshot(&skip);
+                    cpu_taken::taken(&before, &after, &agent_cpus)
+                        .as_nanos()
+                        .to_string()
+                }
+                None => "-".into(),
+            };
+            // The time the counts took before the move and after the maps
+            // changed: the bench times the change from before this command.
+            format!(
+                "{} {taken} {} {}",
+                to_maps.as_nanos(),
+                (moved - asked).as_nanos(),
+                seen.elapsed().as_nanos()
+            )
         }
         // keep-off PID: every thread of the process PID (an agent on this
         // host) off the CPU this worker is pinned to; the CPUs it may use.
