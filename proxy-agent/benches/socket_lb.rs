@@ -159,6 +159,11 @@ fn run() -> anyhow::Result<()> {
         .context("sock_connect4")?
         .try_into()?;
     let info = connect_hook.info()?;
+    let release_hook: &aya::programs::CgroupSock = ebpf
+        .program("sock_release")
+        .context("sock_release")?
+        .try_into()?;
+    let release = release_hook.info()?;
     drop(hooks);
 
     println!(
@@ -203,6 +208,12 @@ fn run() -> anyhow::Result<()> {
         "  sock_connect4 (the kernel's run-time stats): {hook_ns:.0} ns per connect over {runs} runs, \
          {:.2}% of a direct connection's {connection_ns:.0} ns",
         hook_ns / connection_ns * 100.0
+    );
+    let closes = release.run_count().max(1);
+    let release_ns = release.run_time().as_nanos() as f64 / closes as f64;
+    println!(
+        "  sock_release (the same): {release_ns:.0} ns per close over {closes} runs, {:.2}% of a direct connection",
+        release_ns / connection_ns * 100.0
     );
     Ok(())
 }

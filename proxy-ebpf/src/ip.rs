@@ -4,7 +4,7 @@
 //! over `F: Ip`; the compiler emits one instance per family.
 
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup, bpf_sock_addr},
+    bindings::{bpf_fib_lookup, bpf_sock, bpf_sock_addr},
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use proxy_common::{
@@ -121,6 +121,8 @@ pub trait Ip: Family + AddrWords {
     fn fib_addrs(params: &mut bpf_fib_lookup, src: Self::Addr, dst: Self::Addr);
     fn sock_addr(sa: &bpf_sock_addr) -> Self::Addr;
     fn set_sock_addr(sa: &mut bpf_sock_addr, addr: Self::Addr);
+    /// The address a socket is connected to (unspecified: none).
+    fn sock_peer(sk: &bpf_sock) -> Self::Addr;
 
     /// The unspecified address (0.0.0.0 / ::), which no key holds.
     #[inline(always)]
@@ -230,6 +232,11 @@ impl Ip for V4 {
     fn set_sock_addr(sa: &mut bpf_sock_addr, addr: u32) {
         sa.user_ip4 = addr;
     }
+    #[inline(always)]
+    fn sock_peer(sk: &bpf_sock) -> u32 {
+        // SAFETY: reading a field of the kernel's context.
+        unsafe { core::ptr::read_volatile(&sk.dst_ip4) }
+    }
 }
 
 impl Ip for V6 {
@@ -333,5 +340,14 @@ impl Ip for V6 {
             // SAFETY: writing a field of the kernel's context.
             unsafe { core::ptr::write_volatile(&mut sa.user_ip6[i], *word) };
         }
+    }
+    #[inline(always)]
+    fn sock_peer(sk: &bpf_sock) -> [u32; 4] {
+        let mut addr = [0u32; 4];
+        for (i, word) in addr.iter_mut().enumerate() {
+            // SAFETY: reading a field of the kernel's context, a word at a time.
+            *word = unsafe { core::ptr::read_volatile(&sk.dst_ip6[i]) };
+        }
+        addr
     }
 }

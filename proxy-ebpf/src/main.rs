@@ -27,8 +27,8 @@ mod stats;
 mod xdp_nat;
 
 use aya_ebpf::{
-    macros::{cgroup_sock_addr, classifier, flow_dissector, xdp},
-    programs::{FlowDissectorContext, SockAddrContext, TcContext, XdpContext},
+    macros::{cgroup_sock, cgroup_sock_addr, classifier, flow_dissector, xdp},
+    programs::{FlowDissectorContext, SockAddrContext, SockContext, TcContext, XdpContext},
 };
 use proxy_common::{
     Counter, V4, V6,
@@ -138,6 +138,13 @@ pub fn sock_recvmsg6(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername6)]
 pub fn sock_peername6(ctx: SockAddrContext) -> i32 {
     sock::reverse::<V6>(&ctx)
+}
+
+/// close(2) of a socket in the attach cgroup, either family: what the
+/// hooks above kept for it goes.
+#[cgroup_sock(sock_release)]
+pub fn sock_release(ctx: SockContext) -> i32 {
+    sock::release(&ctx)
 }
 
 /// The same work as `tc_from_netdev` before an skb exists; anything it does

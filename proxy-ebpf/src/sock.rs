@@ -11,11 +11,11 @@
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
-    programs::SockAddrContext,
+    programs::{SockAddrContext, SockContext},
 };
 use proxy_common::{
-    Counter, DatapathConfig, ServiceKeyOf, SockDirection, SockKeyOf, SockValueOf, config::flags,
-    proto, service::flags as svc,
+    Counter, DatapathConfig, Family, ServiceKeyOf, SockDirection, SockKeyOf, SockValueOf, V4, V6,
+    config::flags, proto, service::flags as svc,
 };
 
 use crate::{
@@ -185,6 +185,69 @@ pub fn reverse<F: Ip>(ctx: &SockAddrContext) -> i32 {
         count(Counter::SockReverse);
     }
     ALLOW
+}
+
+/// close(2) of a socket in the attach cgroup: the entries the hooks wrote
+/// for it go with it. A socket's cookie is never reused, so they would
+/// only hold room in the LRU map until evicted: a node's short connections
+/// filled it (262,144 entries), evicting live UDP sockets' choices, and
+/// every walk of the map (a UDP backend leaving) read them all. A socket
+/// that sent unconnected datagrams to services keeps one choice per
+/// service, which the hook cannot find from the socket: those stay until
+/// evicted.
+#[inline(always)]
+pub fn release(ctx: &SockContext) -> i32 {
+    // SAFETY: the kernel hands the program a valid bpf_sock.
+    let sk = unsafe { &*ctx.sock };
+    // SAFETY: reading fields of the kernel's context.
+    let (family, protocol) = unsafe {
+        (
+            core::ptr::read_volatile(&sk.family),
+            core::ptr::read_volatile(&sk.protocol),
+        )
+    };
+    let Some(proto) = proto_of(protocol) else {
+        return ALLOW;
+    };
+    match family {
+        f if f == u32::from(V4::AF) => forget_socket::<V4>(ctx, sk, proto),
+        f if f == u32::from(V6::AF) => forget_socket::<V6>(ctx, sk, proto),
+        _ => {}
+    }
+    ALLOW
+}
+
+#[inline(always)]
+fn forget_socket<F: Ip>(ctx: &SockContext, sk: &aya_ebpf::bindings::bpf_sock, proto: u8) {
+    // SAFETY: reading a field of the kernel's context (16 bits, network order).
+    let port_be = unsafe { core::ptr::read_volatile(&sk.dst_port) };
+    if port_be == 0 {
+        return; // never connected
+    }
+    // SAFETY: the helper accepts this program type's context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let reverse = SockKeyOf::<F>::new(
+        cookie,
+        F::sock_peer(sk),
+        port_be,
+        proto,
+        SockDirection::Reverse,
+    );
+    // SAFETY: map values are plain data and copied out immediately.
+    let Some(service) = (unsafe { F::sockets().get(&reverse) }).copied() else {
+        return; // not one the hooks translated
+    };
+    let _ = F::sockets().remove(&reverse);
+    if proto == proto::UDP {
+        let sticky = SockKeyOf::<F>::new(
+            cookie,
+            service.addr_be,
+            service.port_be,
+            proto,
+            SockDirection::Forward,
+        );
+        let _ = F::sockets().remove(&sticky);
+    }
 }
 
 /// The backend this UDP socket's earlier datagrams to the service went to,

@@ -598,8 +598,8 @@ fn the_socket_hooks_outlive_the_agent_and_are_taken_over_without_a_gap() {
     );
     assert_eq!(
         attached(),
-        8,
-        "connect, sendmsg, recvmsg and getpeername in both families"
+        9,
+        "connect, sendmsg, recvmsg and getpeername in both families, and sock_release"
     );
     agent.kill();
     // No agent: the pinned hooks keep serving the node.
@@ -623,7 +623,7 @@ fn the_socket_hooks_outlive_the_agent_and_are_taken_over_without_a_gap() {
     );
     assert_eq!(
         attached(),
-        8,
+        9,
         "the old hooks were detached as the new ones came: {}",
         second.log_text()
     );

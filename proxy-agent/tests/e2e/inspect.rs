@@ -399,6 +399,7 @@ fn inspect_shows_a_running_agents_services_flows_counters_maps_and_attachments()
             "sock_peername6",
             "sock_recvmsg4",
             "sock_recvmsg6",
+            "sock_release",
             "sock_sendmsg4",
             "sock_sendmsg6"
         ]

@@ -582,3 +582,59 @@ fn ipv6_pods_are_balanced_only_when_socket_lb_covers_them() {
     }
     assert!(f.counter(Counter::SockTranslated) >= before + 16);
 }
+
+/// Entries of the socket hooks' maps (both families).
+fn socket_entries(f: &Fixture) -> usize {
+    f.maps.sockets.keys().count() + f.maps.v6.sockets.keys().count()
+}
+
+/// Until the socket maps hold `want` entries, at most two seconds (a
+/// killed client's socket is released as its process ends).
+fn wait_socket_entries(f: &Fixture, want: usize, why: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while socket_entries(f) != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{why}: the socket maps hold {} entries, not {want}",
+            socket_entries(f)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What the hooks kept for a socket leaves with it (close, or the end of
+/// its process); an open socket keeps it. Without the release hook a node's
+/// short connections filled the LRU map with entries of closed sockets.
+fn closed_sockets_leave_the_socket_maps(f: Fixture, service: SocketAddr) {
+    let host = f.host();
+    assert_eq!(socket_entries(&f), 0);
+    identities(&host, Op::Tcp, service, 6);
+    identities(&host, Op::UdpConnected, service, 6);
+    assert_eq!(
+        f.counter(Counter::SockTranslated),
+        12,
+        "every client went through the hooks"
+    );
+    wait_socket_entries(&f, 0, "12 clients came and went");
+    // A live connected UDP socket: its reverse entry (for recvmsg and
+    // getpeername) and its choice of backend.
+    let stream = UdpStream::start(&host, service);
+    next_answer(&stream, Duration::from_secs(5)).expect("the client gets answers");
+    assert_eq!(socket_entries(&f), 2, "the open socket keeps both entries");
+    drop(stream);
+    wait_socket_entries(&f, 0, "the streaming client ended");
+    // Unconnected sends keep a choice per service, which the hook cannot
+    // find from the socket: those stay until the LRU evicts them.
+    identities(&host, Op::Udp, service, 1);
+    assert_eq!(socket_entries(&f), 2);
+}
+
+#[test]
+fn a_closed_sockets_entries_leave_the_socket_maps() {
+    closed_sockets_leave_the_socket_maps(Fixture::new("released"), at(CLUSTER_IP, 80));
+}
+
+#[test]
+fn ipv6_a_closed_sockets_entries_leave_the_socket_maps() {
+    closed_sockets_leave_the_socket_maps(Fixture::new_dual_stack("released6"), at(CLUSTER_IP6, 80));
+}

@@ -29,6 +29,7 @@ pub const OUR_PROGRAMS: &[&str] = &[
     "sock_sendmsg6",
     "sock_recvmsg4",
     "sock_recvmsg6",
+    "sock_release",
 ];
 
 fn ours(name: &str) -> bool {

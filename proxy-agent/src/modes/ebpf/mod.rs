@@ -265,6 +265,7 @@ fn load_program(name: &str, prog: &mut aya::programs::Program) -> anyhow::Result
             aya::programs::Program::SchedClassifier(p) => p.load(),
             aya::programs::Program::Xdp(p) => p.load(),
             aya::programs::Program::CgroupSockAddr(p) => p.load(),
+            aya::programs::Program::CgroupSock(p) => p.load(),
             aya::programs::Program::FlowDissector(p) => p.load(),
             _ => bail!("program {name} has an unexpected type"),
         };

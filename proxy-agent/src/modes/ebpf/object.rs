@@ -10,8 +10,9 @@ pub const PROG_FROM_NETDEV: &str = "tc_from_netdev";
 pub const PROG_XDP: &str = "xdp_from_netdev";
 /// TC egress of pod-facing and external interfaces: replies of this node's own sockets.
 pub const PROG_FROM_HOST: &str = "tc_from_host";
-/// The cgroup socket-address programs of socket-level balancing, both families.
-pub const SOCKET_PROGRAMS: [&str; 8] = [
+/// The cgroup programs of socket-level balancing, both families: the
+/// socket-address hooks, then [`SOCK_RELEASE`].
+pub const SOCKET_PROGRAMS: [&str; 9] = [
     "sock_connect4",
     "sock_sendmsg4",
     "sock_recvmsg4",
@@ -21,4 +22,7 @@ pub const SOCKET_PROGRAMS: [&str; 8] = [
     "sock_recvmsg6",
     // 15 characters at most: the kernel's name must tell it from getpeername4.
     "sock_peername6",
+    SOCK_RELEASE,
 ];
+/// close(2) of a socket (`cgroup/sock_release`): forgets what the hooks kept for it.
+pub const SOCK_RELEASE: &str = "sock_release";

@@ -20,7 +20,7 @@ use std::{
 use anyhow::Context as _;
 use aya::{
     Ebpf,
-    programs::{CgroupAttachMode, CgroupSockAddr, links::FdLink},
+    programs::{CgroupAttachMode, Program, links::FdLink},
 };
 use tracing::{info, warn};
 
@@ -51,17 +51,28 @@ impl SocketHooks {
             File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
         let mut links = Vec::new();
         for name in SOCKET_PROGRAMS {
-            let prog: &mut CgroupSockAddr = ebpf
+            let program = ebpf
                 .program_mut(name)
-                .with_context(|| format!("program {name} missing from the object"))?
-                .try_into()?;
+                .with_context(|| format!("program {name} missing from the object"))?;
+            let attaching = || format!("attaching {name} to cgroup {}", cgroup.display());
+            let no_links = || format!("{name}: this kernel has no cgroup links (Linux 5.7)");
             // A cgroup link always runs beside other programs; BPF_LINK_CREATE
             // takes no mode flags (the "single" default is 0).
-            let id = prog
-                .attach(&dir, CgroupAttachMode::Single)
-                .with_context(|| format!("attaching {name} to cgroup {}", cgroup.display()))?;
-            let link = FdLink::try_from(prog.take_link(id)?)
-                .with_context(|| format!("{name}: this kernel has no cgroup links (Linux 5.7)"))?;
+            let link = match program {
+                Program::CgroupSockAddr(prog) => {
+                    let id = prog
+                        .attach(&dir, CgroupAttachMode::Single)
+                        .with_context(attaching)?;
+                    FdLink::try_from(prog.take_link(id)?).with_context(no_links)?
+                }
+                Program::CgroupSock(prog) => {
+                    let id = prog
+                        .attach(&dir, CgroupAttachMode::Single)
+                        .with_context(attaching)?;
+                    FdLink::try_from(prog.take_link(id)?).with_context(no_links)?
+                }
+                _ => anyhow::bail!("program {name} is no cgroup socket program"),
+            };
             links.push(match pins {
                 Some(pins) => {
                     let path = pins.cgroup_link_path(name);
@@ -121,7 +132,7 @@ pub fn start(
             .context("reading this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14)")?;
         load_socket_programs(ebpf).context(
             "this kernel cannot run the socket hooks (cgroup connect4, sendmsg4, recvmsg4 and \
-             getpeername4 with bpf_set_retval: Linux 5.18)",
+             getpeername4 with bpf_set_retval: Linux 5.18; sock_release)",
         )?;
         let cgroup = match opts.ebpf.socket_lb.cgroup_path.as_str() {
             "" => cgroup2_mount()?,
