@@ -7,13 +7,16 @@
 //! `kdamond` ran up to 5.8 ms at a time there, and a change the agent took
 //! 6.8 ms to program had read its file 4 ms late. So each change is given,
 //! beside its time, the CPU time other tasks ran on the agent's CPUs during
-//! it, from every task's `/proc/<pid>/task/<tid>/schedstat` read before the
-//! change and after the maps hold it.
+//! it, from the tasks' `/proc/<pid>/task/<tid>/schedstat`.
 //!
 //! A task's run time is brought up to date when it leaves its CPU (or at a
 //! tick): a task that delayed the agent has left its CPU by the time the
 //! agent wrote its maps, so its time is counted. A task is attributed to the
-//! CPU it last ran on (`/proc/.../stat`, field 39).
+//! CPU it last ran on (`/proc/.../stat`, field 39). Reading every task takes
+//! milliseconds (200 tasks on these VMs), longer than most changes, and what
+//! ran meanwhile would count: so every task is read once to find those on
+//! the agent's CPUs ([`snapshot`], [`Tasks::on`]), and only those are read
+//! again just before the move and just after the maps hold it ([`Tasks::read`]).
 
 use std::{collections::HashMap, time::Duration};
 
@@ -21,12 +24,16 @@ use std::{collections::HashMap, time::Duration};
 #[derive(Default)]
 pub struct TaskTimes(HashMap<u32, (u64, usize)>);
 
+/// Tasks by process and thread id.
+pub struct Tasks(Vec<(u32, u32)>);
+
 /// Every task of this host but those of the processes `skip` (the agent,
-/// the worker that reads this).
-pub fn snapshot(skip: &[u32]) -> TaskTimes {
+/// the worker that reads this), and their times.
+pub fn snapshot(skip: &[u32]) -> (Tasks, TaskTimes) {
+    let mut tasks = Vec::new();
     let mut times = HashMap::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
-        return TaskTimes(times);
+        return (Tasks(tasks), TaskTimes(times));
     };
     for pid in procs
         .flatten()
@@ -35,19 +42,45 @@ pub fn snapshot(skip: &[u32]) -> TaskTimes {
         if skip.contains(&pid) {
             continue;
         }
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue; // ended meanwhile
         };
-        for tid in tasks
+        for tid in threads
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         {
             if let Some(t) = task_times(pid, tid) {
+                tasks.push((pid, tid));
                 times.insert(tid, t);
             }
         }
     }
-    TaskTimes(times)
+    (Tasks(tasks), TaskTimes(times))
+}
+
+impl Tasks {
+    /// Those of `times` that last ran on one of `cpus`.
+    pub fn on(&self, times: &TaskTimes, cpus: &[usize]) -> Tasks {
+        Tasks(
+            (self.0.iter())
+                .filter(|(_, tid)| times.0.get(tid).is_some_and(|(_, cpu)| cpus.contains(cpu)))
+                .copied()
+                .collect(),
+        )
+    }
+
+    /// Their times now (a task that ended is left out).
+    pub fn read(&self) -> TaskTimes {
+        TaskTimes(
+            (self.0.iter())
+                .filter_map(|&(pid, tid)| Some((tid, task_times(pid, tid)?)))
+                .collect(),
+        )
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 fn task_times(pid: u32, tid: u32) -> Option<(u64, usize)> {
@@ -67,7 +100,7 @@ fn last_cpu(stat: &str) -> Option<usize> {
 }
 
 /// The run time tasks that last ran on one of `cpus` gained from `before`
-/// to `after` (tasks started meanwhile: all of theirs).
+/// to `after`.
 pub fn taken(before: &TaskTimes, after: &TaskTimes, cpus: &[usize]) -> Duration {
     let ns: u64 = (after.0.iter())
         .filter(|(_, (_, cpu))| cpus.contains(cpu))
@@ -77,6 +110,21 @@ pub fn taken(before: &TaskTimes, after: &TaskTimes, cpus: &[usize]) -> Duration 
         })
         .sum();
     Duration::from_nanos(ns)
+}
+
+/// The time the threads of process `pid` (the agent) spent runnable but
+/// waiting for a CPU, summed, ns (`schedstat`'s second field). Beside
+/// [`taken`] it tells a change the machine held the agent off from one where
+/// other tasks ran but the agent, woken, preempted them.
+pub fn waited(pid: u32) -> u64 {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    threads
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
 }
 
 /// The CPUs process `pid` may run on.

@@ -189,8 +189,9 @@ pub struct Outcome {
     /// Endpoint change to the agent's maps holding it, ms (eBPF modes).
     pub change_maps_ms: Vec<f64>,
     /// By change (as `change_maps_ms`, when measured): CPU time other tasks
-    /// ran on the agent's CPUs until the maps held it, ms.
-    pub change_cpu_taken_ms: Vec<f64>,
+    /// ran on the agent's CPUs until the maps held it, and the time the
+    /// agent's threads waited for a CPU meanwhile, ms.
+    pub change_cpu_taken_ms: Vec<(f64, f64)>,
 }
 
 /// The machines (or namespaces) of one bed's roles.
@@ -1024,9 +1025,10 @@ struct ChangeTimes {
     packets: Vec<f64>,
     /// To the agent's maps balancing to it (eBPF modes).
     maps: Vec<f64>,
-    /// CPU time other tasks ran on the agent's CPUs meanwhile ([`cpu_taken`]),
-    /// by change, when the worker watching the maps was not on them.
-    cpu_taken: Vec<f64>,
+    /// CPU time other tasks ran on the agent's CPUs meanwhile, and the time
+    /// the agent's threads waited for a CPU ([`cpu_taken`]), ms, by change,
+    /// when the worker watching the maps was not on them.
+    cpu_taken: Vec<(f64, f64)>,
 }
 
 /// `settings.changes` times: the target service's endpoints replaced by a
@@ -1081,8 +1083,8 @@ fn change_latencies(
         let mut to_packets = t.elapsed().as_secs_f64() * 1e3;
         if watch_maps {
             let numbers: Vec<&str> = answer.split_whitespace().collect();
-            let [to_maps, taken, counting_before, counting_after] = numbers[..] else {
-                bail!("{change}: four figures expected, got {answer:?}");
+            let [to_maps, taken, waited, counting_before, counting_after] = numbers[..] else {
+                bail!("{change}: five figures expected, got {answer:?}");
             };
             let ms = |s: &str| {
                 s.parse::<f64>()
@@ -1091,7 +1093,7 @@ fn change_latencies(
             };
             times.maps.push(ms(to_maps)?);
             if taken != "-" {
-                times.cpu_taken.push(ms(taken)?);
+                times.cpu_taken.push((ms(taken)?, ms(waited)?));
             }
             let before = ms(counting_before)?;
             to_packets -= before + ms(counting_after)?;
@@ -1101,14 +1103,19 @@ fn change_latencies(
         // Each change on its own line, stamped as the agents' logs are, so
         // a slow one can be found in them (E2E_AGENT_LOG, E2E_KEEP_WORK).
         let last = |v: &Vec<f64>| v.last().map_or("-".into(), |ms| format!("{ms:.2}"));
+        let (taken, waited) = times
+            .cpu_taken
+            .last()
+            .map_or(("-".into(), "-".into()), |(t, w)| {
+                (format!("{t:.2}"), format!("{w:.2}"))
+            });
         eprintln!(
             "e2e: {} at {n} services: change at {} to maps {} ms, to packets {:.2} ms, \
-             other tasks on the agent's CPUs {} ms",
+             other tasks on the agent's CPUs {taken} ms, the agent waiting for a CPU {waited} ms",
             dp.name,
             humantime::format_rfc3339_micros(moved_at),
             last(&times.maps),
             times.packets.last().copied().unwrap_or_default(),
-            last(&times.cpu_taken),
         );
         bed.manifests(n).write_target_slice(n, &serving)?;
         bed.client(dp)

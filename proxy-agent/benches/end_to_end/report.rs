@@ -145,11 +145,13 @@ pub fn render(
          old, so that it never waits for minSyncPeriod (upstream's default, 1 s from a sync's \
          end: a rate limit, not the agent's latency), the agent's threads kept off the \
          workloads' CPU meanwhile (see the setup). p99 of {} changes is their maximum. \
-         Beside each change the bench counts the CPU time other tasks ran on the agent's \
-         CPUs from the move to the maps holding it (every task's schedstat, read before and \
-         after; the worker watching the maps is on another CPU): on a kernel without \
+         Beside each change the bench counts, from the move to the maps holding it, the CPU \
+         time other tasks ran on the agent's CPUs (the schedstat of the tasks last seen on \
+         those CPUs, read just before and just after; the worker watching the maps is on \
+         another CPU) and the time the agent's threads waited for a CPU: on a kernel without \
          preemption (these VMs' `PREEMPT_NONE`) a kernel thread that runs for milliseconds \
-         there (kdamond, rcu, kworkers) holds the agent off for as long.\n",
+         there (kdamond, rcu, kworkers) holds the agent off for as long. A change with both \
+         counts at or above 1 ms is one the machine held the agent off in.\n",
         s.starts, s.changes, s.changes
     );
     for (k, &n) in scales.iter().enumerate() {
@@ -232,23 +234,28 @@ pub fn render(
             let _ = writeln!(out, "| {title} | {line} |");
         }
         let line = cells(&|_, o| {
-            taken_summary(o).map_or_else(
+            held_off(o).map_or_else(
                 || "—".into(),
-                |t| format!("max {:.1} ms; {} of {} changes", t.max, t.taken, t.of),
+                |h| {
+                    format!(
+                        "{} of {}; at most {:.1} ms of others, {:.1} ms waited",
+                        h.held, h.of, h.max_taken, h.max_waited
+                    )
+                },
             )
         });
         let _ = writeln!(
             out,
-            "| endpoint change: other tasks on the agent's CPUs meanwhile; changes they took ≥ {OWN_CPU_MS} ms of | {line} |"
+            "| endpoint changes the machine held the agent off in (other tasks ran ≥ {HELD_OFF_MS} ms on its CPUs and it waited ≥ {HELD_OFF_MS} ms for one) | {line} |"
         );
         let line = cells(&|_, o| {
-            taken_summary(o)
-                .and_then(|t| Some((percentile(&t.own, 0.99)?, t.own.len())))
+            held_off(o)
+                .and_then(|h| Some((percentile(&h.own, 0.99)?, h.own.len())))
                 .map_or_else(|| "—".into(), |(p99, n)| format!("{p99:.1} ms (of {n})"))
         });
         let _ = writeln!(
             out,
-            "| endpoint change to maps p99, changes others took < {OWN_CPU_MS} ms of the agent's CPUs | {line} |"
+            "| endpoint change to maps p99, the other changes | {line} |"
         );
         let _ = writeln!(out);
     }
@@ -264,32 +271,35 @@ pub fn render(
     out
 }
 
-/// Other tasks' CPU time on the agent's CPUs during a change from which
-/// the change counts as one the machine took the agent's CPU from.
-const OWN_CPU_MS: f64 = 1.0;
+/// From this much, in one change, of both other tasks' CPU time on the
+/// agent's CPUs and the agent's wait for a CPU, the machine held the agent off.
+const HELD_OFF_MS: f64 = 1.0;
 
-/// A datapath's changes split by the CPU time other tasks took from the agent.
-struct Taken {
-    /// The most other tasks ran during one change, ms.
-    max: f64,
-    /// Changes they took at least [`OWN_CPU_MS`] of.
-    taken: usize,
+/// A datapath's changes split by whether the machine held the agent off.
+struct HeldOff {
+    /// The most other tasks ran, and the longest the agent waited, in one change, ms.
+    max_taken: f64,
+    max_waited: f64,
+    /// Changes the machine held the agent off in.
+    held: usize,
     of: usize,
     /// To maps, ms, of the other changes.
     own: Vec<f64>,
 }
 
-fn taken_summary(o: &Outcome) -> Option<Taken> {
-    let taken = &o.change_cpu_taken_ms;
-    if taken.is_empty() || taken.len() != o.change_maps_ms.len() {
+fn held_off(o: &Outcome) -> Option<HeldOff> {
+    let times = &o.change_cpu_taken_ms;
+    if times.is_empty() || times.len() != o.change_maps_ms.len() {
         return None;
     }
-    Some(Taken {
-        max: taken.iter().copied().fold(0.0, f64::max),
-        taken: taken.iter().filter(|t| **t >= OWN_CPU_MS).count(),
-        of: taken.len(),
-        own: (o.change_maps_ms.iter().zip(taken))
-            .filter(|(_, t)| **t < OWN_CPU_MS)
+    let held = |(taken, waited): &(f64, f64)| *taken >= HELD_OFF_MS && *waited >= HELD_OFF_MS;
+    Some(HeldOff {
+        max_taken: times.iter().map(|t| t.0).fold(0.0, f64::max),
+        max_waited: times.iter().map(|t| t.1).fold(0.0, f64::max),
+        held: times.iter().filter(|t| held(t)).count(),
+        of: times.len(),
+        own: (o.change_maps_ms.iter().zip(times))
+            .filter(|(_, t)| !held(t))
             .map(|(ms, _)| *ms)
             .collect(),
     })

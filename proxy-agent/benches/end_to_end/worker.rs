@@ -210,9 +210,10 @@ fn run(
         // change FROM TO [AGENT_PID FRONTEND BACKEND TIMEOUT_MS]: moves a
         // manifest into place; with an agent, then waits until its maps
         // balance FRONTEND to BACKEND alone: the ns from the move to that,
-        // the ns other tasks ran on the agent's CPUs meanwhile (`-` when
-        // this worker shares them, see [`cpu_taken`]), and the ns counting
-        // that took before the move and after the maps changed.
+        // the ns other tasks ran on the agent's CPUs meanwhile and the ns
+        // the agent's threads waited for a CPU (`-` when this worker shares
+        // them, see [`cpu_taken`]), and the ns counting that took before the
+        // move and after the maps changed.
         Some("change") => {
             let (from, to) = (
                 words.get(1).context("change FROM TO")?,
@@ -241,21 +242,27 @@ fn run(
             // when this worker (watching the maps) is not on them.
             let agent_cpus = cpu_taken::cpus_of(*pid)?;
             let apart = PINNED_CPU.get().is_some_and(|c| !agent_cpus.contains(c));
-            let skip = [*pid, std::process::id()];
             let asked = Instant::now();
-            let before = apart.then(|| cpu_taken::snapshot(&skip));
+            let watched = apart.then(|| {
+                let (all, times) = cpu_taken::snapshot(&[*pid, std::process::id()]);
+                all.on(&times, &agent_cpus)
+            });
+            if watched.as_ref().is_some_and(cpu_taken::Tasks::is_empty) {
+                bail!("no task was found on the agent's CPUs {agent_cpus:?} (is /proc readable?)");
+            }
+            let before = watched.as_ref().map(cpu_taken::Tasks::read);
+            let waited_before = cpu_taken::waited(*pid);
             let moved = Instant::now();
             std::fs::rename(from, to).with_context(|| format!("moving {from} to {to}"))?;
             let to_maps = maps.wait_serving_only(frontend, backend, moved, limit)?;
             let seen = Instant::now();
-            let taken = match before {
-                Some(before) => {
-                    let after = cpu_taken::snapshot(&skip);
-                    cpu_taken::taken(&before, &after, &agent_cpus)
-                        .as_nanos()
-                        .to_string()
-                }
-                None => "-".into(),
+            let waited = cpu_taken::waited(*pid).saturating_sub(waited_before);
+            let taken = match (watched, before) {
+                (Some(watched), Some(before)) => format!(
+                    "{} {waited}",
+                    cpu_taken::taken(&before, &watched.read(), &agent_cpus).as_nanos()
+                ),
+                _ => "- -".into(),
             };
             // The time the counts took before the move and after the maps
             // changed: the bench times the change from before this command.
