@@ -7,6 +7,10 @@
 #[allow(dead_code)]
 #[path = "../../benches/end_to_end/hosts.rs"]
 mod bench_hosts;
+// The e2e bench's count of the CPU time around an endpoint change.
+#[allow(dead_code)]
+#[path = "../../benches/end_to_end/cpu_taken.rs"]
+mod bench_cpu_taken;
 #[path = "../shared/http_client.rs"]
 mod http_client;
 #[path = "../shared/http_serve.rs"]
@@ -14,6 +18,7 @@ mod http_serve;
 #[path = "../shared/options_common.rs"]
 mod options_common;
 
+mod bench_cpu_counts;
 mod bench_hosts_file;
 mod cleanup_fakes;
 mod deploy_manifests;

@@ -1,6 +1,6 @@
 //! Socket-level balancing's attachment: the cgroup socket-address programs
-//! on the cgroup v2 root (or `socketLB.cgroupPath`), so every process of the
-//! node (the kubelet, hostNetwork pods) and, unless `hostNamespaceOnly`,
+//! (and `sock_release`, which forgets a closed socket) on the cgroup v2
+//! root (or `socketLB.cgroupPath`), so every process of the node (the kubelet, hostNetwork pods) and, unless `hostNamespaceOnly`,
 //! every pod has its connections to services pointed at a backend before any
 //! packet exists.
 //!
