@@ -1,8 +1,8 @@
 //! Socket-level balancing's attachment: the cgroup socket-address programs
 //! (and `sock_release`, which forgets a closed socket) on the cgroup v2
-//! root (or `socketLB.cgroupPath`), so every process of the node (the kubelet, hostNetwork pods) and, unless `hostNamespaceOnly`,
-//! every pod has its connections to services pointed at a backend before any
-//! packet exists.
+//! root (or `socketLB.cgroupPath`), so every process of the node (the
+//! kubelet, hostNetwork pods) and, unless `hostNamespaceOnly`, every pod has
+//! its connections to services pointed at a backend before any packet exists.
 //!
 //! With a [`PinLayout`] each link is pinned as `links/cgroup-<program>` and
 //! outlives the agent. A new agent attaches its own programs first and only
