@@ -86,6 +86,7 @@ impl PinnedMaps {
                     .and_then(|(m, _)| MappedArray::new(m, names::FILTER6).ok()),
             },
             deferred: None,
+            flusher: None,
         };
         let slots = maps.slots.capacity();
         Ok(PinnedMaps {

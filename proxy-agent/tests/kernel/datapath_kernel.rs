@@ -11,10 +11,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use proxy_agent::{
     cli::packet::{self, Frame, Layout, tcp_flags},
     model::{DesiredService, Endpoint, Protocol, ServicePortName},
-    modes::ebpf::{self, test_run::Hook::FromPod},
+    modes::ebpf::{self, ServiceMaps, family::AgentFamily, test_run::Hook::FromPod},
 };
 use proxy_common::{
-    Counter,
+    Counter, V4, V6,
     action::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
 };
 
@@ -108,6 +108,8 @@ in_both_families!(
     truncated_l4_header_is_dropped_and_counted,
     new_flows_are_spread_over_all_backends,
     removed_backend_gets_no_new_flows_and_its_udp_flows_are_flushed,
+    the_flusher_thread_flushes_the_udp_flows_of_a_removed_backend_after_the_sync,
+    a_flush_puts_back_an_entry_that_no_longer_matches_when_taken,
     a_set_that_outgrows_its_slots_moves_and_new_flows_follow_every_change,
     a_tcp_flow_to_a_removed_backend_is_balanced_again_at_its_next_refresh,
 );
@@ -360,7 +362,75 @@ fn new_flows_are_spread_over_all_backends(net: &Net) {
 }
 
 fn removed_backend_gets_no_new_flows_and_its_udp_flows_are_flushed(net: &Net) {
+    udp_flows_of_a_removed_backend_are_flushed(net, false);
+}
+
+/// As the agent runs: the sync hands the flush to a thread of its own and
+/// returns before the flows are gone.
+fn the_flusher_thread_flushes_the_udp_flows_of_a_removed_backend_after_the_sync(net: &Net) {
+    udp_flows_of_a_removed_backend_are_flushed(net, true);
+}
+
+/// A flush deletes each entry it read only if it still matches once taken
+/// out: one that the datapath opened anew meanwhile goes back.
+fn a_flush_puts_back_an_entry_that_no_longer_matches_when_taken(net: &Net) {
     let mut f = fixture(net);
+    for sport in 31000..31003u16 {
+        f.run(
+            FromPod,
+            &Frame::udp(net.client, sport, net.vip, 53).build(b""),
+        );
+    }
+    let (deleted, left) = match net.vip {
+        IpAddr::V4(_) => {
+            let deleted = flush_all_but_on_second_look::<V4>(&mut f.maps, 31000);
+            (deleted, f.maps.conntrack.keys().count())
+        }
+        IpAddr::V6(_) => {
+            let deleted = flush_all_but_on_second_look::<V6>(&mut f.maps, 31000);
+            (deleted, f.maps.v6.conntrack.keys().count())
+        }
+    };
+    assert_eq!((deleted, left), (5, 1), "three flows of two entries each");
+}
+
+/// Flushes every entry, except that the forward entry from `sport` matches
+/// when the walk reads it and not when it is judged again.
+fn flush_all_but_on_second_look<F: AgentFamily>(maps: &mut ebpf::KernelMaps, sport: u16) -> usize
+where
+    ebpf::KernelMaps: ServiceMaps<F>,
+{
+    let looks = std::cell::Cell::new(0);
+    ServiceMaps::<F>::flush_flows(maps, &|k, _| {
+        if k.sport_be != sport.to_be() {
+            return true;
+        }
+        looks.set(looks.get() + 1);
+        looks.get() == 1
+    })
+    .expect("flushing")
+}
+
+/// UDP forward entries that send to `backend`.
+fn udp_flows_to(f: &Datapath, backend: IpAddr) -> usize {
+    let udp = proxy_common::proto::UDP;
+    match backend {
+        IpAddr::V4(b) => (f.maps.conntrack.iter().flatten())
+            .filter(|(k, v)| k.proto == udp && v.nat_addr_be == u32::from(b).to_be())
+            .count(),
+        IpAddr::V6(b) => (f.maps.v6.conntrack.iter().flatten())
+            .filter(|(k, v)| {
+                k.proto == udp && <proxy_common::V6 as AgentFamily>::from_be(v.nat_addr_be) == b
+            })
+            .count(),
+    }
+}
+
+fn udp_flows_of_a_removed_backend_are_flushed(net: &Net, in_background: bool) {
+    let mut f = fixture(net);
+    if in_background {
+        f.maps.flush_in_background().expect("starting the flusher");
+    }
     let gone = net.backends[2];
     let udp: Vec<(Frame, IpAddr)> = (30000..30300u16)
         .map(|sport| {
@@ -381,7 +451,28 @@ fn removed_backend_gets_no_new_flows_and_its_udp_flows_are_flushed(net: &Net) {
             &Frame::tcp(net.client, 40000 + sport, net.vip, 80).build(b""),
         );
     }
-    f.program(services(net, &net.backends[..2]));
+    let remaining = services(net, &net.backends[..2]);
+    let state = proxy_agent::model::DesiredState {
+        services: remaining.into_iter().map(|s| (s.name.clone(), s)).collect(),
+        ..Default::default()
+    };
+    let stats = f.programmer.sync(&state, &mut f.maps).expect("programming");
+    assert_eq!(stats.udp_backends_left, 1, "{stats:?}");
+    if in_background {
+        assert_eq!(stats.flushed_flows, 0, "the sync flushed itself: {stats:?}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while udp_flows_to(&f, gone) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the flusher left {} UDP flows to {gone} for 10 s",
+                udp_flows_to(&f, gone)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    } else {
+        assert!(stats.flushed_flows > 0, "{stats:?}");
+        assert_eq!(udp_flows_to(&f, gone), 0);
+    }
     for sport in 0..200u16 {
         let out = f.run(
             FromPod,

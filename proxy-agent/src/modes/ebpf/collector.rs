@@ -215,24 +215,12 @@ where
     CtValueOf<F>: Pod,
 {
     let fd = table.fd().as_fd();
-    let (key_size, value_size) = (size_of::<CtKeyOf<F>>(), size_of::<CtValueOf<F>>());
     let mut visited = 0u64;
     let mut removals = Removals::default();
     let mut doomed: Vec<CtKeyOf<F>> = Vec::new();
     let mut failed = None;
-    super::sys::walk_batches(fd, key_size, value_size, |keys, values| {
-        for (k, v) in keys
-            .chunks_exact(key_size)
-            .zip(values.chunks_exact(value_size))
-        {
-            // SAFETY: the kernel wrote whole keys and values of these Pod
-            // types; read_unaligned copes with the buffer's alignment.
-            let (key, value) = unsafe {
-                (
-                    std::ptr::read_unaligned(k.as_ptr().cast::<CtKeyOf<F>>()),
-                    std::ptr::read_unaligned(v.as_ptr().cast::<CtValueOf<F>>()),
-                )
-            };
+    super::sys::walk_typed_batches::<CtKeyOf<F>, CtValueOf<F>>(fd, |entries| {
+        for (key, value) in entries {
             visited += 1;
             if judge.removal::<F>(&key, &value).is_some() {
                 doomed.push(key);

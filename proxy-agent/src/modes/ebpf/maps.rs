@@ -18,6 +18,7 @@ use proxy_common::{
 
 use super::deferred::{DeferredWrites, Entries};
 use super::family::AgentFamily;
+use super::flow_flush::{Flusher, GoneFlows, Request};
 use super::{mapped_array::MappedArray, slot_table::SlotTable};
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +34,12 @@ pub enum MapError {
         map: &'static str,
         #[source]
         source: aya::maps::MapError,
+    },
+    #[error("flushing flows from {map} failed: {source}")]
+    Flush {
+        map: &'static str,
+        #[source]
+        source: std::io::Error,
     },
     #[error("the packet programs could not be loaded: {0}")]
     ProgramsNotLoaded(String),
@@ -85,8 +92,23 @@ pub trait ServiceMaps<F: AgentFamily> {
         &mut self,
         matches: &dyn Fn(&CtKeyOf<F>, &CtValueOf<F>) -> bool,
     ) -> Result<usize, MapError>;
+    /// Deletes the flows of backends that left their frontends: now, or
+    /// handed to a thread of their own ([`KernelMaps::flush_in_background`]).
+    fn flush_gone_flows(&mut self, gone: GoneFlows<F>) -> Result<Flushed, MapError> {
+        self.flush_flows(&|k, v| gone.matches(k, v))
+            .map(Flushed::Now)
+    }
     /// Writes word `index` of XDP's filter (`proxy_common::filter`).
     fn put_filter_word(&mut self, index: u32, word: u64) -> Result<(), MapError>;
+}
+
+/// What became of a [`ServiceMaps::flush_gone_flows`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flushed {
+    /// This many entries were deleted.
+    Now(usize),
+    /// Handed to the flusher's thread, which logs what it deleted.
+    Queued,
 }
 
 /// What the node programmer writes: the node-wide settings and interface table.
@@ -150,9 +172,23 @@ pub struct KernelMaps {
     /// Service and backend writes held back to be written in batches
     /// ([`KernelMaps::defer_writes`]).
     pub(crate) deferred: Option<Box<DeferredWrites>>,
+    /// Deletes gone flows on a thread of its own, once started
+    /// ([`KernelMaps::flush_in_background`]); without it, syncs do.
+    pub(crate) flusher: Option<Flusher>,
 }
 
 impl KernelMaps {
+    /// From now on the flows of backends that left are deleted on a thread
+    /// of their own ([`super::flow_flush`]), not by the sync that saw them go.
+    pub fn flush_in_background(&mut self) -> std::io::Result<()> {
+        use std::os::fd::AsFd as _;
+        let fd = |map: &MapData| map.fd().as_fd().try_clone_to_owned();
+        let conntrack = fd(aya::maps::IterableMap::map(&self.conntrack))?;
+        let conntrack6 = fd(aya::maps::IterableMap::map(&self.v6.conntrack))?;
+        self.flusher = Some(Flusher::spawn(conntrack, conntrack6)?);
+        Ok(())
+    }
+
     /// Holds service and backend writes back from now on, to be written in
     /// batches by [`KernelMaps::write_deferred`]; a delete (or flush of
     /// flows) writes what is held first, so nothing goes before what
@@ -225,6 +261,7 @@ impl KernelMaps {
                 )?),
             },
             deferred: None,
+            flusher: None,
         };
         Ok((maps, take_map(ebpf, names::STATS)?))
     }
@@ -399,6 +436,8 @@ pub trait FamilyMapsOf: AgentFamily {
     ) -> &mut Entries<ServiceKeyOf<Self>, ServiceValue>;
     fn deferred_backends(deferred: &mut DeferredWrites)
     -> &mut Entries<BackendId, BackendOf<Self>>;
+    fn flush_request(gone: GoneFlows<Self>) -> Request;
+    fn requested(request: Request) -> Option<GoneFlows<Self>>;
 }
 
 impl FamilyMapsOf for V4 {
@@ -438,6 +477,15 @@ impl FamilyMapsOf for V4 {
     fn deferred_backends(d: &mut DeferredWrites) -> &mut Entries<BackendId, Backend> {
         &mut d.backends
     }
+    fn flush_request(gone: GoneFlows<Self>) -> Request {
+        Request::V4(gone)
+    }
+    fn requested(request: Request) -> Option<GoneFlows<Self>> {
+        match request {
+            Request::V4(gone) => Some(gone),
+            Request::V6(_) => None,
+        }
+    }
 }
 
 impl FamilyMapsOf for V6 {
@@ -476,6 +524,15 @@ impl FamilyMapsOf for V6 {
     }
     fn deferred_backends(d: &mut DeferredWrites) -> &mut Entries<BackendId, Backend6> {
         &mut d.backends6
+    }
+    fn flush_request(gone: GoneFlows<Self>) -> Request {
+        Request::V6(gone)
+    }
+    fn requested(request: Request) -> Option<GoneFlows<Self>> {
+        match request {
+            Request::V6(gone) => Some(gone),
+            Request::V4(_) => None,
+        }
     }
 }
 
@@ -554,12 +611,28 @@ where
         matches: &dyn Fn(&CtKeyOf<F>, &CtValueOf<F>) -> bool,
     ) -> Result<usize, MapError> {
         self.write_deferred_before()?;
-        let conntrack = F::conntrack(self);
-        let doomed = matching_entries(F::CONNTRACK, conntrack, matches)?;
-        for key in &doomed {
-            ignore_missing(conntrack.remove(key)).map_err(write_error(F::CONNTRACK))?;
-        }
-        Ok(doomed.len())
+        let conntrack = aya::maps::IterableMap::map(F::conntrack(self));
+        super::flow_flush::flush_table::<F>(std::os::fd::AsFd::as_fd(conntrack.fd()), matches)
+            .map_err(|source| MapError::Flush {
+                map: F::CONNTRACK,
+                source,
+            })
+    }
+
+    fn flush_gone_flows(&mut self, gone: GoneFlows<F>) -> Result<Flushed, MapError> {
+        let gone = match &self.flusher {
+            Some(flusher) => match flusher.queue(F::flush_request(gone)) {
+                Ok(()) => return Ok(Flushed::Queued),
+                // The thread is gone (it cannot end otherwise): this sync does it.
+                Err(request) => {
+                    self.flusher = None;
+                    F::requested(request).expect("the request of this family")
+                }
+            },
+            None => gone,
+        };
+        self.flush_flows(&|k, v| gone.matches(k, v))
+            .map(Flushed::Now)
     }
 
     fn put_filter_word(&mut self, index: u32, word: u64) -> Result<(), MapError> {
@@ -701,26 +774,10 @@ pub fn entries_where<K: Pod, V: Pod>(
     map: &HashMap<MapData, K, V>,
     matches: &dyn Fn(&K, &V) -> bool,
 ) -> Result<Vec<(K, V)>, MapError> {
-    let (key_size, value_size) = (size_of::<K>(), size_of::<V>());
     let fd = std::os::fd::AsFd::as_fd(aya::maps::IterableMap::map(map).fd());
     let mut found = Vec::new();
-    let walked = super::sys::walk_batches(fd, key_size, value_size, |keys, values| {
-        for (k, v) in keys
-            .chunks_exact(key_size)
-            .zip(values.chunks_exact(value_size))
-        {
-            // SAFETY: the kernel wrote whole keys and values of these Pod types;
-            // read_unaligned copes with the buffer's alignment.
-            let (key, value) = unsafe {
-                (
-                    std::ptr::read_unaligned(k.as_ptr().cast::<K>()),
-                    std::ptr::read_unaligned(v.as_ptr().cast::<V>()),
-                )
-            };
-            if matches(&key, &value) {
-                found.push((key, value));
-            }
-        }
+    let walked = super::sys::walk_typed_batches::<K, V>(fd, |entries| {
+        found.extend(entries.filter(|(key, value)| matches(key, value)));
     });
     match walked {
         Ok(()) => Ok(found),

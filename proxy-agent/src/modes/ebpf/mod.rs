@@ -6,6 +6,7 @@ pub mod cleanup;
 pub mod collector;
 mod deferred;
 pub mod family;
+pub mod flow_flush;
 mod interfaces;
 pub mod introspect;
 pub mod maglev;

@@ -23,7 +23,7 @@ use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use std::{collections::BTreeSet, net::SocketAddr};
 
 use proxy_common::{
-    BackendId, BackendOf, CtDirection, FrontendKind, Scope, ServiceKeyOf, ServiceValue, V4, V6,
+    BackendId, BackendOf, FrontendKind, Scope, ServiceKeyOf, ServiceValue, V4, V6,
     filter::{backend_bit, frontend_bit},
     maglev::MAGLEV_SLOT,
     proto,
@@ -43,7 +43,8 @@ use self::{
     small_set::SmallSet,
 };
 use super::family::AgentFamily;
-use super::maps::{MapError, ServiceMaps};
+use super::flow_flush::GoneFlows;
+use super::maps::{Flushed, MapError, ServiceMaps};
 use super::node::{NodeAddresses, NodeAddressesOf};
 use super::stale_sockets::GoneUdp;
 use crate::model::{DesiredService, DesiredState, ServicePortName};
@@ -57,6 +58,10 @@ pub struct SyncStats {
     pub backends: usize,
     pub writes: usize,
     pub deletes: usize,
+    /// Backends that left a UDP frontend, whose flows are flushed.
+    pub udp_backends_left: usize,
+    /// Of their flows, those this sync deleted (none when a thread of its
+    /// own does it: [`super::maps::KernelMaps::flush_in_background`]).
     pub flushed_flows: usize,
     /// `MAGLEV` array elements written (each holds 4 buckets).
     pub maglev_elements: usize,
@@ -876,8 +881,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         maps: &mut impl ServiceMaps<F>,
         run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
-        let mut forward = HashSet::new();
-        let mut reply = HashSet::new();
+        let mut gone = GoneFlows::default();
         let left: Vec<&GoneBackend<F>> = run
             .gone
             .iter()
@@ -889,34 +893,16 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 service: socket_addr::<F>(fe.addr_be, fe.port_be),
                 backend: socket_addr::<F>(g.backend.addr_be, g.backend.port_be),
             });
-            forward.insert((fe.addr_be, fe.port_be, fe.proto, g.id));
-            reply.insert((
-                g.backend.addr_be,
-                g.backend.port_be,
-                fe.proto,
-                fe.addr_be,
-                fe.port_be,
-            ));
+            gone.add(&fe, g.id, &g.backend);
         }
-        if forward.is_empty() {
+        if gone.is_empty() {
             return Ok(());
         }
-        // Forward entries: client -> frontend, naming the backend. Reply entries:
-        // keyed by the backend's replies (towards the client, or towards the
-        // masquerade address:port), naming the frontend to restore.
-        run.stats.flushed_flows += maps.flush_flows(&|k, v| {
-            if v.direction() == CtDirection::Forward {
-                forward.contains(&(k.daddr_be, k.dport_be, k.proto, v.backend_id))
-            } else {
-                reply.contains(&(
-                    k.saddr_be,
-                    k.sport_be,
-                    k.proto,
-                    v.nat_addr_be,
-                    v.nat_port_be,
-                ))
-            }
-        })?;
+        run.stats.udp_backends_left += gone.len();
+        match maps.flush_gone_flows(gone)? {
+            Flushed::Now(n) => run.stats.flushed_flows += n,
+            Flushed::Queued => {}
+        }
         Ok(())
     }
 
@@ -1149,6 +1135,7 @@ impl SyncStats {
             backends: self.backends + other.backends,
             writes: self.writes + other.writes,
             deletes: self.deletes + other.deletes,
+            udp_backends_left: self.udp_backends_left + other.udp_backends_left,
             flushed_flows: self.flushed_flows + other.flushed_flows,
             maglev_elements: self.maglev_elements + other.maglev_elements,
         }

@@ -101,6 +101,7 @@ impl EbpfProxier {
         settings: EbpfNodeSettings,
         node: &NodeModel,
     ) -> Result<Self, MapError> {
+        flush_in_background(&mut maps);
         let mut node_programmer = NodeProgrammer::new();
         let mut programmer = fresh_programmer(&maps, &settings);
         let facts = node_facts(&settings, node);
@@ -130,7 +131,8 @@ impl EbpfProxier {
     /// Over maps an earlier agent pinned: nothing is written before the first
     /// sync (which runs once Services and EndpointSlices were listed), which
     /// then takes over what they hold and writes only what differs.
-    pub fn adopting(maps: KernelMaps, settings: EbpfNodeSettings) -> Self {
+    pub fn adopting(mut maps: KernelMaps, settings: EbpfNodeSettings) -> Self {
+        flush_in_background(&mut maps);
         let programmer = fresh_programmer(&maps, &settings);
         Self {
             maps,
@@ -265,6 +267,18 @@ impl EbpfProxier {
     }
 }
 
+/// Syncs hand the flows of backends that left to a thread of their own:
+/// finding them reads the whole conntrack table.
+fn flush_in_background(maps: &mut KernelMaps) {
+    if let Err(e) = maps.flush_in_background() {
+        warn!(
+            error = %e,
+            "cannot start the thread that flushes the UDP flows of backends that left: \
+             syncs flush them themselves"
+        );
+    }
+}
+
 fn fresh_programmer(maps: &KernelMaps, settings: &EbpfNodeSettings) -> Programmer {
     let mut programmer = Programmer::new();
     programmer.set_capacity(maps.capacity());
@@ -334,6 +348,7 @@ impl Proxier for EbpfProxier {
                 backends = stats.backends,
                 writes = stats.writes,
                 deletes = stats.deletes,
+                udp_backends_left = stats.udp_backends_left,
                 flushed_flows = stats.flushed_flows,
                 took = ?took,
                 "datapath synced"

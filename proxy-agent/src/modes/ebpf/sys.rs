@@ -175,6 +175,31 @@ pub fn walk_batches(
     }
 }
 
+/// [`walk_batches`] over a hash map of `K` to `V`: each batch handed to
+/// `batch` as its entries, decoded.
+pub fn walk_typed_batches<K: aya::Pod, V: aya::Pod>(
+    fd: BorrowedFd<'_>,
+    mut batch: impl FnMut(&mut dyn Iterator<Item = (K, V)>),
+) -> io::Result<()> {
+    let (key_size, value_size) = (size_of::<K>(), size_of::<V>());
+    walk_batches(fd, key_size, value_size, |keys, values| {
+        let mut entries = keys
+            .chunks_exact(key_size)
+            .zip(values.chunks_exact(value_size))
+            .map(|(k, v)| {
+                // SAFETY: the kernel wrote whole keys and values of these Pod
+                // types; read_unaligned copes with the buffer's alignment.
+                unsafe {
+                    (
+                        std::ptr::read_unaligned(k.as_ptr().cast::<K>()),
+                        std::ptr::read_unaligned(v.as_ptr().cast::<V>()),
+                    )
+                }
+            });
+        batch(&mut entries);
+    })
+}
+
 /// Writes `count` entries whose keys and values lie back to back at `keys`
 /// and `values` (`key_size` and `value_size` bytes each), a call per 4,096
 /// entries instead of one per entry (BPF_MAP_UPDATE_BATCH, Linux 5.6).
