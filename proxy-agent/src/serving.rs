@@ -113,7 +113,7 @@ impl Serving {
         if let Some((addr, listener)) = bound.metrics {
             let mut registry = prometheus_client::registry::Registry::with_prefix("kubeproxy");
             metrics.register(&mut registry, opts.mode);
-            if let Some(collector) = running.metrics.take() {
+            for collector in running.metrics.drain(..) {
                 registry.register_collector(collector);
             }
             let endpoints = Arc::new(MetricsEndpoints {

@@ -4,6 +4,8 @@
 //! upstream's metrics mux serves them.
 
 pub mod proxy;
+pub mod reconciler;
 pub mod server;
 
 pub use proxy::ProxyMetrics;
+pub use reconciler::ConntrackReconcilerMetrics;

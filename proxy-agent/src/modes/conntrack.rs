@@ -21,7 +21,10 @@ use netlink_packet_netfilter::{
 };
 use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_NETFILTER};
 
-use crate::model::{DesiredState, IpFamily, Protocol as SvcProtocol};
+use crate::{
+    metrics::ConntrackReconcilerMetrics,
+    model::{DesiredState, IpFamily, Protocol as SvcProtocol},
+};
 
 /// One conntrack entry as the cleanup sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,6 +89,45 @@ pub fn stale_udp(desired: &DesiredState, flows: &[Flow]) -> Vec<Flow> {
         })
         .cloned()
         .collect()
+}
+
+/// Upstream's conntrack reconciler, run after each family's rules are
+/// written: a failure is logged, not fatal.
+#[derive(Clone, Debug)]
+pub struct Reconciler {
+    metrics: ConntrackReconcilerMetrics,
+}
+
+impl Default for Reconciler {
+    fn default() -> Self {
+        Self {
+            metrics: ConntrackReconcilerMetrics::new(&IpFamily::BOTH),
+        }
+    }
+}
+
+impl Reconciler {
+    /// Deletes `family`'s stale UDP flows, counted in the metrics.
+    pub fn reconcile(&self, family: IpFamily, desired: &DesiredState) {
+        let started = std::time::Instant::now();
+        match clean_stale_udp(family, desired) {
+            Ok(n) => {
+                self.metrics.observe(family, started.elapsed(), n);
+                if n > 0 {
+                    tracing::info!(?family, flows = n, "deleted stale UDP conntrack entries");
+                }
+            }
+            Err(e) => {
+                self.metrics.observe(family, started.elapsed(), 0);
+                tracing::warn!(?family, error = %e, "could not clean stale UDP conntrack entries");
+            }
+        }
+    }
+
+    /// The metrics, to be served.
+    pub fn metrics(&self) -> ConntrackReconcilerMetrics {
+        self.metrics.clone()
+    }
 }
 
 /// Deletes the stale UDP flows of `desired`'s services in `family`;

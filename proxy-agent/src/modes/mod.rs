@@ -66,7 +66,7 @@ pub struct Running {
     /// The IP families the mode serves (each reports its health on its own).
     pub families: Vec<crate::model::IpFamily>,
     /// The mode's own metrics, collected at each scrape.
-    pub metrics: Option<Box<dyn prometheus_client::collector::Collector>>,
+    pub metrics: Vec<Box<dyn prometheus_client::collector::Collector>>,
     /// Work beside the syncs (keeping programs attached); runs until the
     /// agent stops, or returns why the mode cannot go on.
     pub background: BoxFuture<'static, anyhow::Error>,

@@ -168,6 +168,33 @@ fn serves_and_rejects(mode: &str) {
         "the UDP flows of the gone backend deleted",
         || (with_gone(&udp_flows()) == 0).then_some(()),
     );
+    // Counted as upstream counts its conntrack reconciler's work.
+    let node_ns = tb.node_ns.clone();
+    let scrape = move || {
+        let reply = netns::run_in(&node_ns, || {
+            crate::http_client::get("127.0.0.1:10249".parse().unwrap(), "/metrics")
+        });
+        reply.ok()?.ok().map(|r| r.body)
+    };
+    let sample = |body: &str, series: &str| -> Option<f64> {
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    };
+    let deleted = r#"kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"}"#;
+    let metrics = wait_for(
+        Duration::from_secs(10),
+        "the deleted UDP flows counted in the metrics",
+        || scrape().filter(|body| sample(body, deleted).is_some_and(|n| n >= 1.0)),
+    );
+    for series in [
+        r#"kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family="IPv4"}"#,
+        r#"kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family="IPv6"}"#,
+    ] {
+        assert!(
+            sample(&metrics, series).is_some_and(|n| n >= 1.0),
+            "{series}: every sync reconciles each family\n{metrics}"
+        );
+    }
 
     // Refused at once: no endpoints, and another port of a cluster IP. A
     // real node routes the service range somewhere (its default route);

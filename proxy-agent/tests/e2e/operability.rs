@@ -242,6 +242,19 @@ fn health_check_node_ports_follow_endpoints_and_nodes_drain_on_deletion() {
     );
     assert!(sample(r#"kubeproxy_proxy_healthz_total{code="503"}"#) >= 1.0);
     assert!(sample(r#"kubeproxy_proxy_livez_total{code="200"}"#) >= 1.0);
+    // Upstream's conntrack reconciler metrics, fed by the UDP flow flushes
+    // (none here: no UDP backend left).
+    for family in ["IPv4", "IPv6"] {
+        assert_eq!(
+            sample(&format!(
+                r#"kubeproxy_conntrack_reconciler_deleted_entries_total{{ip_family="{family}"}}"#
+            )),
+            0.0
+        );
+        sample(&format!(
+            r#"kubeproxy_conntrack_reconciler_sync_duration_seconds_count{{ip_family="{family}"}}"#
+        ));
+    }
     // The datapath's own: counters by reason, map fill, attachments.
     assert!(sample(r#"kubeproxy_ebpf_datapath_events_total{event="new_flow"}"#) >= 1.0);
     assert!(sample(r#"kubeproxy_ebpf_map_entries{map="CONNTRACK"}"#) >= 2.0);

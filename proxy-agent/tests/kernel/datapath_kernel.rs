@@ -411,6 +411,15 @@ where
     .expect("flushing")
 }
 
+/// The metrics as a scrape shows them.
+fn scrape(metrics: &proxy_agent::metrics::ConntrackReconcilerMetrics) -> String {
+    let mut registry = prometheus_client::registry::Registry::with_prefix("kubeproxy");
+    registry.register_collector(Box::new(metrics.clone()));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text
+}
+
 /// UDP forward entries that send to `backend`.
 fn udp_flows_to(f: &Datapath, backend: IpAddr) -> usize {
     let udp = proxy_common::proto::UDP;
@@ -428,8 +437,14 @@ fn udp_flows_to(f: &Datapath, backend: IpAddr) -> usize {
 
 fn udp_flows_of_a_removed_backend_are_flushed(net: &Net, in_background: bool) {
     let mut f = fixture(net);
+    let metrics = proxy_agent::metrics::ConntrackReconcilerMetrics::new(&[
+        proxy_agent::model::IpFamily::V4,
+        proxy_agent::model::IpFamily::V6,
+    ]);
     if in_background {
-        f.maps.flush_in_background().expect("starting the flusher");
+        f.maps
+            .flush_in_background(metrics.clone())
+            .expect("starting the flusher");
     }
     let gone = net.backends[2];
     let udp: Vec<(Frame, IpAddr)> = (30000..30300u16)
@@ -466,6 +481,24 @@ fn udp_flows_of_a_removed_backend_are_flushed(net: &Net, in_background: bool) {
                 std::time::Instant::now() < deadline,
                 "the flusher left {} UDP flows to {gone} for 10 s",
                 udp_flows_to(&f, gone)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // The walk is counted once it ends, as upstream's reconciler.
+        let family = if net.vip.is_ipv4() { "IPv4" } else { "IPv6" };
+        let deleted = format!(
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{{ip_family=\"{family}\"}} "
+        );
+        let counted = |text: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&deleted)?.parse::<u64>().ok())
+                .is_some_and(|n| n > 0)
+        };
+        while !counted(&scrape(&metrics)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the flush not counted:\n{}",
+                scrape(&metrics)
             );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }

@@ -22,6 +22,8 @@ use proxy_common::{
 };
 use tracing::{info, warn};
 
+use crate::{metrics::ConntrackReconcilerMetrics, model::IpFamily};
+
 /// A forward entry's frontend address, port and protocol, and its backend.
 type ForwardHalf<F> = (<F as Family>::Addr, u16, u8, BackendId);
 /// A reply entry's backend address, port and protocol, and the frontend
@@ -170,6 +172,15 @@ where
     Ok(false)
 }
 
+/// The model's name of family `F`.
+pub fn ip_family<F: Family>() -> IpFamily {
+    if F::AF == V4::AF {
+        IpFamily::V4
+    } else {
+        IpFamily::V6
+    }
+}
+
 /// A request to the [`Flusher`]: one family's gone flows.
 #[derive(Debug)]
 pub enum Request {
@@ -181,17 +192,28 @@ pub enum Request {
 #[derive(Debug)]
 pub struct Flusher {
     requests: mpsc::Sender<Request>,
+    metrics: ConntrackReconcilerMetrics,
 }
 
 impl Flusher {
     /// Starts the thread on the two conntrack tables (IPv4, IPv6). It ends
     /// when the `Flusher` is dropped, once it has served what it was given.
-    pub fn spawn(conntrack: OwnedFd, conntrack6: OwnedFd) -> io::Result<Self> {
+    /// Each walk is observed in `metrics` (upstream's reconciler metrics).
+    pub fn spawn(
+        conntrack: OwnedFd,
+        conntrack6: OwnedFd,
+        metrics: ConntrackReconcilerMetrics,
+    ) -> io::Result<Self> {
         let (requests, received) = mpsc::channel();
+        let observed = metrics.clone();
         std::thread::Builder::new()
             .name("flow-flusher".into())
-            .spawn(move || serve(&received, &conntrack, &conntrack6))?;
-        Ok(Self { requests })
+            .spawn(move || serve(&received, (&conntrack, &conntrack6), &observed))?;
+        Ok(Self { requests, metrics })
+    }
+
+    pub fn metrics(&self) -> &ConntrackReconcilerMetrics {
+        &self.metrics
     }
 
     /// Hands `request` to the thread; back when the thread is gone.
@@ -200,7 +222,11 @@ impl Flusher {
     }
 }
 
-fn serve(received: &mpsc::Receiver<Request>, conntrack: &OwnedFd, conntrack6: &OwnedFd) {
+fn serve(
+    received: &mpsc::Receiver<Request>,
+    (conntrack, conntrack6): (&OwnedFd, &OwnedFd),
+    metrics: &ConntrackReconcilerMetrics,
+) {
     while let Ok(first) = received.recv() {
         let (mut v4, mut v6) = (GoneFlows::<V4>::default(), GoneFlows::<V6>::default());
         for request in std::iter::once(first).chain(received.try_iter()) {
@@ -210,8 +236,8 @@ fn serve(received: &mpsc::Receiver<Request>, conntrack: &OwnedFd, conntrack6: &O
             }
         }
         let started = Instant::now();
-        let flushed = flush_family(conntrack.as_fd(), &v4, proxy_common::maps::CONNTRACK)
-            + flush_family(conntrack6.as_fd(), &v6, proxy_common::maps::CONNTRACK6);
+        let flushed = flush_family(conntrack.as_fd(), &v4, metrics)
+            + flush_family(conntrack6.as_fd(), &v6, metrics);
         info!(
             backends_left = v4.len() + v6.len(),
             flushed_flows = flushed,
@@ -221,7 +247,11 @@ fn serve(received: &mpsc::Receiver<Request>, conntrack: &OwnedFd, conntrack6: &O
     }
 }
 
-fn flush_family<F: Family>(fd: BorrowedFd<'_>, gone: &GoneFlows<F>, table: &str) -> usize
+fn flush_family<F: Family>(
+    fd: BorrowedFd<'_>,
+    gone: &GoneFlows<F>,
+    metrics: &ConntrackReconcilerMetrics,
+) -> usize
 where
     CtKeyOf<F>: Pod,
     CtValueOf<F>: Pod,
@@ -229,7 +259,15 @@ where
     if gone.is_empty() {
         return 0;
     }
-    match flush_table::<F>(fd, &|k, v| gone.matches(k, v)) {
+    let family = ip_family::<F>();
+    let table = match family {
+        IpFamily::V4 => proxy_common::maps::CONNTRACK,
+        IpFamily::V6 => proxy_common::maps::CONNTRACK6,
+    };
+    let started = Instant::now();
+    let flushed = flush_table::<F>(fd, &|k, v| gone.matches(k, v));
+    metrics.observe(family, started.elapsed(), *flushed.as_ref().unwrap_or(&0));
+    match flushed {
         Ok(n) => n,
         Err(e) => {
             warn!(

@@ -180,12 +180,15 @@ pub struct KernelMaps {
 impl KernelMaps {
     /// From now on the flows of backends that left are deleted on a thread
     /// of their own ([`super::flow_flush`]), not by the sync that saw them go.
-    pub fn flush_in_background(&mut self) -> std::io::Result<()> {
+    pub fn flush_in_background(
+        &mut self,
+        metrics: crate::metrics::ConntrackReconcilerMetrics,
+    ) -> std::io::Result<()> {
         use std::os::fd::AsFd as _;
         let fd = |map: &MapData| map.fd().as_fd().try_clone_to_owned();
         let conntrack = fd(aya::maps::IterableMap::map(&self.conntrack))?;
         let conntrack6 = fd(aya::maps::IterableMap::map(&self.v6.conntrack))?;
-        self.flusher = Some(Flusher::spawn(conntrack, conntrack6)?);
+        self.flusher = Some(Flusher::spawn(conntrack, conntrack6, metrics)?);
         Ok(())
     }
 
@@ -620,19 +623,23 @@ where
     }
 
     fn flush_gone_flows(&mut self, gone: GoneFlows<F>) -> Result<Flushed, MapError> {
-        let gone = match &self.flusher {
-            Some(flusher) => match flusher.queue(F::flush_request(gone)) {
-                Ok(()) => return Ok(Flushed::Queued),
-                // The thread is gone (it cannot end otherwise): this sync does it.
-                Err(request) => {
-                    self.flusher = None;
-                    F::requested(request).expect("the request of this family")
-                }
-            },
-            None => gone,
+        let Some(flusher) = &self.flusher else {
+            return self
+                .flush_flows(&|k, v| gone.matches(k, v))
+                .map(Flushed::Now);
         };
-        self.flush_flows(&|k, v| gone.matches(k, v))
-            .map(Flushed::Now)
+        let (request, metrics) = match flusher.queue(F::flush_request(gone)) {
+            Ok(()) => return Ok(Flushed::Queued),
+            Err(request) => (request, flusher.metrics().clone()),
+        };
+        // The thread is gone (it cannot end but by a panic): the syncs
+        // flush, still counted in the metrics.
+        let gone = F::requested(request).expect("the request of this family");
+        let started = std::time::Instant::now();
+        let flushed = self.flush_flows(&|k, v| gone.matches(k, v))?;
+        let family = super::flow_flush::ip_family::<F>();
+        metrics.observe(family, started.elapsed(), flushed);
+        Ok(Flushed::Now(flushed))
     }
 
     fn put_filter_word(&mut self, index: u32, word: u64) -> Result<(), MapError> {

@@ -12,6 +12,7 @@ use super::{
     publish::NamesPublisher, stale_sockets,
 };
 use crate::{
+    metrics::ConntrackReconcilerMetrics,
     model::{DesiredState, NodeModel},
     sync::{Proxier, SyncChanges},
 };
@@ -39,6 +40,8 @@ pub struct EbpfProxier {
     /// Until the first sync has waited for them: the packet programs being
     /// verified.
     programs: Option<ProgramsReady>,
+    /// Upstream's reconciler metrics, fed by the UDP flow flushes.
+    conntrack_metrics: ConntrackReconcilerMetrics,
 }
 
 /// How often the conntrack table's fill is measured (a walk of its entries).
@@ -101,7 +104,7 @@ impl EbpfProxier {
         settings: EbpfNodeSettings,
         node: &NodeModel,
     ) -> Result<Self, MapError> {
-        flush_in_background(&mut maps);
+        let conntrack_metrics = flush_in_background(&mut maps);
         let mut node_programmer = NodeProgrammer::new();
         let mut programmer = fresh_programmer(&maps, &settings);
         let facts = node_facts(&settings, node);
@@ -125,6 +128,7 @@ impl EbpfProxier {
             names_current: false,
             names_published_at: None,
             programs: None,
+            conntrack_metrics,
         })
     }
 
@@ -132,7 +136,7 @@ impl EbpfProxier {
     /// sync (which runs once Services and EndpointSlices were listed), which
     /// then takes over what they hold and writes only what differs.
     pub fn adopting(mut maps: KernelMaps, settings: EbpfNodeSettings) -> Self {
-        flush_in_background(&mut maps);
+        let conntrack_metrics = flush_in_background(&mut maps);
         let programmer = fresh_programmer(&maps, &settings);
         Self {
             maps,
@@ -147,7 +151,13 @@ impl EbpfProxier {
             names_current: false,
             names_published_at: None,
             programs: None,
+            conntrack_metrics,
         }
+    }
+
+    /// The metrics of the UDP flow flushes, to be served.
+    pub fn conntrack_metrics(&self) -> ConntrackReconcilerMetrics {
+        self.conntrack_metrics.clone()
     }
 
     /// Publishes what the maps' ids stand for after every sync that changed them.
@@ -269,14 +279,16 @@ impl EbpfProxier {
 
 /// Syncs hand the flows of backends that left to a thread of their own:
 /// finding them reads the whole conntrack table.
-fn flush_in_background(maps: &mut KernelMaps) {
-    if let Err(e) = maps.flush_in_background() {
+fn flush_in_background(maps: &mut KernelMaps) -> ConntrackReconcilerMetrics {
+    let metrics = ConntrackReconcilerMetrics::new(&crate::model::IpFamily::BOTH);
+    if let Err(e) = maps.flush_in_background(metrics.clone()) {
         warn!(
             error = %e,
             "cannot start the thread that flushes the UDP flows of backends that left: \
              syncs flush them themselves"
         );
     }
+    metrics
 }
 
 fn fresh_programmer(maps: &KernelMaps, settings: &EbpfNodeSettings) -> Programmer {

@@ -80,6 +80,7 @@ impl Mode for EbpfMode {
                 .context("writing the node's settings")?
         };
         let state_dir = PathBuf::from(&opts.ebpf.pinning.state_dir);
+        let conntrack_metrics = proxier.conntrack_metrics();
         let proxier = proxier.publishing_names(NamesPublisher::new(
             state_dir.clone(),
             opts.node_name.clone(),
@@ -128,7 +129,10 @@ impl Mode for EbpfMode {
             proxier: boxed(proxier),
             // One sync programs both families' maps.
             families: IpFamily::BOTH.to_vec(),
-            metrics: Some(Box::new(super::metrics::Deferred(metrics))),
+            metrics: vec![
+                Box::new(super::metrics::Deferred(metrics)),
+                Box::new(conntrack_metrics),
+            ],
             background: Box::pin(background),
             stop: Box::new(stop),
         })

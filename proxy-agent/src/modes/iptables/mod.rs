@@ -45,10 +45,12 @@ impl Mode for IptablesMode {
     fn start(&self, opts: &ProxyOptions, _: HostFeed<'_>) -> anyhow::Result<Running> {
         self.probe().map_err(anyhow::Error::msg)?;
         let settings = crate::modes::nftables::proxier::NftSettings::from_options(opts);
+        let proxier = proxier::IptablesProxier::new(settings);
+        let metrics = proxier.conntrack_metrics();
         Ok(Running {
-            proxier: boxed(proxier::IptablesProxier::new(settings)),
+            proxier: boxed(proxier),
             families: crate::model::IpFamily::BOTH.to_vec(),
-            metrics: None,
+            metrics: vec![Box::new(metrics)],
             background: Box::pin(futures::future::pending()),
             // As upstream: the rules stay when the agent stops; `--cleanup` removes them.
             stop: Box::new(|| {}),

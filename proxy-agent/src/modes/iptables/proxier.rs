@@ -34,6 +34,8 @@ pub struct IptablesProxier {
     /// Per family (IPv4, IPv6), what the last successful sync wrote
     /// (`None`: unknown, the next sync is full).
     written: [Option<Written>; 2],
+    /// Deletes stale UDP flows after each family's sync, as upstream.
+    reconciler: crate::modes::conntrack::Reconciler,
 }
 
 /// One family's rules as written: what a partial sync builds on.
@@ -50,11 +52,17 @@ impl IptablesProxier {
         Self::with_backend(settings, backend)
     }
 
+    /// The conntrack reconciler's metrics, to be served.
+    pub fn conntrack_metrics(&self) -> crate::metrics::ConntrackReconcilerMetrics {
+        self.reconciler.metrics()
+    }
+
     pub fn with_backend(settings: NftSettings, backend: IptablesBackend) -> Self {
         Self {
             settings,
             backend,
             written: [None, None],
+            reconciler: Default::default(),
         }
     }
 
@@ -209,15 +217,7 @@ impl Proxier for IptablesProxier {
             self.sync_family(family, desired, changes).map_err(|e| {
                 IptablesSyncError(e.context(format!("syncing the {family:?} iptables rules")))
             })?;
-            match crate::modes::conntrack::clean_stale_udp(family, desired) {
-                Ok(0) => {}
-                Ok(n) => {
-                    tracing::info!(family = ?family, flows = n, "deleted stale UDP conntrack entries")
-                }
-                Err(e) => {
-                    tracing::warn!(family = ?family, error = %e, "could not clean stale UDP conntrack entries")
-                }
-            }
+            self.reconciler.reconcile(family, desired);
         }
         Ok(())
     }

@@ -67,10 +67,11 @@ impl Mode for IpvsMode {
             Box::new(dummy::NetlinkDummy::open()?),
             backend,
         );
+        let metrics = proxier.conntrack_metrics();
         Ok(Running {
             proxier: boxed(proxier),
             families: crate::model::IpFamily::BOTH.to_vec(),
-            metrics: None,
+            metrics: vec![Box::new(metrics)],
             background: Box::pin(futures::future::pending()),
             // As upstream: the rules stay when the agent stops; `--cleanup` removes them.
             stop: Box::new(|| {}),

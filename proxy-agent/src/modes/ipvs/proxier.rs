@@ -48,6 +48,8 @@ pub struct IpvsProxier {
     dummy: Box<dyn DummyDevice + Send>,
     iptables: IptablesBackend,
     seq: u32,
+    /// Deletes stale UDP flows after each family's sync, as upstream.
+    reconciler: crate::modes::conntrack::Reconciler,
 }
 
 impl IpvsProxier {
@@ -67,7 +69,13 @@ impl IpvsProxier {
             dummy,
             iptables,
             seq: 0,
+            reconciler: Default::default(),
         }
+    }
+
+    /// The conntrack reconciler's metrics, to be served.
+    pub fn conntrack_metrics(&self) -> crate::metrics::ConntrackReconcilerMetrics {
+        self.reconciler.metrics()
     }
 
     fn request(
@@ -297,13 +305,7 @@ impl Proxier for IpvsProxier {
             self.sync_family(family, desired).map_err(|e| {
                 IpvsSyncError(e.context(format!("syncing the {family:?} IPVS services")))
             })?;
-            match crate::modes::conntrack::clean_stale_udp(family, desired) {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(?family, flows = n, "deleted stale UDP conntrack entries"),
-                Err(e) => {
-                    tracing::warn!(?family, error = %e, "could not clean stale UDP conntrack entries")
-                }
-            }
+            self.reconciler.reconcile(family, desired);
         }
         Ok(())
     }

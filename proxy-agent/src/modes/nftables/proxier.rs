@@ -96,6 +96,8 @@ pub struct NftablesProxier {
     /// What each family's table holds, as the last successful sync wrote it
     /// (`None`: unknown, the next sync is full).
     written: BTreeMap<&'static str, Option<Written>>,
+    /// Deletes stale UDP flows after each family's sync, as upstream.
+    reconciler: crate::modes::conntrack::Reconciler,
 }
 
 /// One family's table as written: what a partial sync builds on.
@@ -116,7 +118,13 @@ impl NftablesProxier {
             settings,
             stale: BTreeMap::new(),
             written: BTreeMap::new(),
+            reconciler: Default::default(),
         }
+    }
+
+    /// The conntrack reconciler's metrics, to be served.
+    pub fn conntrack_metrics(&self) -> crate::metrics::ConntrackReconcilerMetrics {
+        self.reconciler.metrics()
     }
 
     fn sync_family(
@@ -217,18 +225,7 @@ impl Proxier for NftablesProxier {
             self.sync_family(family, desired, changes).map_err(|e| {
                 NftSyncError(e.context(format!("syncing the {} {TABLE} table", family.name())))
             })?;
-            // As upstream, after the rules: a failure is logged, not fatal.
-            match crate::modes::conntrack::clean_stale_udp(family.ip_family(), desired) {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(
-                    family = family.name(),
-                    flows = n,
-                    "deleted stale UDP conntrack entries"
-                ),
-                Err(e) => {
-                    tracing::warn!(family = family.name(), error = %e, "could not clean stale UDP conntrack entries")
-                }
-            }
+            self.reconciler.reconcile(family.ip_family(), desired);
         }
         Ok(())
     }
