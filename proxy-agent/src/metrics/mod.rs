@@ -5,7 +5,9 @@
 
 pub mod proxy;
 pub mod reconciler;
+pub mod rules;
 pub mod server;
 
 pub use proxy::ProxyMetrics;
 pub use reconciler::ConntrackReconcilerMetrics;
+pub use rules::{IptablesMetrics, NftablesMetrics};

@@ -195,6 +195,35 @@ fn serves_and_rejects(mode: &str) {
             "{series}: every sync reconciles each family\n{metrics}"
         );
     }
+    if mode == "iptables" {
+        // The rules kube-proxy owns, as the kernel holds them after that
+        // partial sync (the jumps from the built-in chains are not counted,
+        // as upstream does not count them).
+        for table in ["filter", "nat"] {
+            let dump = netns::run_in(&tb.node_ns, move || {
+                std::process::Command::new("iptables-save")
+                    .args(["-t", table])
+                    .output()
+                    .unwrap()
+            })
+            .unwrap();
+            let held = String::from_utf8_lossy(&dump.stdout)
+                .lines()
+                .filter(|l| l.starts_with("-A KUBE-"))
+                .count();
+            let series = |name: &str| {
+                let series = format!(r#"{name}{{ip_family="IPv4",table="{table}"}}"#);
+                sample(&metrics, &series).unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+            };
+            let total = series("kubeproxy_sync_proxy_rules_iptables_total");
+            let last = series("kubeproxy_sync_proxy_rules_iptables_last");
+            assert_eq!(total, held as f64, "{table}: the rules in the kernel");
+            assert!(
+                last > 0.0 && last <= total,
+                "{table}: last {last}, total {total}"
+            );
+        }
+    }
 
     // Refused at once: no endpoints, and another port of a cluster IP. A
     // real node routes the service range somewhere (its default route);

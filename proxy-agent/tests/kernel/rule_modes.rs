@@ -165,6 +165,38 @@ fn the_model_becomes_upstreams_tables_and_stale_chains_go() {
         proxier.sync(&fewer, &full).expect("the sync without web");
         let after = nft(&["list", "table", "ip", "kube-proxy"]);
         assert!(!after.contains("198.19.0.10 . tcp"), "{after}");
+        // A chain of someone else's that jumps to one of web's: the kernel
+        // refuses to delete that one, which upstream counts and retries
+        // once a full sync finds it stale again.
+        let web_chain = nft(&["list", "chains", "ip"])
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("chain "))
+            .filter_map(|l| l.split_whitespace().next())
+            .find(|c| c.contains("ns1/web/tcp/p80"))
+            .expect("a chain of web")
+            .to_owned();
+        nft(&["add", "chain", "ip", "kube-proxy", "holder"]);
+        nft(&[
+            "add",
+            "rule",
+            "ip",
+            "kube-proxy",
+            "holder",
+            "jump",
+            &web_chain,
+        ]);
+        std::thread::sleep(Duration::from_millis(1_100));
+        proxier.sync(&fewer, &full).expect("the next sync");
+        let failures =
+            r#"kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family="IPv4"} 1"#;
+        let metrics = scrape(proxier.metrics());
+        assert!(
+            metrics.lines().any(|l| l == failures),
+            "{failures} missing from\n{metrics}"
+        );
+        assert!(nft(&["list", "chains", "ip"]).contains(&web_chain));
+        nft(&["delete", "chain", "ip", "kube-proxy", "holder"]);
+        proxier.sync(&fewer, &full).expect("a full sync");
         std::thread::sleep(Duration::from_millis(1_100));
         proxier.sync(&fewer, &full).expect("the next sync");
         let chains = nft(&["list", "chains", "ip"]);
@@ -320,6 +352,17 @@ fn emit_prints_what_nft_accepts() {
     ] {
         assert!(text.contains(want), "{want:?} missing from\n{text}");
     }
+}
+
+/// A mode's own metrics as a scrape shows them.
+fn scrape(collectors: Vec<Box<dyn prometheus_client::collector::Collector>>) -> String {
+    let mut registry = prometheus_client::registry::Registry::with_prefix("kubeproxy");
+    for c in collectors {
+        registry.register_collector(c);
+    }
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text
 }
 
 fn iptables_save(table: &str) -> String {
@@ -543,6 +586,40 @@ fn rule_set(save: &str) -> std::collections::BTreeSet<String> {
         .collect()
 }
 
+fn full_sync() -> SyncChanges {
+    SyncChanges {
+        full: true,
+        ..Default::default()
+    }
+}
+
+/// Runs `test` in a network namespace of its own, on an iptables proxier
+/// that synced [`state`] in full.
+fn with_synced_iptables(test: impl FnOnce(IptablesProxier, DesiredState) + Send + 'static) {
+    std::thread::spawn(|| {
+        // SAFETY: unshare affects only this thread; iptables runs as its child.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        let mut proxier = IptablesProxier::with_backend(settings(), IptablesBackend::Nft);
+        let s = state();
+        proxier.sync(&s, &full_sync()).expect("the first sync");
+        test(proxier, s);
+    })
+    .join()
+    .unwrap();
+}
+
+/// web's IPv4 endpoint 198.18.2.10 becomes 198.18.2.14; web's name.
+fn move_webs_first_endpoint(state: &mut DesiredState) -> ServicePortName {
+    let web = state
+        .services
+        .keys()
+        .find(|k| &*k.name == "web")
+        .unwrap()
+        .clone();
+    state.services.get_mut(&web).unwrap().cluster_endpoints[0] = Endpoint::new(v4(2, 14), 8080);
+    web
+}
+
 /// Upstream's partial sync in iptables mode: the shared chains are
 /// rewritten, only the changed ports' own chains are (a marker in an
 /// unchanged port's chain survives; a full sync declares, so flushes, every
@@ -550,16 +627,8 @@ fn rule_set(save: &str) -> std::collections::BTreeSet<String> {
 /// result equals a full sync of the new state.
 #[test]
 fn a_partial_iptables_sync_rewrites_only_the_changed_ports_chains() {
-    std::thread::spawn(|| {
-        // SAFETY: unshare affects only this thread; iptables runs as its child.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-        let mut proxier = IptablesProxier::with_backend(settings(), IptablesBackend::Nft);
-        let s = state();
-        let full = SyncChanges {
-            full: true,
-            ..Default::default()
-        };
-        proxier.sync(&s, &full).expect("the first sync");
+    with_synced_iptables(|mut proxier, s| {
+        let full = full_sync();
         let before = iptables_save("nat");
         let svc_chain = |save: &str, name: &str| -> String {
             save.lines()
@@ -585,18 +654,12 @@ fn a_partial_iptables_sync_rewrites_only_the_changed_ports_chains() {
 
         // web loses its IPv4 endpoint for another, extra comes, empty goes.
         let mut next = s.clone();
-        let web = next
-            .services
-            .keys()
-            .find(|k| &*k.name == "web")
-            .unwrap()
-            .clone();
         let old_sep: Vec<String> = before
             .lines()
             .filter(|l| l.starts_with("-A KUBE-SEP-") && l.contains("198.18.2.10:8080"))
             .filter_map(|l| l.split(' ').nth(1).map(str::to_owned))
             .collect();
-        next.services.get_mut(&web).unwrap().cluster_endpoints[0] = Endpoint::new(v4(2, 14), 8080);
+        let web = move_webs_first_endpoint(&mut next);
         let empty = next
             .services
             .keys()
@@ -621,6 +684,32 @@ fn a_partial_iptables_sync_rewrites_only_the_changed_ports_chains() {
             after.contains("--comment marker"),
             "the unchanged port's chain was left alone\n{after}"
         );
+        // Upstream's counts: every rule of ours the kernel holds (the
+        // unchanged port's too, not the hand-made marker), of which the
+        // unchanged port's were not written.
+        let metrics = scrape(proxier.metrics());
+        for (table, save) in [("nat", after.clone()), ("filter", iptables_save("filter"))] {
+            let held = save
+                .lines()
+                .filter(|l| l.starts_with("-A KUBE-") && !l.contains("marker"))
+                .count();
+            let series = |name: &str| {
+                let series = format!(r#"{name}{{ip_family="IPv4",table="{table}"}} "#);
+                metrics
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&series)?.parse::<usize>().ok())
+                    .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+            };
+            let total = series("kubeproxy_sync_proxy_rules_iptables_total");
+            let last = series("kubeproxy_sync_proxy_rules_iptables_last");
+            assert_eq!(total, held, "{table}\n{save}");
+            if table == "nat" {
+                assert!(
+                    last < total,
+                    "nat: the unchanged port's rules were written: {last}"
+                );
+            }
+        }
         assert!(
             after.contains("DNAT --to-destination 198.18.2.14:8080"),
             "{after}"
@@ -650,9 +739,61 @@ fn a_partial_iptables_sync_rewrites_only_the_changed_ports_chains() {
             !iptables_save("nat").contains("marker"),
             "a full sync rewrites every chain"
         );
-    })
-    .join()
-    .unwrap();
+    });
+}
+
+/// A partial sync whose restore the kernel refuses is counted as upstream
+/// counts it, and the next sync is full.
+#[test]
+fn a_refused_partial_iptables_restore_is_counted_and_the_next_sync_is_full() {
+    with_synced_iptables(|mut proxier, s| {
+        // The endpoint web loses has a chain, which someone else's rule
+        // jumps to: deleting it fails, and with it the whole restore.
+        let old_sep = iptables_save("nat")
+            .lines()
+            .find(|l| l.starts_with("-A KUBE-SEP-") && l.contains("198.18.2.10:8080"))
+            .and_then(|l| l.split(' ').nth(1))
+            .expect("the endpoint's chain")
+            .to_owned();
+        let hold = [
+            "-t", "nat", "-A", "OUTPUT", "-p", "udp", "--dport", "9", "-j", &old_sep,
+        ];
+        run("iptables-nft", &hold);
+        let mut next = s.clone();
+        let web = move_webs_first_endpoint(&mut next);
+        let changes = SyncChanges {
+            full: false,
+            changed: [web].into(),
+        };
+        assert!(
+            proxier.sync(&next, &changes).is_err(),
+            "the restore was refused"
+        );
+        let failures = r#"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv4"} 1"#;
+        let metrics = scrape(proxier.metrics());
+        assert!(
+            metrics.lines().any(|l| l == failures),
+            "{failures} missing from\n{metrics}"
+        );
+
+        let mut release = hold;
+        release[2] = "-D";
+        run("iptables-nft", &release);
+        // Asked for a partial sync, it syncs in full: the endpoint's chain,
+        // stale since the refused restore, goes too.
+        proxier.sync(&next, &changes).expect("the next sync");
+        let after = iptables_save("nat");
+        assert!(!after.contains(old_sep.as_str()), "{old_sep} left\n{after}");
+        assert!(
+            after.contains("DNAT --to-destination 198.18.2.14:8080"),
+            "{after}"
+        );
+        let metrics = scrape(proxier.metrics());
+        assert!(
+            metrics.lines().any(|l| l == failures),
+            "a sync that works counts nothing"
+        );
+    });
 }
 
 /// `localhostNodePorts`: on (upstream's default) NodePorts answer on

@@ -46,11 +46,11 @@ impl Mode for IptablesMode {
         self.probe().map_err(anyhow::Error::msg)?;
         let settings = crate::modes::nftables::proxier::NftSettings::from_options(opts);
         let proxier = proxier::IptablesProxier::new(settings);
-        let metrics = proxier.conntrack_metrics();
+        let metrics = proxier.metrics();
         Ok(Running {
             proxier: boxed(proxier),
             families: crate::model::IpFamily::BOTH.to_vec(),
-            metrics: vec![Box::new(metrics)],
+            metrics,
             background: Box::pin(futures::future::pending()),
             // As upstream: the rules stay when the agent stops; `--cleanup` removes them.
             stop: Box::new(|| {}),

@@ -18,6 +18,7 @@ use super::{
     rules::{self, NodeRules, OwnChains},
 };
 use crate::{
+    metrics::IptablesMetrics,
     model::{DesiredState, IpFamily, ServicePortName},
     modes::nftables::proxier::NftSettings,
     sync::{Proxier, SyncChanges},
@@ -36,6 +37,8 @@ pub struct IptablesProxier {
     written: [Option<Written>; 2],
     /// Deletes stale UDP flows after each family's sync, as upstream.
     reconciler: crate::modes::conntrack::Reconciler,
+    /// Rule counts and partial restore failures, as upstream reports them.
+    metrics: IptablesMetrics,
 }
 
 /// One family's rules as written: what a partial sync builds on.
@@ -52,9 +55,13 @@ impl IptablesProxier {
         Self::with_backend(settings, backend)
     }
 
-    /// The conntrack reconciler's metrics, to be served.
-    pub fn conntrack_metrics(&self) -> crate::metrics::ConntrackReconcilerMetrics {
-        self.reconciler.metrics()
+    /// The mode's own metrics, to be served: the conntrack reconciler's,
+    /// the rule counts and partial restore failures.
+    pub fn metrics(&self) -> Vec<Box<dyn prometheus_client::collector::Collector>> {
+        vec![
+            Box::new(self.reconciler.metrics()),
+            Box::new(self.metrics.clone()),
+        ]
     }
 
     pub fn with_backend(settings: NftSettings, backend: IptablesBackend) -> Self {
@@ -63,6 +70,7 @@ impl IptablesProxier {
             backend,
             written: [None, None],
             reconciler: Default::default(),
+            metrics: IptablesMetrics::new(&IpFamily::BOTH),
         }
     }
 
@@ -110,7 +118,16 @@ impl IptablesProxier {
                 rules::build(&node, desired, &stale, &|_| true)
             }
         };
-        run_restore(&t, &restore.text)?;
+        if let Err(e) = run_restore(&t, &restore.text) {
+            if previous.is_some() {
+                self.metrics.partial_restore_failed(family);
+            }
+            return Err(e);
+        }
+        for (table, counts) in &restore.rule_counts {
+            self.metrics
+                .rules(family, table, counts.written, counts.total);
+        }
         self.written[slot] = Some(Written {
             node,
             services: restore.services,

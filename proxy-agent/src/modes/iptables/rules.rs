@@ -204,6 +204,9 @@ struct Table {
     /// Chains declared in order of first use (the restore lists them first).
     order: Vec<String>,
     rules: Vec<String>,
+    /// Rules of service ports this sync leaves as they are (in the kernel,
+    /// not in the restore).
+    kept: usize,
 }
 
 impl Table {
@@ -225,6 +228,16 @@ pub struct Restore {
     pub text: String,
     pub chains: BTreeMap<&'static str, BTreeSet<String>>,
     pub services: BTreeMap<ServicePortName, OwnChains>,
+    /// Per table, the rules the restore writes and all of kube-proxy's
+    /// rules once it is applied (upstream's `sync_proxy_rules_iptables_last`
+    /// and `_total`; upstream also counts the `-X` of each deleted chain).
+    pub rule_counts: BTreeMap<&'static str, RuleCounts>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuleCounts {
+    pub written: usize,
+    pub total: usize,
 }
 
 /// A service port's own chains (`KUBE-SVC-…`, `KUBE-SEP-…`, …) per table.
@@ -267,6 +280,8 @@ impl Table {
                 .unwrap_or_default();
             if rewrite || !own.contains(chain) {
                 self.rule(r);
+            } else {
+                self.kept += 1;
             }
         }
         own
@@ -381,6 +396,7 @@ pub fn build(
 
     let mut text = String::new();
     let mut chains = BTreeMap::new();
+    let mut rule_counts = BTreeMap::new();
     for (name, table) in [("filter", &filter), ("nat", &nat)] {
         let _ = writeln!(text, "*{name}");
         for c in &table.order {
@@ -403,11 +419,19 @@ pub fn build(
         }
         let _ = writeln!(text, "COMMIT");
         chains.insert(name, table.chains.clone());
+        rule_counts.insert(
+            name,
+            RuleCounts {
+                written: table.rules.len(),
+                total: table.rules.len() + table.kept,
+            },
+        );
     }
     Restore {
         text,
         chains,
         services,
+        rule_counts,
     }
 }
 

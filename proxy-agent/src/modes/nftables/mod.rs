@@ -36,11 +36,11 @@ impl Mode for NftablesMode {
     fn start(&self, opts: &ProxyOptions, _: HostFeed<'_>) -> anyhow::Result<Running> {
         self.probe().map_err(anyhow::Error::msg)?;
         let proxier = proxier::NftablesProxier::new(proxier::NftSettings::from_options(opts));
-        let metrics = proxier.conntrack_metrics();
+        let metrics = proxier.metrics();
         Ok(Running {
             proxier: boxed(proxier),
             families: crate::model::IpFamily::BOTH.to_vec(),
-            metrics: vec![Box::new(metrics)],
+            metrics,
             background: Box::pin(futures::future::pending()),
             // As upstream: the rules stay when the agent stops; `--cleanup` removes them.
             stop: Box::new(|| {}),

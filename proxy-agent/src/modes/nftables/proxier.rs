@@ -15,6 +15,7 @@ use super::{
     ruleset::{self, LocalDetector, NodeRules, TABLE},
 };
 use crate::{
+    metrics::NftablesMetrics,
     model::{DesiredState, NodeModel},
     modes::ebpf::node::DetectLocal,
     options::{NodePortAddresses, ProxyOptions},
@@ -98,6 +99,8 @@ pub struct NftablesProxier {
     written: BTreeMap<&'static str, Option<Written>>,
     /// Deletes stale UDP flows after each family's sync, as upstream.
     reconciler: crate::modes::conntrack::Reconciler,
+    /// Failed deletions of stale chains, as upstream counts them.
+    metrics: NftablesMetrics,
 }
 
 /// One family's table as written: what a partial sync builds on.
@@ -119,12 +122,17 @@ impl NftablesProxier {
             stale: BTreeMap::new(),
             written: BTreeMap::new(),
             reconciler: Default::default(),
+            metrics: NftablesMetrics::new(&crate::model::IpFamily::BOTH),
         }
     }
 
-    /// The conntrack reconciler's metrics, to be served.
-    pub fn conntrack_metrics(&self) -> crate::metrics::ConntrackReconcilerMetrics {
-        self.reconciler.metrics()
+    /// The mode's own metrics, to be served: the conntrack reconciler's and
+    /// the failed cleanups.
+    pub fn metrics(&self) -> Vec<Box<dyn prometheus_client::collector::Collector>> {
+        vec![
+            Box::new(self.reconciler.metrics()),
+            Box::new(self.metrics.clone()),
+        ]
     }
 
     fn sync_family(
@@ -159,6 +167,7 @@ impl NftablesProxier {
                 ),
                 // Left for the next sync, as upstream does.
                 Err(e) => {
+                    self.metrics.cleanup_failed(family.ip_family());
                     tracing::warn!(family = family.name(), error = %format!("{e:#}"), "could not delete stale nftables chains; will retry")
                 }
             }
