@@ -5,7 +5,12 @@
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _},
-    metrics::{TypedMetric as _, counter::Counter, family::Family, gauge::Gauge},
+    metrics::{
+        TypedMetric as _,
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::Gauge,
+    },
 };
 
 use super::proxy::FamilyLabel;
@@ -26,6 +31,37 @@ fn family_label(family: IpFamily) -> FamilyLabel {
     }
 }
 
+/// Upstream's two counters read from nfacct objects at each scrape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NfacctMetric {
+    CtStateInvalidDropped,
+    LocalhostNodePortsAccepted,
+}
+
+impl NfacctMetric {
+    /// Registered name (a counter: its sample is named `..._total`).
+    fn name(self) -> &'static str {
+        match self {
+            Self::CtStateInvalidDropped => "iptables_ct_state_invalid_dropped_packets",
+            Self::LocalhostNodePortsAccepted => "iptables_localhost_nodeports_accepted_packets",
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            Self::CtStateInvalidDropped => {
+                "packets dropped by iptables to work around conntrack problems"
+            }
+            Self::LocalhostNodePortsAccepted => {
+                "Number of packets accepted on nodeports of loopback interface"
+            }
+        }
+    }
+}
+
+/// Reads an nfacct object's packet count.
+pub type NfacctReader = fn(&str) -> std::io::Result<u64>;
+
 /// The iptables mode's rule counts and partial restore failures; clones
 /// share their values.
 #[derive(Clone, Debug, Default)]
@@ -33,6 +69,9 @@ pub struct IptablesMetrics {
     total: Family<TableLabel, Gauge>,
     last: Family<TableLabel, Gauge>,
     partial_restore_failures: Family<FamilyLabel, Counter>,
+    /// The nfacct-backed counters, the objects they read, and how.
+    nfacct: Vec<(NfacctMetric, &'static str)>,
+    read_nfacct: Option<NfacctReader>,
 }
 
 impl IptablesMetrics {
@@ -69,6 +108,19 @@ impl IptablesMetrics {
         self.total.get_or_create(&label).set(total as i64);
     }
 
+    /// Serves `counters` (metric, nfacct object), read with `read` at each
+    /// scrape; a counter that cannot be read is left out of that scrape, as
+    /// upstream's collector leaves it.
+    pub fn reading_nfacct(
+        mut self,
+        counters: Vec<(NfacctMetric, &'static str)>,
+        read: NfacctReader,
+    ) -> Self {
+        self.nfacct = counters;
+        self.read_nfacct = Some(read);
+        self
+    }
+
     /// A partial sync's restore failed (the next sync is full).
     pub fn partial_restore_failed(&self, family: IpFamily) {
         self.partial_restore_failures
@@ -99,7 +151,22 @@ impl Collector for IptablesMetrics {
             None,
             Counter::<u64>::TYPE,
         )?;
-        self.partial_restore_failures.encode(failures)
+        self.partial_restore_failures.encode(failures)?;
+        let Some(read) = self.read_nfacct else {
+            return Ok(());
+        };
+        for (metric, object) in &self.nfacct {
+            if let Ok(packets) = read(object) {
+                let counter = encoder.encode_descriptor(
+                    metric.name(),
+                    metric.help(),
+                    None,
+                    Counter::<u64>::TYPE,
+                )?;
+                ConstCounter::new(packets).encode(counter)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -183,6 +250,31 @@ mod tests {
                 r#"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv4"} 0"#,
             ],
         );
+    }
+
+    #[test]
+    fn nfacct_counters_are_read_at_each_scrape_and_left_out_when_unreadable() {
+        use super::NfacctMetric::*;
+        let read: super::NfacctReader = |object| match object {
+            "counted" => Ok(7),
+            _ => Err(std::io::ErrorKind::NotFound.into()),
+        };
+        let metrics = IptablesMetrics::new(&IpFamily::BOTH).reading_nfacct(
+            vec![
+                (CtStateInvalidDropped, "counted"),
+                (LocalhostNodePortsAccepted, "gone"),
+            ],
+            read,
+        );
+        let text = scrape(Box::new(metrics));
+        assert_lines(
+            &text,
+            &[
+                "# TYPE kubeproxy_iptables_ct_state_invalid_dropped_packets counter",
+                "kubeproxy_iptables_ct_state_invalid_dropped_packets_total 7",
+            ],
+        );
+        assert!(!text.contains("localhost_nodeports"), "{text}");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! deleted, as upstream's `conntrack.CleanStaleEntries` does — a flow to a
 //! service address whose endpoint left, and a flow that was not translated
 //! because the service had no endpoint when it began but has one now.
-//! Through netlink (`netlink-packet-netfilter`), as upstream.
+//! Through netlink (`netlink-packet-netfilter`, `super::nfnetlink`), as upstream.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -12,14 +12,11 @@ use std::{
     net::{IpAddr, SocketAddr},
 };
 
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_netfilter::{
-    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+    NetfilterMessageInner, NetfilterProtoFamily,
     conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Protocol, Tuple},
 };
-use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_NETFILTER};
 
 use crate::{
     metrics::ConntrackReconcilerMetrics,
@@ -153,91 +150,41 @@ fn nf_family(family: IpFamily) -> NetfilterProtoFamily {
     }
 }
 
-fn socket() -> io::Result<Socket> {
-    let mut socket = Socket::new(NETLINK_NETFILTER)?;
-    socket.bind_auto()?;
-    socket.connect(&NlAddr::new(0, 0))?;
-    Ok(socket)
-}
-
-fn send(
-    socket: &Socket,
+/// Sends `message` for `family` with `flags`; each conntrack answer to `each`.
+fn exchange(
     flags: u16,
     family: IpFamily,
     message: ConntrackMessage,
+    mut each: impl FnMut(ConntrackMessage),
 ) -> io::Result<()> {
-    let mut header = NetlinkHeader::default();
-    header.flags = flags;
-    let mut packet = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(NetfilterMessage::new(
-            NetfilterHeader::new(nf_family(family), 0, 0),
-            message,
-        )),
-    );
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf[..]);
-    socket.send(&buf, 0)?;
-    Ok(())
-}
-
-/// Reads answers until the kernel says done (a dump) or acknowledges.
-fn receive(socket: &Socket, mut each: impl FnMut(ConntrackMessage)) -> io::Result<()> {
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let size = socket.recv(&mut &mut buf[..], 0)?;
-        let mut offset = 0;
-        while offset < size {
-            let message = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[offset..size])
-                .map_err(|e| io::Error::other(format!("a conntrack answer: {e}")))?;
-            let len = message.header.length as usize;
-            match message.payload {
-                NetlinkPayload::Done(_) => return Ok(()),
-                NetlinkPayload::Error(e) => {
-                    return match e.code {
-                        None => Ok(()),
-                        Some(code) => Err(io::Error::from_raw_os_error(-code.get())),
-                    };
-                }
-                NetlinkPayload::InnerMessage(m) => {
-                    if let NetfilterMessageInner::Conntrack(c) = m.inner {
-                        each(c);
-                    }
-                }
-                _ => {}
-            }
-            if len == 0 {
-                break;
-            }
-            offset += len;
+    let request = super::nfnetlink::message(flags, nf_family(family), message.into());
+    super::nfnetlink::exchange(&request, |inner| {
+        if let NetfilterMessageInner::Conntrack(c) = inner {
+            each(c);
         }
-    }
+    })
 }
 
 /// Every conntrack entry of `family`.
 pub fn dump(family: IpFamily) -> io::Result<Vec<Flow>> {
-    let socket = socket()?;
-    send(
-        &socket,
+    let mut flows = Vec::new();
+    exchange(
         NLM_F_REQUEST | NLM_F_DUMP,
         family,
         ConntrackMessage::Get(vec![]),
+        |m| {
+            if let ConntrackMessage::New(attrs) | ConntrackMessage::Get(attrs) = m
+                && let Some(f) = flow_of(&attrs)
+            {
+                flows.push(f);
+            }
+        },
     )?;
-    let mut flows = Vec::new();
-    receive(&socket, |m| {
-        if let ConntrackMessage::New(attrs) | ConntrackMessage::Get(attrs) = m
-            && let Some(f) = flow_of(&attrs)
-        {
-            flows.push(f);
-        }
-    })?;
     Ok(flows)
 }
 
 /// Deletes the entry whose original tuple is `flow`'s.
 pub fn delete(family: IpFamily, flow: &Flow) -> io::Result<()> {
-    let socket = socket()?;
     let tuple = vec![
         Tuple::Ip(vec![
             IPTuple::SourceAddress(flow.orig_src.ip()),
@@ -249,13 +196,12 @@ pub fn delete(family: IpFamily, flow: &Flow) -> io::Result<()> {
             ProtoTuple::DestinationPort(flow.orig_dst.port()),
         ]),
     ];
-    send(
-        &socket,
+    exchange(
         NLM_F_REQUEST | NLM_F_ACK,
         family,
         ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(tuple)]),
-    )?;
-    receive(&socket, |_| {})
+        |_| {},
+    )
 }
 
 fn flow_of(attrs: &[ConntrackAttribute]) -> Option<Flow> {

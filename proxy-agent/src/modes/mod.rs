@@ -9,6 +9,7 @@ pub mod detect_local;
 pub mod ebpf;
 pub mod iptables;
 pub mod ipvs;
+pub mod nfnetlink;
 pub mod nftables;
 
 use std::{

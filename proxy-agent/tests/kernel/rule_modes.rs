@@ -796,6 +796,80 @@ fn a_refused_partial_iptables_restore_is_counted_and_the_next_sync_is_full() {
     });
 }
 
+/// As upstream, forwarded packets conntrack finds INVALID are dropped
+/// unless `nf_conntrack_tcp_be_liberal` is set when the proxier starts.
+#[test]
+fn invalid_packets_are_dropped_unless_conntrack_is_liberal() {
+    for liberal in [false, true] {
+        std::thread::spawn(move || {
+            // SAFETY: unshare affects only this thread; iptables runs as its
+            // child, and /proc/sys/net is this thread's namespace's.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+            let sysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal";
+            std::fs::write(sysctl, if liberal { "1" } else { "0" }).unwrap();
+            let mut proxier = IptablesProxier::with_backend(settings(), IptablesBackend::Nft);
+            proxier.sync(&state(), &full_sync()).expect("the sync");
+            let filter = iptables_save("filter");
+            assert_eq!(
+                filter.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID"),
+                !liberal,
+                "tcp_be_liberal {liberal}\n{filter}"
+            );
+        })
+        .join()
+        .unwrap();
+    }
+}
+
+/// As upstream: the rules count into nfacct objects the proxier creates,
+/// the INVALID drops (both families) and what NodePorts accept on
+/// 127.0.0.0/8, and the metrics read the counts back at each scrape.
+#[test]
+fn nfacct_objects_count_what_upstreams_metrics_report() {
+    use proxy_agent::modes::iptables::nfacct;
+    std::thread::spawn(|| {
+        // SAFETY: unshare affects only this thread; iptables and ip run as
+        // its children, and nfacct objects belong to its namespace.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        run("ip", &["link", "set", "lo", "up"]);
+        let mut proxier = IptablesProxier::with_backend(settings(), IptablesBackend::Nft);
+        proxier.sync(&state(), &full_sync()).expect("the sync");
+        // iptables-save prints two spaces after --nfacct-name.
+        let squeezed = |s: String| s.split(' ').filter(|w| !w.is_empty()).collect::<Vec<_>>().join(" ");
+        let count_invalid = "--ctstate INVALID -m comment --comment \"kubernetes forwarding rules\" -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP";
+        let filter = squeezed(iptables_save("filter"));
+        assert!(filter.contains(count_invalid), "{filter}");
+        let ip6 = squeezed(run("ip6tables-nft-save", &["-t", "filter"]));
+        assert!(ip6.contains(count_invalid), "{ip6}");
+        let nat = squeezed(iptables_save("nat"));
+        assert!(
+            nat.contains("-A KUBE-NODEPORTS -d 127.0.0.0/8 -p tcp -m comment --comment \"ns1/web:p80/TCP\" -m tcp --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-"),
+            "{nat}"
+        );
+
+        // A connection to the NodePort on 127.0.0.1 (its backend is not
+        // there: the SYN is counted all the same).
+        let before = nfacct::packets(nfacct::LOCALHOST_NODE_PORTS_ACCEPTED).unwrap();
+        let _ = std::net::TcpStream::connect_timeout(
+            &"127.0.0.1:30080".parse().unwrap(),
+            Duration::from_millis(100),
+        );
+        let after = nfacct::packets(nfacct::LOCALHOST_NODE_PORTS_ACCEPTED).unwrap();
+        assert_eq!(after, before + 1);
+        let metrics = scrape(proxier.metrics());
+        let accepted = format!("kubeproxy_iptables_localhost_nodeports_accepted_packets_total {after}");
+        assert!(metrics.lines().any(|l| l == accepted), "{accepted} missing from\n{metrics}");
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l == "kubeproxy_iptables_ct_state_invalid_dropped_packets_total 0"),
+            "{metrics}"
+        );
+    })
+    .join()
+    .unwrap();
+}
+
 /// `localhostNodePorts`: on (upstream's default) NodePorts answer on
 /// 127.0.0.1 and `KUBE-FIREWALL` drops non-local traffic to 127.0.0.0/8;
 /// off, loopback is excluded from the NodePorts jump. IPv6 never.

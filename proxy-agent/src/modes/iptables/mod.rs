@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod cleanup;
+pub mod nfacct;
 pub mod proxier;
 pub mod rules;
 

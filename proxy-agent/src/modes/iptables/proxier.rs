@@ -15,10 +15,11 @@ use anyhow::{Context as _, bail};
 
 use super::{
     backend::{IptablesBackend, Tools},
-    rules::{self, NodeRules, OwnChains},
+    nfacct,
+    rules::{self, NfacctCounters, NodeRules, OwnChains},
 };
 use crate::{
-    metrics::IptablesMetrics,
+    metrics::{IptablesMetrics, rules::NfacctMetric},
     model::{DesiredState, IpFamily, ServicePortName},
     modes::nftables::proxier::NftSettings,
     sync::{Proxier, SyncChanges},
@@ -39,6 +40,11 @@ pub struct IptablesProxier {
     reconciler: crate::modes::conntrack::Reconciler,
     /// Rule counts and partial restore failures, as upstream reports them.
     metrics: IptablesMetrics,
+    /// Whether the rules drop conntrack INVALID packets, as upstream
+    /// decides once at start.
+    drop_invalid: bool,
+    /// The nfacct objects that exist for the rules to count into.
+    counters: NfacctCounters,
 }
 
 /// One family's rules as written: what a partial sync builds on.
@@ -65,12 +71,38 @@ impl IptablesProxier {
     }
 
     pub fn with_backend(settings: NftSettings, backend: IptablesBackend) -> Self {
+        let tcp_be_liberal = conntrack_tcp_be_liberal();
+        if tcp_be_liberal {
+            tracing::info!(
+                "nf_conntrack_tcp_be_liberal set: no DROP rule for conntrack INVALID packets, \
+                 as upstream"
+            );
+        }
+        let counters = ensure_counters();
+        let counted = [
+            (
+                counters.invalid_dropped,
+                NfacctMetric::CtStateInvalidDropped,
+                nfacct::CT_STATE_INVALID_DROPPED,
+            ),
+            (
+                counters.localhost_node_ports_accepted,
+                NfacctMetric::LocalhostNodePortsAccepted,
+                nfacct::LOCALHOST_NODE_PORTS_ACCEPTED,
+            ),
+        ]
+        .into_iter()
+        .filter(|(exists, _, _)| *exists)
+        .map(|(_, metric, object)| (metric, object))
+        .collect();
         Self {
+            drop_invalid: !tcp_be_liberal,
+            counters,
+            metrics: IptablesMetrics::new(&IpFamily::BOTH).reading_nfacct(counted, nfacct::packets),
             settings,
             backend,
             written: [None, None],
             reconciler: Default::default(),
-            metrics: IptablesMetrics::new(&IpFamily::BOTH),
         }
     }
 
@@ -89,7 +121,11 @@ impl IptablesProxier {
             IpFamily::V6 => 1,
         };
         let t = self.backend.tools(family);
-        let node = NodeRules::new(&self.settings, family, &desired.node);
+        let node = NodeRules {
+            drop_invalid: self.drop_invalid,
+            counters: self.counters,
+            ..NodeRules::new(&self.settings, family, &desired.node)
+        };
         // Unknown until this sync succeeds.
         let previous = self.written[slot]
             .take()
@@ -134,6 +170,33 @@ impl IptablesProxier {
         });
         Ok(())
     }
+}
+
+/// Creates upstream's two nfacct objects unless they exist; a rule counts
+/// only into one that does (an error is logged, as upstream logs it).
+fn ensure_counters() -> NfacctCounters {
+    let ensure = |name: &str| match nfacct::ensure(name) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                counter = name,
+                error = %e,
+                "cannot create the nfacct counter; its metric will not be updated"
+            );
+            false
+        }
+    };
+    NfacctCounters {
+        invalid_dropped: ensure(nfacct::CT_STATE_INVALID_DROPPED),
+        localhost_node_ports_accepted: ensure(nfacct::LOCALHOST_NODE_PORTS_ACCEPTED),
+    }
+}
+
+/// `net.netfilter.nf_conntrack_tcp_be_liberal` of this network namespace
+/// is set (unreadable counts as not set, as upstream).
+fn conntrack_tcp_be_liberal() -> bool {
+    std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
+        .is_ok_and(|v| v.trim().parse::<u32>().is_ok_and(|n| n != 0))
 }
 
 /// Adds `-A`-style `args` at the top of `chain` unless present (upstream's EnsureRule).

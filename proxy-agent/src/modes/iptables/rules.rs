@@ -32,6 +32,22 @@ pub struct NodeRules {
     /// `iptables.localhostNodePorts`: NodePorts answer on 127.0.0.1 (IPv4
     /// only, with `route_localnet`), guarded by `KUBE-FIREWALL`.
     pub localhost_node_ports: bool,
+    /// Drop forwarded packets conntrack finds INVALID: upstream does unless
+    /// `nf_conntrack_tcp_be_liberal` is set, which makes them rare and
+    /// their drop harmful (kubernetes#74839).
+    pub drop_invalid: bool,
+    /// The nfacct objects the rules count packets into (upstream's two
+    /// metrics read them), those that exist.
+    pub counters: NfacctCounters,
+}
+
+/// Which of upstream's nfacct objects exist for the rules to count into.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NfacctCounters {
+    /// [`super::nfacct::CT_STATE_INVALID_DROPPED`]
+    pub invalid_dropped: bool,
+    /// [`super::nfacct::LOCALHOST_NODE_PORTS_ACCEPTED`]
+    pub localhost_node_ports_accepted: bool,
 }
 
 impl NodeRules {
@@ -50,6 +66,8 @@ impl NodeRules {
             node_port_ips: n.node_port_ips,
             node_ip: n.node_ip,
             localhost_node_ports: settings.localhost_node_ports,
+            drop_invalid: true,
+            counters: NfacctCounters::default(),
         }
     }
 
@@ -343,7 +361,17 @@ pub fn build(
     nat.rule(format!("-A KUBE-POSTROUTING -j MARK --xor-mark {mark}"));
     nat.rule("-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully".into());
     nat.rule(format!("-A KUBE-MARK-MASQ -j MARK --or-mark {mark}"));
-    filter.rule("-A KUBE-FORWARD -m conntrack --ctstate INVALID -m comment --comment \"kubernetes forwarding rules\" -j DROP".into());
+    if node.drop_invalid {
+        let count = if node.counters.invalid_dropped {
+            format!(
+                " -m nfacct --nfacct-name {}",
+                super::nfacct::CT_STATE_INVALID_DROPPED
+            )
+        } else {
+            String::new()
+        };
+        filter.rule(format!("-A KUBE-FORWARD -m conntrack --ctstate INVALID -m comment --comment \"kubernetes forwarding rules\"{count} -j DROP"));
+    }
     filter.rule(format!("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"));
     filter.rule("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT".into());
 
@@ -552,6 +580,10 @@ fn service(
     }
     if let Some(np) = svc.node_port {
         if has_endpoints {
+            if node.localhost_reaches_node_ports() && node.counters.localhost_node_ports_accepted {
+                let counter = super::nfacct::LOCALHOST_NODE_PORTS_ACCEPTED;
+                nodeport_rules.push(format!("-A KUBE-NODEPORTS -m comment --comment \"{name}\" {dport} -d 127.0.0.0/8 --dport {np} -m nfacct --nfacct-name {counter} -j {ext_chain}"));
+            }
             nodeport_rules.push(format!("-A KUBE-NODEPORTS -m comment --comment \"{name}\" {dport} --dport {np} -j {ext_chain}"));
         }
         if !has_external {
