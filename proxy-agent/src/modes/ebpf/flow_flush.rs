@@ -2,8 +2,8 @@
 //! deletes their conntrack entries after a sync.
 //!
 //! Finding them means reading the whole conntrack table: about 9 ms for the
-//! 28,000 entries of an end-to-end run (a cold cache line or two each), and
-//! a busy node's table holds ten times that. So the agent does it on a
+//! 28,000 entries of an end-to-end run (a cold cache line or two each), in
+//! a table of at least 131,072 by default. So the agent does it on a
 //! thread of its own ([`Flusher`]): a sync hands over what left and goes on,
 //! and the syncs that come while a walk runs are not held up by it. Requests
 //! that arrive during a walk are served together by the next one.
