@@ -623,6 +623,9 @@ where
     }
 
     fn flush_gone_flows(&mut self, gone: GoneFlows<F>) -> Result<Flushed, MapError> {
+        // What replaces the gone backends is in the maps before their flows
+        // go, however soon the thread gets to them.
+        self.write_deferred_before()?;
         let Some(flusher) = &self.flusher else {
             return self
                 .flush_flows(&|k, v| gone.matches(k, v))
