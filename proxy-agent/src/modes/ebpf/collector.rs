@@ -291,6 +291,22 @@ where
     CtKeyOf<F>: Pod,
     CtValueOf<F>: Pod,
 {
+    take_if::<F, _>(fd, key, |taken| judge.removal::<F>(key, taken))
+}
+
+/// Takes `key` out of the table `fd` (lookup-and-delete, one step) and asks
+/// `why` about the value it had: its answer, or `None` when the entry was
+/// gone already or `why` keeps it, in which case it goes back (unless the
+/// datapath opened the tuple again meanwhile).
+pub fn take_if<F: Family, T>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    key: &CtKeyOf<F>,
+    why: impl FnOnce(&CtValueOf<F>) -> Option<T>,
+) -> std::io::Result<Option<T>>
+where
+    CtKeyOf<F>: Pod,
+    CtValueOf<F>: Pod,
+{
     let mut value = vec![0u8; size_of::<CtValueOf<F>>()];
     let key_bytes = bytes_of(key);
     if !super::sys::take(fd, key_bytes, &mut value)? {
@@ -298,11 +314,11 @@ where
     }
     // SAFETY: the kernel wrote a whole value of this Pod type.
     let taken: CtValueOf<F> = unsafe { std::ptr::read_unaligned(value.as_ptr().cast()) };
-    let why = judge.removal::<F>(key, &taken);
-    if why.is_none() {
+    let answer = why(&taken);
+    if answer.is_none() {
         let _ = super::sys::insert_new(fd, key_bytes, &value);
     }
-    Ok(why)
+    Ok(answer)
 }
 
 fn bytes_of<T: Pod>(value: &T) -> &[u8] {

@@ -153,23 +153,8 @@ where
     CtKeyOf<F>: Pod,
     CtValueOf<F>: Pod,
 {
-    // SAFETY: a Pod key is plain bytes of its size.
-    let key_bytes = unsafe {
-        std::slice::from_raw_parts((key as *const CtKeyOf<F>).cast::<u8>(), size_of_val(key))
-    };
-    let mut value = vec![0u8; size_of::<CtValueOf<F>>()];
-    if !super::sys::take(fd, key_bytes, &mut value)? {
-        return Ok(false);
-    }
-    // SAFETY: the kernel wrote a whole value of this Pod type.
-    let taken: CtValueOf<F> = unsafe { std::ptr::read_unaligned(value.as_ptr().cast()) };
-    if matches(key, &taken) {
-        return Ok(true);
-    }
-    // Should the datapath have opened the tuple yet again meanwhile, its
-    // entry stays; the flow's next refresh rebuilds this half if need be.
-    let _ = super::sys::insert_new(fd, key_bytes, &value);
-    Ok(false)
+    let taken = super::collector::take_if::<F, _>(fd, key, |v| matches(key, v).then_some(()))?;
+    Ok(taken.is_some())
 }
 
 /// The model's name of family `F`.
