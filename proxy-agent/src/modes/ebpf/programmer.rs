@@ -151,6 +151,9 @@ pub struct FamilyProgrammer<F: AgentFamily> {
     ports: HashMap<ServicePortName, PortState<F>>,
     backends: HashMap<BackendOf<F>, BackendId>,
     backend_by_id: HashMap<BackendId, BackendOf<F>>,
+    /// Ids given or taken back since [`FamilyProgrammer::take_touched`]:
+    /// what the names publication must update (adopted ids are not).
+    touched: Touched,
     /// How many slots name each backend.
     backend_refs: HashMap<BackendId, u32>,
     /// Backends that may have no slot left: deleted at the end of a sync
@@ -169,6 +172,14 @@ pub struct FamilyProgrammer<F: AgentFamily> {
     slot_ranges: SlotRanges,
     /// XDP's filter: every frontend's bit and every backend's.
     filter: FilterBits,
+}
+
+/// Service ports and backends whose ids were given or taken back, in that
+/// order (one may come more than once).
+#[derive(Debug, Default)]
+pub struct Touched {
+    pub ports: Vec<ServicePortName>,
+    pub backends: Vec<BackendId>,
 }
 
 /// The sizes of the maps a sync must fit in.
@@ -209,6 +220,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             ports: HashMap::new(),
             backends: HashMap::new(),
             backend_by_id: HashMap::new(),
+            touched: Touched::default(),
             backend_refs: HashMap::new(),
             unreferenced: BTreeSet::new(),
             backend_ids: Ids::range(first, last),
@@ -253,6 +265,17 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
     /// Every backend in this family's `BACKENDS` map, by id.
     pub fn backend_ids(&self) -> impl Iterator<Item = (BackendId, &BackendOf<F>)> {
         self.backend_by_id.iter().map(|(id, b)| (*id, b))
+    }
+
+    /// The backend `id` names in this family's `BACKENDS` map.
+    pub fn backend(&self, id: BackendId) -> Option<&BackendOf<F>> {
+        self.backend_by_id.get(&id)
+    }
+
+    /// The service ports and backends whose ids were given or taken back
+    /// since the last call.
+    pub fn take_touched(&mut self) -> Touched {
+        std::mem::take(&mut self.touched)
     }
 
     /// Makes the maps hold exactly `state`.
@@ -597,6 +620,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             .take()
             .ok_or(MapError::TooManyServices)?;
         self.ports.entry(spn.clone()).or_default().id = Some(id);
+        self.touched.ports.push(spn.clone());
         Ok(id)
     }
 
@@ -610,6 +634,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         if let Some(id) = self.ports.get(spn).and_then(|port| port.id) {
             self.remove_source_ranges(id, &BTreeSet::new(), maps, run)?;
             self.service_id_pool.give_back(id);
+            self.touched.ports.push(spn.clone());
         }
         if let Some(port) = self.ports.get_mut(spn) {
             port.id = None;
@@ -685,6 +710,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         self.unreferenced.insert(id);
         self.backends.insert(*backend, id);
         self.backend_by_id.insert(id, *backend);
+        self.touched.backends.push(id);
         self.filter.add(backend_filter_bit(backend));
         Ok(id)
     }
@@ -933,6 +959,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 run.stats.deletes += 1;
                 self.backend_refs.remove(&id);
                 if let Some(backend) = self.backend_by_id.remove(&id) {
+                    self.touched.backends.push(id);
                     self.backends.remove(&backend);
                     self.filter.remove(backend_filter_bit(&backend));
                 }
@@ -1118,6 +1145,15 @@ impl Programmer {
             backends: v4.backends + v6.backends,
             stale_frontends: v4.stale_frontends + v6.stale_frontends,
         }
+    }
+
+    /// What either family's ids were given to or taken from since the last call.
+    pub fn take_touched(&mut self) -> Touched {
+        let mut touched = self.v4.take_touched();
+        let v6 = self.v6.take_touched();
+        touched.ports.extend(v6.ports);
+        touched.backends.extend(v6.backends);
+        touched
     }
 
     /// The UDP backends that left a frontend, in either family.

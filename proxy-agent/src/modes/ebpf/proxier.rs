@@ -34,8 +34,6 @@ pub struct EbpfProxier {
     conntrack_fill: ConntrackFill,
     /// Publishes what the maps' ids stand for; `None`: not published.
     names: Option<NamesPublisher>,
-    /// Whether the names were published since the last change.
-    names_current: bool,
     names_published_at: Option<Instant>,
     /// Until the first sync has waited for them: the packet programs being
     /// verified.
@@ -125,7 +123,6 @@ impl EbpfProxier {
             cold_start: true,
             conntrack_fill: ConntrackFill::default(),
             names: None,
-            names_current: false,
             names_published_at: None,
             programs: None,
             conntrack_metrics,
@@ -148,7 +145,6 @@ impl EbpfProxier {
             cold_start: false,
             conntrack_fill: ConntrackFill::default(),
             names: None,
-            names_current: false,
             names_published_at: None,
             programs: None,
             conntrack_metrics,
@@ -174,26 +170,26 @@ impl EbpfProxier {
     }
 
     fn publish_names(&mut self, desired: &DesiredState, changes: &SyncChanges) {
-        if changes.full || !changes.changed.is_empty() {
-            self.names_current = false;
-        }
-        if self.names_current {
+        let touched = self.programmer.take_touched();
+        let Some(names) = self.names.as_mut() else {
+            return;
+        };
+        names.note(changes, touched);
+        if !names.has_news() {
             return;
         }
-        // Building the names walks every service (about 100 ms at 50,000):
-        // a burst of changes publishes them at most once a second, the rest
-        // at the next sync after that (syncPeriod at the latest).
+        // Writing the names walks every service (about 100 ms at 50,000, on
+        // the writer's thread): a burst of changes publishes them at most
+        // once a second, the rest at the next sync after that (syncPeriod
+        // at the latest).
         let recent = self
             .names_published_at
             .is_some_and(|t| t.elapsed() < NAMES_MIN_INTERVAL);
         if recent && !changes.full {
             return;
         }
-        if let Some(names) = self.names.as_mut() {
-            names.publish(&self.programmer, desired);
-            self.names_current = true;
-            self.names_published_at = Some(Instant::now());
-        }
+        names.publish(&self.programmer, desired);
+        self.names_published_at = Some(Instant::now());
     }
 
     /// After a failed batch the maps hold part of what the programmer
@@ -202,6 +198,9 @@ impl EbpfProxier {
     fn start_over(&mut self) {
         self.maps.discard_deferred();
         self.programmer = fresh_programmer(&self.maps, &self.settings);
+        if let Some(names) = self.names.as_mut() {
+            names.start_over();
+        }
         self.node_programmer = NodeProgrammer::new();
         self.applied = None;
         self.adopting = true;
@@ -217,6 +216,9 @@ impl EbpfProxier {
             desired,
             (&facts.addresses, &facts.addresses6),
         );
+        if let Some(names) = self.names.as_mut() {
+            names.start_over();
+        }
         info!(
             frontends = stats.frontends,
             backends = stats.backends,
