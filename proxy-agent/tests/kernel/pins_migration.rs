@@ -200,12 +200,15 @@ fn migrates_from(version: u32) {
                 .unwrap()
                 .try_into()
                 .unwrap();
+        // SYN_SENT's timeout long enough that the collector cannot take the
+        // fresh flow's halves before the third start counts them on a busy
+        // machine (1 s did, once, in CI).
         let old = v4::DatapathConfig {
             tcp_established_ns: 7_200_000_000_000,
             tcp_closing_ns: 60_000_000_000,
             udp_ns: 30_000_000_000,
             udp_stream_ns: 120_000_000_000,
-            tcp_syn_sent_ns: 1_000_000_000,
+            tcp_syn_sent_ns: 90_000_000_000,
             tcp_time_wait_ns: 2_000_000_000,
             tcp_close_ns: 3_000_000_000,
             masquerade_addr_be,
@@ -220,7 +223,7 @@ fn migrates_from(version: u32) {
             tcp_closing_ns: 60_000_000_000,
             udp_ns: 30_000_000_000,
             udp_stream_ns: 120_000_000_000,
-            tcp_syn_sent_ns: 1_000_000_000,
+            tcp_syn_sent_ns: 90_000_000_000,
             tcp_time_wait_ns: 2_000_000_000,
             tcp_close_ns: 3_000_000_000,
             masquerade_addr_be,
