@@ -27,10 +27,11 @@ pub type Response = hyper::Response<Full<Bytes>>;
 /// Answers one request; sees the method, path and headers, never needs the body.
 pub type Handler = Arc<dyn Fn(&Request<Incoming>) -> Response + Send + Sync>;
 
-/// Binds `addr`; an unspecified IPv4 address listens on both families, as
-/// Go's "tcp" listener does (falling back to IPv4 alone without IPv6).
+/// Binds `addr`; an unspecified address of either family (`0.0.0.0`,
+/// `[::]`) listens on both, as Go's "tcp" listener does (falling back to
+/// that family alone when the other is missing).
 pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
-    if addr.ip() == IpAddr::from([0, 0, 0, 0]) {
+    if addr.ip().is_unspecified() {
         let both = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), addr.port());
         if let Ok(listener) = bind(both, false) {
             return Ok(listener);
@@ -52,11 +53,18 @@ fn bind(addr: SocketAddr, v6_only: bool) -> io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
-/// Serves connections from `listener` until the future is dropped (dropping
-/// it closes the listener; connections already accepted finish on their own).
+/// Serves connections from `listener` until the future is dropped, which
+/// closes the listener and every connection it accepted, as Go's
+/// `http.Server.Close` does: a health-check node port closed for a service
+/// must not keep answering on a connection a load balancer keeps open.
 pub async fn serve(listener: TcpListener, handler: Handler) {
+    let mut connections = tokio::task::JoinSet::new();
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 debug!(error = %e, "accept");
@@ -64,7 +72,7 @@ pub async fn serve(listener: TcpListener, handler: Handler) {
             }
         };
         let handler = handler.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
                 let response = handler(&req);
                 async move { Ok::<_, Infallible>(response) }
@@ -172,5 +180,24 @@ mod tests {
             Ok("[2001:db8::1]:10249".parse().unwrap())
         );
         assert!(bind_address("node-a:1", 1).is_err());
+    }
+
+    /// Either family's unspecified address takes connections of both, as
+    /// Go's `net.Listen("tcp", "[::]:10256")` does; a specific one only its own.
+    #[tokio::test]
+    async fn an_unspecified_address_of_either_family_listens_on_both() {
+        for any in ["0.0.0.0:0", "[::]:0"] {
+            let listener = listen(any.parse().unwrap()).unwrap();
+            let port = listener.local_addr().unwrap().port();
+            for peer in ["127.0.0.1", "::1"] {
+                let to = SocketAddr::new(peer.parse().unwrap(), port);
+                let connected = tokio::net::TcpStream::connect(to).await;
+                assert!(connected.is_ok(), "{any} from {to}: {connected:?}");
+            }
+        }
+        let v6 = listen("[::1]:0".parse().unwrap()).unwrap();
+        let port = v6.local_addr().unwrap().port();
+        let v4 = SocketAddr::new([127, 0, 0, 1].into(), port);
+        assert!(tokio::net::TcpStream::connect(v4).await.is_err());
     }
 }

@@ -126,6 +126,13 @@ fn expected_body(count: usize, healthy: bool) -> String {
     )
 }
 
+/// Syncs service svc1 with health-check port `port` and one ready local endpoint.
+fn sync_one_local(f: &Fixture, port: u16, policy: &str, node_ips: &[&str]) {
+    let local = slice(&[("198.18.1.10", NODE, true, true, false)]);
+    f.ports
+        .sync(&desired(&[service(port, policy)], &[local], node_ips));
+}
+
 fn assert_answer(reply: &HttpReply, status: u16, count: usize, healthy: bool) {
     assert_eq!(reply.status, status, "{reply:?}");
     assert_eq!(reply.body, expected_body(count, healthy));
@@ -202,39 +209,23 @@ fn listeners_close_and_move_with_the_service() {
     let f = fixture(false, Duration::from_secs(60));
     let (first, second) = (free_port(), free_port());
     let local = slice(&[("198.18.1.10", NODE, true, true, false)]);
-    f.ports.sync(&desired(
-        &[service(first, "Local")],
-        std::slice::from_ref(&local),
-        &["127.0.0.1"],
-    ));
+    sync_one_local(&f, first, "Local", &["127.0.0.1"]);
     assert_eq!(get(at("127.0.0.1", first), "/").unwrap().status, 200);
 
-    f.ports.sync(&desired(
-        &[service(second, "Local")],
-        std::slice::from_ref(&local),
-        &["127.0.0.1"],
-    ));
+    sync_one_local(&f, second, "Local", &["127.0.0.1"]);
     assert!(
         get(at("127.0.0.1", first), "/").is_err(),
         "the old port is closed"
     );
     assert_eq!(get(at("127.0.0.1", second), "/").unwrap().status, 200);
 
-    f.ports.sync(&desired(
-        &[service(second, "Cluster")],
-        std::slice::from_ref(&local),
-        &["127.0.0.1"],
-    ));
+    sync_one_local(&f, second, "Cluster", &["127.0.0.1"]);
     assert!(
         get(at("127.0.0.1", second), "/").is_err(),
         "eTP Cluster releases the port"
     );
 
-    f.ports.sync(&desired(
-        &[service(second, "Local")],
-        std::slice::from_ref(&local),
-        &["127.0.0.1"],
-    ));
+    sync_one_local(&f, second, "Local", &["127.0.0.1"]);
     assert_eq!(get(at("127.0.0.1", second), "/").unwrap().status, 200);
     f.ports.sync(&desired(&[], &[local], &["127.0.0.1"]));
     assert!(
@@ -247,12 +238,7 @@ fn listeners_close_and_move_with_the_service() {
 fn only_the_node_port_addresses_get_a_listener_unless_all_are_selected() {
     let f = fixture(false, Duration::from_secs(60));
     let port = free_port();
-    let local = slice(&[("198.18.1.10", NODE, true, true, false)]);
-    f.ports.sync(&desired(
-        &[service(port, "Local")],
-        std::slice::from_ref(&local),
-        &["127.0.0.2"],
-    ));
+    sync_one_local(&f, port, "Local", &["127.0.0.2"]);
     assert_eq!(get(at("127.0.0.2", port), "/").unwrap().status, 200);
     assert!(
         get(at("127.0.0.3", port), "/").is_err(),
@@ -261,11 +247,7 @@ fn only_the_node_port_addresses_get_a_listener_unless_all_are_selected() {
 
     let all = fixture(true, Duration::from_secs(60));
     let port = free_port();
-    all.ports.sync(&desired(
-        &[service(port, "Local")],
-        &[local],
-        &["127.0.0.2"],
-    ));
+    sync_one_local(&all, port, "Local", &["127.0.0.2"]);
     for ip in ["127.0.0.3", "127.0.0.4"] {
         assert_eq!(
             get(at(ip, port), "/").unwrap().status,
@@ -303,4 +285,38 @@ fn a_port_in_use_raises_a_warning_event_and_is_retried_at_the_next_sync() {
     drop(taken);
     f.ports.sync(&state);
     assert_eq!(get(at("127.0.0.1", port), "/").unwrap().status, 200);
+}
+
+/// A health-check port closed for its service also closes the connections
+/// it accepted (Go's `http.Server.Close`): a load balancer that keeps its
+/// connection open must not go on reading 200 from a port no longer served.
+#[test]
+fn closing_a_port_closes_its_open_connections() {
+    use std::io::{Read as _, Write as _};
+    let f = fixture(false, Duration::from_secs(60));
+    let port = free_port();
+    sync_one_local(&f, port, "Local", &["127.0.0.1"]);
+    let mut kept = std::net::TcpStream::connect(at("127.0.0.1", port)).unwrap();
+    kept.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nHost: lb\r\n\r\n";
+    kept.write_all(request).unwrap();
+    let mut answer = [0u8; 4096];
+    let n = kept.read(&mut answer).unwrap();
+    assert!(
+        answer[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+
+    sync_one_local(&f, port, "Cluster", &["127.0.0.1"]);
+    // The close is the listener task's abort: give it a moment.
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = kept.write_all(request);
+    match kept.read(&mut answer) {
+        Ok(0) | Err(_) => {}
+        Ok(n) => panic!(
+            "the closed port answered on a kept connection: {}",
+            String::from_utf8_lossy(&answer[..n])
+        ),
+    }
 }
