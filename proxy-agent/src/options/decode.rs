@@ -1,22 +1,33 @@
-//! Strict decoding of configuration documents (YAML or JSON; JSON is read as YAML).
+//! Decoding of configuration documents (YAML or JSON; JSON is read as YAML).
 //!
 //! Order: YAML syntax -> `apiVersion`/`kind` -> fields upstream removed (warned about and
-//! dropped, so old ConfigMaps such as seed 004 still load) -> unknown fields (an error naming
-//! the full path and the file, with a spelling suggestion) -> typed decode (type errors name
-//! the path too).
+//! dropped, so old ConfigMaps such as seed 004 still load) -> unknown and duplicate fields ->
+//! typed decode (type errors name the path and the file, and are fatal).
 //!
-//! Deviation from upstream, on purpose: upstream falls back to a lenient decode with only a
-//! warning when a field is unknown; we refuse, because a misspelled field silently falling back
-//! to its default is how nodes end up misconfigured. Fields upstream *removed* are still
-//! accepted with a warning.
+//! A `KubeProxyConfiguration` is decoded as upstream decodes it: strictly first, and when that
+//! fails only on unknown or duplicate fields, leniently, with the warning "Using lenient
+//! decoding as strict decoding failed". Unknown fields are then ignored and of a field given
+//! twice the last value is used, so that a ConfigMap written for a newer kube-proxy (or with a
+//! stray key) does not crash-loop the agent on upgrade. The one warning names the file and
+//! every such field by its full path, with a spelling suggestion where one is close.
+//!
+//! Our own `EbpfDatapathConfiguration` ([`DocSpec::strict`]) stays strict: no version of it
+//! has fields this one does not know, so an unknown field is a typo, and a typo silently
+//! falling back to the default is how nodes end up misconfigured. Its unknown and duplicate
+//! fields are errors.
 
+use std::fmt;
 use std::path::Path;
 
 use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde::de::{
+    self, DeserializeOwned, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess,
+    VariantAccess, Visitor,
+};
+use serde_yaml::value::{Tag, TaggedValue};
 use serde_yaml::{Mapping, Value};
 
-use super::error::{Document, OptionsError};
+use super::error::{Document, OptionsError, did_you_mean};
 
 /// Static description of one document kind.
 pub struct DocSpec<'a> {
@@ -29,6 +40,9 @@ pub struct DocSpec<'a> {
     pub free_maps: &'a [&'a str],
     /// Paths upstream removed: accepted, warned about, ignored.
     pub removed: &'a [&'a str],
+    /// Unknown and duplicate fields are errors. Without it (upstream's documents) they are
+    /// warned about: unknown fields are ignored, and a duplicate field's last value is used.
+    pub strict: bool,
 }
 
 pub fn schema_of<T: Serialize>(example: &T) -> Value {
@@ -47,7 +61,12 @@ pub fn decode<T: DeserializeOwned>(
         path: path.to_path_buf(),
         message,
     };
-    let mut value: Value = serde_yaml::from_str(text).map_err(|e| decode_err(e.to_string()))?;
+    let (mut value, duplicates) = if spec.strict {
+        let value = serde_yaml::from_str(text).map_err(|e| decode_err(e.to_string()))?;
+        (value, Vec::new())
+    } else {
+        last_wins(text).map_err(|e| decode_err(e.to_string()))?
+    };
     let Value::Mapping(map) = &mut value else {
         return Err(OptionsError::MissingKind {
             doc,
@@ -59,6 +78,13 @@ pub fn decode<T: DeserializeOwned>(
     let api_version = get_str(map, "apiVersion").unwrap_or_default();
     if kind.is_empty() {
         return Err(OptionsError::MissingKind {
+            doc,
+            path: path.to_path_buf(),
+        });
+    }
+    // Upstream's order: a missing kind first, then a missing version, then the pair.
+    if api_version.is_empty() {
+        return Err(OptionsError::MissingVersion {
             doc,
             path: path.to_path_buf(),
         });
@@ -81,13 +107,18 @@ pub fn decode<T: DeserializeOwned>(
         }
     }
 
-    if let Some((field, suggestion)) = find_unknown(&value, &spec.schema, "", spec.free_maps) {
-        return Err(OptionsError::UnknownField {
-            doc,
-            path: path.to_path_buf(),
-            field,
-            suggestion,
-        });
+    let unknown = prune_unknown(&mut value, &spec.schema, "", spec.free_maps);
+    if spec.strict {
+        if let Some((field, suggestion)) = unknown.into_iter().next() {
+            return Err(OptionsError::UnknownField {
+                doc,
+                path: path.to_path_buf(),
+                field,
+                suggestion,
+            });
+        }
+    } else if !unknown.is_empty() || !duplicates.is_empty() {
+        warnings.push(lenient_warning(doc, path, &unknown, &duplicates));
     }
 
     let typed: T = serde_path_to_error::deserialize(value).map_err(|e| {
@@ -115,28 +146,55 @@ fn join(prefix: &str, key: &str) -> String {
     }
 }
 
-/// First field of `value` (depth-first, in file order) that `schema` does not know.
-fn find_unknown(
-    value: &Value,
+/// Upstream's warning for a document that decoded only leniently, in one line: the file, then
+/// every unknown field (with a suggestion) and every duplicate field by its full path.
+fn lenient_warning(
+    doc: Document,
+    path: &Path,
+    unknown: &[(String, Option<String>)],
+    duplicates: &[String],
+) -> String {
+    let problems: Vec<String> = unknown
+        .iter()
+        .map(|(field, suggestion)| format!("unknown field {field:?}{}", did_you_mean(suggestion)))
+        .chain(duplicates.iter().map(|f| format!("duplicate field {f:?}")))
+        .collect();
+    format!(
+        "Using lenient decoding as strict decoding failed: {doc} {path:?}: strict decoding error: {}; \
+         unknown fields are ignored and a duplicate field's last value is used",
+        problems.join(", ")
+    )
+}
+
+/// How a mapping key is named in a field path.
+fn key_text(k: &Value) -> String {
+    match k {
+        Value::String(s) => s.clone(),
+        other => serde_yaml::to_string(other)
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+    }
+}
+
+/// Removes every field of `value` that `schema` does not know and returns them, depth-first in
+/// file order: the full path, and the known field of that mapping spelled closest, if any.
+fn prune_unknown(
+    value: &mut Value,
     schema: &Value,
     prefix: &str,
     free: &[&str],
-) -> Option<(String, Option<String>)> {
+) -> Vec<(String, Option<String>)> {
+    let mut found = Vec::new();
     match (value, schema) {
         (Value::Mapping(m), Value::Mapping(s)) if !free.contains(&prefix) => {
-            for (k, v) in m {
-                let key = match k {
-                    Value::String(s) => s.clone(),
-                    other => serde_yaml::to_string(other)
-                        .unwrap_or_default()
-                        .trim()
-                        .to_string(),
-                };
+            m.retain(|k, v| {
+                let key = key_text(k);
+                let path = join(prefix, &key);
                 match s.get(key.as_str()) {
                     Some(sub) => {
-                        if let Some(found) = find_unknown(v, sub, &join(prefix, &key), free) {
-                            return Some(found);
-                        }
+                        found.extend(prune_unknown(v, sub, &path, free));
+                        true
                     }
                     None => {
                         let suggestion = s
@@ -146,20 +204,122 @@ fn find_unknown(
                             .filter(|(d, _)| *d <= 3)
                             .min_by_key(|(d, _)| *d)
                             .map(|(_, c)| join(prefix, c));
-                        return Some((join(prefix, &key), suggestion));
+                        found.push((path, suggestion));
+                        false
                     }
                 }
-            }
-            None
+            });
         }
         (Value::Sequence(items), Value::Sequence(s)) => {
-            let elem = s.first()?;
-            items
-                .iter()
-                .enumerate()
-                .find_map(|(i, v)| find_unknown(v, elem, &format!("{prefix}[{i}]"), free))
+            if let Some(elem) = s.first() {
+                for (i, v) in items.iter_mut().enumerate() {
+                    found.extend(prune_unknown(v, elem, &format!("{prefix}[{i}]"), free));
+                }
+            }
         }
-        _ => None,
+        _ => {}
+    }
+    found
+}
+
+/// Parses `text` as a non-strict decoder reads it: of a key given twice in one mapping the
+/// last value is used. Returns the value and the full paths of such keys, in file order.
+/// Syntax errors are serde_yaml's, as with `serde_yaml::from_str`.
+fn last_wins(text: &str) -> Result<(Value, Vec<String>), serde_yaml::Error> {
+    let mut duplicates = Vec::new();
+    let value = LastWins {
+        path: String::new(),
+        duplicates: &mut duplicates,
+    }
+    .deserialize(serde_yaml::Deserializer::from_str(text))?;
+    Ok((value, duplicates))
+}
+
+/// Builds a [`Value`] like serde_yaml's own `Deserialize`, except that a duplicate mapping key
+/// replaces the earlier value (and is recorded) instead of failing.
+struct LastWins<'a> {
+    /// The path of the value being built.
+    path: String,
+    duplicates: &'a mut Vec<String>,
+}
+
+impl LastWins<'_> {
+    fn at(&mut self, path: String) -> LastWins<'_> {
+        LastWins {
+            path,
+            duplicates: self.duplicates,
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for LastWins<'_> {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LastWins<'_> {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+    fn visit_i64<E: de::Error>(self, i: i64) -> Result<Value, E> {
+        Ok(Value::Number(i.into()))
+    }
+    fn visit_u64<E: de::Error>(self, u: u64) -> Result<Value, E> {
+        Ok(Value::Number(u.into()))
+    }
+    fn visit_f64<E: de::Error>(self, f: f64) -> Result<Value, E> {
+        Ok(Value::Number(f.into()))
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_owned()))
+    }
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        self.deserialize(d)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        loop {
+            let path = format!("{}[{}]", self.path, items.len());
+            match seq.next_element_seed(self.at(path))? {
+                Some(item) => items.push(item),
+                None => return Ok(Value::Sequence(items)),
+            }
+        }
+    }
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Mapping::new();
+        while let Some(key) = map.next_key::<Value>()? {
+            let path = join(&self.path, &key_text(&key));
+            let value = map.next_value_seed(self.at(path.clone()))?;
+            if out.insert(key, value).is_some() {
+                self.duplicates.push(path);
+            }
+        }
+        Ok(Value::Mapping(out))
+    }
+    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<Value, A::Error> {
+        // A tagged value (`!tag x`), kept as serde_yaml keeps it.
+        let (tag, contents) = data.variant::<String>()?;
+        let value = contents.newtype_variant_seed(self)?;
+        Ok(Value::Tagged(Box::new(TaggedValue {
+            tag: Tag::new(tag),
+            value,
+        })))
     }
 }
 
@@ -183,6 +343,32 @@ fn strsim_like(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_wins_reads_what_serde_yaml_reads_and_keeps_the_last_duplicate() {
+        for text in [
+            "a: 1\nb: [x, {c: null, d: 2.5}]\ne: !t 3\nf: ~\ng: true\n",
+            "{\"a\": {\"b\": [1, -2]}, \"c\": \"s\"}",
+            "",
+            "- 1\n- 2\n",
+        ] {
+            let strict: Value = serde_yaml::from_str(text).unwrap();
+            assert_eq!(last_wins(text).unwrap(), (strict, vec![]), "{text:?}");
+        }
+        for text in ["a: [\n", "a: 1\n---\nb: 2\n", "a: ::\n"] {
+            assert_eq!(
+                last_wins(text).unwrap_err().to_string(),
+                serde_yaml::from_str::<Value>(text).unwrap_err().to_string(),
+                "{text:?}"
+            );
+        }
+        let (v, dups) = last_wins("a: 1\nb:\n  c: 1\n  c: 2\nl:\n- {x: 1, x: 3}\na: 4\n").unwrap();
+        assert_eq!(
+            v,
+            serde_yaml::from_str::<Value>("a: 4\nb: {c: 2}\nl: [{x: 3}]\n").unwrap()
+        );
+        assert_eq!(dups, ["b.c", "l[0].x", "a"]);
+    }
 
     #[test]
     fn distance() {

@@ -62,9 +62,9 @@ pub fn set_defaults(c: &mut KubeProxyConfiguration) {
     if c.iptables.sync_period == GoDuration::ZERO {
         c.iptables.sync_period = GoDuration::from_secs(30);
     }
-    c.iptables
-        .min_sync_period
-        .get_or_insert(GoDuration::from_secs(1));
+    if c.iptables.min_sync_period == GoDuration::ZERO {
+        c.iptables.min_sync_period = GoDuration::from_secs(1);
+    }
     c.iptables.localhost_node_ports.get_or_insert(true);
     c.iptables
         .masquerade_bit
@@ -75,9 +75,10 @@ pub fn set_defaults(c: &mut KubeProxyConfiguration) {
     if c.nftables.sync_period == GoDuration::ZERO {
         c.nftables.sync_period = GoDuration::from_secs(30);
     }
-    c.nftables
-        .min_sync_period
-        .get_or_insert(GoDuration::from_secs(1));
+    if c.nftables.min_sync_period == GoDuration::ZERO {
+        c.nftables.min_sync_period = GoDuration::from_secs(1);
+    }
+    // ipvs.minSyncPeriod has no default (0 stays 0).
     c.nftables
         .masquerade_bit
         .get_or_insert(DEFAULT_MASQUERADE_BIT);

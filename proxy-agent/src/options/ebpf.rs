@@ -1,7 +1,8 @@
 //! Our datapath extension: `EbpfDatapathConfiguration`.
 //!
-//! Design: upstream's `KubeProxyConfiguration` stays untouched (and strictly parsed), so a plain
-//! upstream file works unchanged and a file written for us still loads in upstream kube-proxy.
+//! Design: upstream's `KubeProxyConfiguration` stays untouched (and decoded as upstream decodes
+//! it), so a plain upstream file works unchanged and a file written for us still loads in
+//! upstream kube-proxy.
 //! Our own settings live in a *separate* document with its own group and kind, given with
 //! `--ebpf-config FILE`, and each setting also has an `--ebpf-*` flag. An `--ebpf-*` flag that is
 //! set explicitly overrides the file (unlike upstream flags, which `--config` silences), because
@@ -80,6 +81,9 @@ pub enum LbAlgorithm {
     Maglev,
 }
 
+/// `--ebpf-config`. Decoded strictly, unlike the upstream document: an unknown or duplicate
+/// field is an error, not a warning. The document is ours and has no newer or older version
+/// with other fields, so such a field can only be a typo (see `decode.rs`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EbpfDatapathConfiguration {

@@ -121,6 +121,14 @@ impl fmt::Display for FieldErrors {
     }
 }
 
+/// ` (did you mean "x"?)` for a suggestion, nothing without one.
+pub(crate) fn did_you_mean(suggestion: &Option<String>) -> String {
+    suggestion
+        .as_ref()
+        .map(|s| format!(" (did you mean {s:?}?)"))
+        .unwrap_or_default()
+}
+
 /// Which configuration document an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Document {
@@ -167,7 +175,10 @@ pub enum OptionsError {
         message: String,
     },
 
-    #[error("unknown field {field:?} in {doc} {path:?}{}", suggestion.as_ref().map(|s| format!(" (did you mean {s:?}?)")).unwrap_or_default())]
+    #[error(
+        "unknown field {field:?} in {doc} {path:?}{}",
+        did_you_mean(suggestion)
+    )]
     UnknownField {
         doc: Document,
         path: PathBuf,
@@ -187,6 +198,9 @@ pub enum OptionsError {
 
     #[error("failed to decode {doc} {path:?}: Object 'Kind' is missing")]
     MissingKind { doc: Document, path: PathBuf },
+
+    #[error("failed to decode {doc} {path:?}: Object 'apiVersion' is missing")]
+    MissingVersion { doc: Document, path: PathBuf },
 
     #[error("failed validate: {0}")]
     Validation(FieldErrors),

@@ -16,9 +16,9 @@
 //! then [`ConfigWatch::changed`] resolves with [`ConfigFileChanged`]. Two deliberate differences
 //! from upstream follow: an event that leaves the content unchanged (a `touch`, a ConfigMap
 //! update that only changed another key, an atomic replace with the same bytes) does not
-//! restart, and content that would not load (a half-written file, a typo) is logged and the
-//! running configuration stays in effect instead of the agent exiting into a crash loop with
-//! its datapath detached. Removing the file is ignored, as upstream does.
+//! restart, and content that would not load (a half-written file, a syntax or type error) is
+//! logged and the running configuration stays in effect instead of the agent exiting into a
+//! crash loop with its datapath detached. Removing the file is ignored, as upstream does.
 //!
 //! The inotify descriptor and its watches are created synchronously in [`ConfigWatch::new`], so
 //! nothing that happens after that is missed, and the first call of `changed` also compares

@@ -583,6 +583,32 @@ fn normalize_args(args: Vec<OsString>) -> Vec<OsString> {
     out
 }
 
+/// A string-slice flag's value as pflag's `StringSlice.Set` builds it: each occurrence's values
+/// are appended, and an empty occurrence (`--nodeport-addresses=`) adds nothing, so that alone
+/// it gives the empty list (clap would give `[""]`).
+fn string_slice(matches: &ArgMatches, long: &str) -> Vec<String> {
+    let Ok(Some(occurrences)) = matches.try_get_occurrences::<String>(&long_to_id(long)) else {
+        return Vec::new();
+    };
+    occurrences
+        .map(|o| o.cloned().collect::<Vec<String>>())
+        .filter(|values| !matches!(values.as_slice(), [only] if only.is_empty()))
+        .flatten()
+        .collect()
+}
+
+/// pflag's words for a flag it does not know: `unknown flag: --x` (the value, if any, left
+/// off), `unknown shorthand flag: 'x' in -x`.
+fn unknown_flag_message(arg: &str) -> String {
+    match arg.strip_prefix("--") {
+        Some(long) => format!("unknown flag: --{}", long.split('=').next().unwrap_or(long)),
+        None => {
+            let short = arg.trim_start_matches('-').chars().next().unwrap_or('-');
+            format!("unknown shorthand flag: {short:?} in {arg}")
+        }
+    }
+}
+
 /// One line from a clap error: its first line, without clap's `error: ` prefix.
 fn one_line(e: &clap::Error) -> String {
     let text = e.render().to_string();
@@ -615,16 +641,35 @@ pub fn parse(args: Vec<OsString>) -> Result<FlagsOutcome, OptionsError> {
             let flag = e
                 .get(clap::error::ContextKind::InvalidArg)
                 .map(|v| v.to_string());
-            return Err(OptionsError::Flag {
-                flag,
-                message: one_line(&e),
-            });
+            let message = match &flag {
+                Some(arg) if e.kind() == clap::error::ErrorKind::UnknownArgument => {
+                    unknown_flag_message(arg)
+                }
+                _ => one_line(&e),
+            };
+            return Err(OptionsError::Flag { flag, message });
         }
     };
-    let flags = Flags::from_arg_matches(&matches).map_err(|e| OptionsError::Flag {
+    let mut flags = Flags::from_arg_matches(&matches).map_err(|e| OptionsError::Flag {
         flag: None,
         message: one_line(&e),
     })?;
+    // The string-slice flags (`ArgAction::Append`, split on `,`), as pflag builds them.
+    for (long, value) in [
+        ("nodeport-addresses", &mut flags.nodeport_addresses),
+        ("ipvs-exclude-cidrs", &mut flags.ipvs_exclude_cidrs),
+        (
+            "ebpf-pod-interface-prefixes",
+            &mut flags.ebpf_pod_interface_prefixes,
+        ),
+        (
+            "ebpf-external-interfaces",
+            &mut flags.ebpf_external_interfaces,
+        ),
+        ("ebpf-service-cidrs", &mut flags.ebpf_service_cidrs),
+    ] {
+        *value = string_slice(&matches, long);
+    }
     if !flags.positional.is_empty() {
         return Err(OptionsError::UnexpectedArgs {
             program,

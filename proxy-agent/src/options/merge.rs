@@ -44,7 +44,7 @@ const KEPT_WITH_CONFIG: &[&str] = &[
     "log-text-split-stream",
 ];
 
-/// A fully populated configuration: the set of fields the strict decoder knows.
+/// A fully populated configuration: the set of fields the decoder knows.
 pub fn kube_proxy_schema() -> serde_yaml::Value {
     let mut c = KubeProxyConfiguration::default();
     defaults::set_defaults(&mut c);
@@ -82,6 +82,7 @@ pub fn decode_config(
         schema: kube_proxy_schema(),
         free_maps: &["featureGates"],
         removed: REMOVED_FIELDS,
+        strict: false,
     };
     let (mut c, warnings): (KubeProxyConfiguration, _) = decode::decode(&spec, path, text)?;
     defaults::set_defaults(&mut c);
@@ -108,6 +109,8 @@ pub fn decode_ebpf(
         schema: decode::schema_of(&EbpfDatapathConfiguration::schema_example()),
         free_maps: &[],
         removed: &[],
+        // Ours: no other version of it exists, so an unknown field is a typo.
+        strict: true,
     };
     decode::decode(&spec, path, text)
 }
@@ -158,8 +161,8 @@ fn from_flags(p: &ParsedFlags) -> KubeProxyConfiguration {
             c.nftables.sync_period = f.iptables_sync_period;
         }
         if set("iptables-min-sync-period") {
-            c.iptables.min_sync_period = Some(f.iptables_min_sync_period);
-            c.nftables.min_sync_period = Some(f.iptables_min_sync_period);
+            c.iptables.min_sync_period = f.iptables_min_sync_period;
+            c.nftables.min_sync_period = f.iptables_min_sync_period;
         }
     } else {
         // The internal, unified periods come from the ipvs flags (their defaults included).
@@ -221,26 +224,32 @@ fn overlay_logging(p: &ParsedFlags, c: &mut KubeProxyConfiguration) {
 
 /// Upstream lays the flags over an already defaulted configuration, so a flag given explicitly
 /// with the value the defaulter treats as "unset" keeps that value: an empty
-/// `--healthz-bind-address` / `--metrics-bind-address` turns the server off, and a zero
+/// `--healthz-bind-address` / `--metrics-bind-address` turns the server off, a zero
 /// `--*-sync-period` / `--config-sync-period` reaches validation ("must be greater than 0")
-/// instead of silently becoming the default. Call after defaulting.
+/// instead of silently becoming the default, and `--iptables-min-sync-period=0` syncs on every
+/// change (in a file, `minSyncPeriod: 0s` means the default, 1s). Call after defaulting.
 fn keep_explicit_zero_flags(p: &ParsedFlags, c: &mut KubeProxyConfiguration) {
     let f = &p.flags;
+    let zero = |name: &str, given: GoDuration| p.is_set(name) && given == GoDuration::ZERO;
     if p.is_set("healthz-bind-address") && f.healthz_bind_address.trim().is_empty() {
         c.healthz_bind_address.clear();
     }
     if p.is_set("metrics-bind-address") && f.metrics_bind_address.trim().is_empty() {
         c.metrics_bind_address.clear();
     }
-    if p.is_set("config-sync-period") && f.config_sync_period == GoDuration::ZERO {
+    if zero("config-sync-period", f.config_sync_period) {
         c.config_sync_period = GoDuration::ZERO;
     }
     if c.mode != ProxyMode::Ipvs.as_str() {
-        if p.is_set("iptables-sync-period") && f.iptables_sync_period == GoDuration::ZERO {
+        if zero("iptables-sync-period", f.iptables_sync_period) {
             c.iptables.sync_period = GoDuration::ZERO;
             c.nftables.sync_period = GoDuration::ZERO;
         }
-    } else if p.is_set("ipvs-sync-period") && f.ipvs_sync_period == GoDuration::ZERO {
+        if zero("iptables-min-sync-period", f.iptables_min_sync_period) {
+            c.iptables.min_sync_period = GoDuration::ZERO;
+            c.nftables.min_sync_period = GoDuration::ZERO;
+        }
+    } else if zero("ipvs-sync-period", f.ipvs_sync_period) {
         c.ipvs.sync_period = GoDuration::ZERO;
     }
 }

@@ -3,11 +3,12 @@
 //! Pointer fields of the Go type (`*int32`, `*bool`, `*Duration`) are `Option` here so that
 //! "absent" and "zero" stay distinct, exactly as upstream's defaulting relies on; every other
 //! field uses Go's zero-value semantics (absent, `null` and zero are the same).
-//! Every struct rejects unknown fields; `decode.rs` adds the file name and full field path.
+//! Every struct rejects unknown fields; `decode.rs` finds them first (full field path, file
+//! name) and either fails or, as upstream's lenient decoding does, warns and drops them.
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::duration::GoDuration;
 use super::quantity::Quantity;
@@ -22,6 +23,26 @@ where
     T: Deserialize<'de> + Default,
 {
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// Go's encoder writes a float without a fraction as an integer (`qps: 5`, not `5.0`).
+fn go_float<S: Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+    // Exactly representable integers only; anything else as a float.
+    if v.fract() == 0.0 && v.abs() < (1u64 << 53) as f32 {
+        s.serialize_i64(*v as i64)
+    } else {
+        s.serialize_f32(*v)
+    }
+}
+
+/// Go writes a nil slice as `null`, and upstream's lists are nil unless set; reading `null`
+/// back gives the empty list again.
+fn null_if_empty<S: Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
+    if v.is_empty() {
+        s.serialize_none()
+    } else {
+        v.serialize(s)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -67,7 +88,11 @@ pub struct KubeProxyConfiguration {
     pub detect_local: DetectLocalConfiguration,
     #[serde(default, rename = "clusterCIDR", deserialize_with = "nullable")]
     pub cluster_cidr: String,
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        serialize_with = "null_if_empty"
+    )]
     pub node_port_addresses: Vec<String>,
     #[serde(default)]
     pub oom_score_adj: Option<i32>,
@@ -90,7 +115,7 @@ pub struct ClientConnectionConfiguration {
     pub accept_content_types: String,
     #[serde(default, deserialize_with = "nullable")]
     pub content_type: String,
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "nullable", serialize_with = "go_float")]
     pub qps: f32,
     #[serde(default, deserialize_with = "nullable")]
     pub burst: i32,
@@ -161,8 +186,9 @@ pub struct KubeProxyIPTablesConfiguration {
     pub localhost_node_ports: Option<bool>,
     #[serde(default, deserialize_with = "nullable")]
     pub sync_period: GoDuration,
-    #[serde(default)]
-    pub min_sync_period: Option<GoDuration>,
+    /// A plain `metav1.Duration` upstream (not a pointer): 0 in a file is defaulted to 1s.
+    #[serde(default, deserialize_with = "nullable")]
+    pub min_sync_period: GoDuration,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -174,7 +200,12 @@ pub struct KubeProxyIPVSConfiguration {
     pub min_sync_period: GoDuration,
     #[serde(default, deserialize_with = "nullable")]
     pub scheduler: String,
-    #[serde(default, rename = "excludeCIDRs", deserialize_with = "nullable")]
+    #[serde(
+        default,
+        rename = "excludeCIDRs",
+        deserialize_with = "nullable",
+        serialize_with = "null_if_empty"
+    )]
     pub exclude_cidrs: Vec<String>,
     #[serde(default, rename = "strictARP", deserialize_with = "nullable")]
     pub strict_arp: bool,
@@ -195,8 +226,9 @@ pub struct KubeProxyNFTablesConfiguration {
     pub masquerade_all: bool,
     #[serde(default, deserialize_with = "nullable")]
     pub sync_period: GoDuration,
-    #[serde(default)]
-    pub min_sync_period: Option<GoDuration>,
+    /// A plain `metav1.Duration` upstream (not a pointer): 0 in a file is defaulted to 1s.
+    #[serde(default, deserialize_with = "nullable")]
+    pub min_sync_period: GoDuration,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

@@ -185,12 +185,12 @@ pub fn sync_section(c: &KubeProxyConfiguration) -> (&'static str, GoDuration, Go
         "nftables" => (
             "nftables",
             c.nftables.sync_period,
-            c.nftables.min_sync_period.unwrap_or_default(),
+            c.nftables.min_sync_period,
         ),
         _ => (
             "iptables",
             c.iptables.sync_period,
-            c.iptables.min_sync_period.unwrap_or_default(),
+            c.iptables.min_sync_period,
         ),
     }
 }

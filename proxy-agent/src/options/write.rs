@@ -5,8 +5,13 @@
 //! back to v1alpha1 (config_rules.md §2): the unified sync periods and `masqueradeAll` exist
 //! once internally, so they are written only into the section of the active mode (iptables for
 //! iptables, ebpf and blank; ipvs; nftables). The other sections keep their zero values
-//! (`syncPeriod: 0s`, `minSyncPeriod: null`, `masqueradeAll: false`), which a reload defaults
-//! again.
+//! (`syncPeriod: 0s`, `minSyncPeriod: 0s`, `masqueradeAll: false`), which a reload defaults
+//! again. Values are written as Go's encoder writes them: `qps: 5`, an empty
+//! `nodePortAddresses` / `excludeCIDRs` as `null`.
+//!
+//! The one setting a file cannot carry is `--iptables-min-sync-period=0`: upstream's defaulter
+//! turns `minSyncPeriod: 0s` in a file into 1s, so such a file loads with 1s, as upstream's
+//! does.
 
 use std::path::Path;
 
@@ -66,12 +71,12 @@ pub fn as_written(c: &KubeProxyConfiguration) -> KubeProxyConfiguration {
 
 fn clear_iptables_sync(c: &mut KubeProxyConfiguration) {
     c.iptables.sync_period = GoDuration::ZERO;
-    c.iptables.min_sync_period = None;
+    c.iptables.min_sync_period = GoDuration::ZERO;
 }
 
 fn clear_nftables_sync(c: &mut KubeProxyConfiguration) {
     c.nftables.sync_period = GoDuration::ZERO;
-    c.nftables.min_sync_period = None;
+    c.nftables.min_sync_period = GoDuration::ZERO;
 }
 
 fn clear_ipvs_sync(c: &mut KubeProxyConfiguration) {

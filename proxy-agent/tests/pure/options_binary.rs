@@ -6,7 +6,9 @@ use crate::options_common::{TempDir, run};
 #[test]
 fn bad_input_exits_1_with_one_line() {
     let dir = TempDir::new("bin");
-    let bad_file = dir.file("c.yaml", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmasqueradeBit: 3\n");
+    // A type error: an unknown field (`masqueradeBit` at the top level) only earns a warning,
+    // as upstream, and the agent would start.
+    let bad_file = dir.file("c.yaml", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables:\n  masqueradeBit: three\n");
     let invalid = dir.file("v.yaml", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\noomScoreAdj: 5000\n");
     for (args, needle) in [
         (vec!["--no-such-flag"], "--no-such-flag"),
@@ -23,7 +25,7 @@ fn bad_input_exits_1_with_one_line() {
         (vec!["--bind-address=1.2.3"], "bindAddress"),
         (
             vec!["--config", bad_file.to_str().unwrap()],
-            "masqueradeBit",
+            "iptables.masqueradeBit",
         ),
         (
             vec!["--config", invalid.to_str().unwrap(), "--cleanup"],

@@ -170,14 +170,14 @@ async fn content_that_would_not_load_keeps_the_running_config() {
         if !text.contains("kind: ") {
             Err("Object 'Kind' is missing".into())
         } else if text.contains("bogus") {
-            Err("unknown field \"bogus\"".into())
+            Err("oomScoreAdj: invalid type: string \"bogus\", expected i32".into())
         } else {
             Ok(())
         }
     });
     write(&path, "");
     assert_quiet(&mut w, "truncated (half-written)").await;
-    write(&path, &format!("{HEADER}bogus: 1\n"));
+    write(&path, &format!("{HEADER}oomScoreAdj: bogus\n"));
     assert_quiet(&mut w, "invalid").await;
     write(&path, &format!("{HEADER}mode: ipvs\n"));
     assert_fires(&mut w, "fixed").await;

@@ -1,4 +1,5 @@
-//! Reading --config / --ebpf-config files: YAML and JSON, strict fields, kind checks,
+//! Reading --config / --ebpf-config files: YAML and JSON, unknown and duplicate fields
+//! (lenient upstream, strict in ours), kind checks,
 //! the real-world example of seed 004.
 
 use crate::options_common::*;
@@ -55,37 +56,78 @@ fn json_files_load() {
     );
 }
 
+/// The warnings about lenient decoding in `o`.
+fn lenient_warnings(o: &proxy_agent::options::ProxyOptions) -> Vec<&String> {
+    o.warnings
+        .iter()
+        .filter(|w| w.contains("Using lenient decoding as strict decoding failed"))
+        .collect()
+}
+
 #[test]
-fn unknown_field_is_an_error_naming_path_and_file() {
+fn unknown_fields_load_with_one_warning_naming_paths_and_file() {
+    // Upstream decodes strictly first and, when that fails on unknown fields, leniently with a
+    // warning (config_rules.md §3 step 4b, §4 "file contains an unknown field").
     let dir = TempDir::new("unknown");
-    let path = config_file(&dir, "iptables:\n  masqueradeBitt: 14\n");
-    let e = try_parse(&["--config", &path]).unwrap_err();
-    match &e {
-        OptionsError::UnknownField {
-            field,
-            suggestion,
-            path: p,
-            ..
-        } => {
-            assert_eq!(field, "iptables.masqueradeBitt");
-            assert_eq!(suggestion.as_deref(), Some("iptables.masqueradeBit"));
-            assert_eq!(p.to_str().unwrap(), path);
-        }
-        other => panic!("{other}"),
-    }
-    assert!(e.to_string().contains(&path), "{e}");
-    assert!(e.to_string().contains("\"iptables.masqueradeBitt\""), "{e}");
-    let path = config_file(&dir, "foo: bar\n");
-    assert!(
-        matches!(try_parse(&["--config", &path]).unwrap_err(), OptionsError::UnknownField { ref field, .. } if field == "foo")
-    );
     let path = config_file(
         &dir,
-        "logging:\n  vmodule:\n  - filePattern: a\n    level: 2\n",
+        "iptables:\n  masqueradeBitt: 3\n  syncPeriod: 7s\nfoo: bar\nlogging:\n  vmodule:\n  - filePattern: a\n    level: 2\n",
     );
+    let o = opts(&["--config", &path]);
+    assert_eq!(o.config.iptables.sync_period.to_string(), "7s");
+    assert_eq!(o.config.iptables.masquerade_bit, Some(14), "ignored");
+    assert_eq!(o.config.logging.vmodule[0].file_pattern, "a");
+    let warned = lenient_warnings(&o);
+    assert_eq!(warned.len(), 1, "one warning: {:?}", o.warnings);
+    let w = warned[0];
+    assert!(w.contains(&format!("config file {path:?}")), "{w}");
     assert!(
-        matches!(try_parse(&["--config", &path]).unwrap_err(), OptionsError::UnknownField { ref field, .. } if field == "logging.vmodule[0].level")
+        w.contains(
+            "unknown field \"iptables.masqueradeBitt\" (did you mean \"iptables.masqueradeBit\"?)"
+        ),
+        "{w}"
     );
+    assert!(w.contains("unknown field \"foo\""), "{w}");
+    assert!(
+        w.contains("unknown field \"logging.vmodule[0].level\""),
+        "{w}"
+    );
+    assert!(!w.contains('\n'), "{w:?}");
+    // a clean file: no such warning
+    let path = config_file(&dir, "mode: iptables\n");
+    assert!(lenient_warnings(&opts(&["--config", &path])).is_empty());
+}
+
+#[test]
+fn duplicate_fields_take_the_last_value_with_a_warning() {
+    let dir = TempDir::new("duplicate");
+    let path = config_file(
+        &dir,
+        "mode: ipvs\niptables:\n  syncPeriod: 5s\n  syncPeriod: 6s\nmode: iptables\nbogus: 1\n",
+    );
+    let o = opts(&["--config", &path]);
+    assert_eq!(o.mode, ProxyMode::Iptables);
+    assert_eq!(o.config.iptables.sync_period.to_string(), "6s");
+    let warned = lenient_warnings(&o);
+    assert_eq!(warned.len(), 1, "one warning: {:?}", o.warnings);
+    let w = warned[0];
+    assert!(w.contains(&path), "{w}");
+    assert!(w.contains("duplicate field \"iptables.syncPeriod\""), "{w}");
+    assert!(w.contains("duplicate field \"mode\""), "{w}");
+    assert!(w.contains("unknown field \"bogus\""), "{w}");
+    // JSON too
+    let p = dir.file(
+        "c.json",
+        r#"{"apiVersion":"kubeproxy.config.k8s.io/v1alpha1","kind":"KubeProxyConfiguration","oomScoreAdj":1,"oomScoreAdj":2}"#,
+    );
+    let o = opts(&["--config", p.to_str().unwrap()]);
+    assert_eq!(o.config.oom_score_adj, Some(2));
+    assert!(lenient_warnings(&o)[0].contains("duplicate field \"oomScoreAdj\""));
+    // type errors stay fatal, as upstream (not a strict decoding error)
+    let path = config_file(&dir, "bogus: 1\niptables:\n  masqueradeBit: fourteen\n");
+    let e = try_parse(&["--config", &path]).unwrap_err();
+    assert!(matches!(e, OptionsError::Decode { .. }), "{e}");
+    assert!(e.to_string().contains("iptables.masqueradeBit"), "{e}");
 }
 
 #[test]
@@ -117,6 +159,24 @@ fn wrong_or_missing_kind() {
             .unwrap_err()
             .to_string()
             .contains("Object 'Kind' is missing")
+    );
+    // upstream checks the kind first, then the version
+    let p = dir.file("c.yaml", "kind: KubeProxyConfiguration\nmode: iptables\n");
+    let e = try_parse(&["--config", p.to_str().unwrap()]).unwrap_err();
+    assert!(matches!(e, OptionsError::MissingVersion { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "failed to decode config file {:?}: Object 'apiVersion' is missing",
+            p
+        )
+    );
+    let p = dir.file("c.yaml", "apiVersion: \"\"\nkind: KubeProxyConfiguration\n");
+    assert!(
+        try_parse(&["--config", p.to_str().unwrap()])
+            .unwrap_err()
+            .to_string()
+            .contains("Object 'apiVersion' is missing")
     );
 }
 
@@ -176,7 +236,8 @@ fn flush_frequency_accepts_nanoseconds_or_a_string() {
 }
 
 #[test]
-fn ebpf_file_is_strict_too() {
+fn ebpf_file_is_strict() {
+    // Our own document stays strict: unknown and duplicate fields are errors.
     let dir = TempDir::new("ebpfdec");
     let p = dir.file(
         "e.yaml",
@@ -191,6 +252,16 @@ fn ebpf_file_is_strict_too() {
     assert!(
         e.to_string()
             .starts_with("unknown field \"maps.service\" in ebpf config file"),
+        "{e}"
+    );
+    let p = dir.file(
+        "e.yaml",
+        "apiVersion: ebpf.kube-ebpf-proxy.io/v1alpha1\nkind: EbpfDatapathConfiguration\nxdpMode: auto\nxdpMode: native\n",
+    );
+    let e = try_parse(&["--ebpf-config", p.to_str().unwrap()]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("duplicate entry with key \"xdpMode\""),
         "{e}"
     );
     let p = dir.file("e.yaml", "apiVersion: ebpf.kube-ebpf-proxy.io/v1alpha1\nkind: EbpfDatapathConfiguration\nxdpMode: turbo\n");

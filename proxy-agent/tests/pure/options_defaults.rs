@@ -17,7 +17,7 @@ const DEFAULTS: &[(&str, &str)] = &[
         "clientConnection.contentType",
         "application/vnd.kubernetes.protobuf",
     ),
-    ("clientConnection.qps", "5.0"),
+    ("clientConnection.qps", "5"),
     ("clientConnection.burst", "10"),
     ("logging.format", "text"),
     ("logging.flushFrequency", "5s"),
@@ -44,7 +44,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("ipvs.syncPeriod", "30s"),
     ("ipvs.minSyncPeriod", "0s"),
     ("ipvs.scheduler", "''"),
-    ("ipvs.excludeCIDRs", "[]"),
+    ("ipvs.excludeCIDRs", "null"),
     ("ipvs.strictARP", "false"),
     ("ipvs.tcpTimeout", "0s"),
     ("ipvs.tcpFinTimeout", "0s"),
@@ -62,7 +62,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("detectLocal.bridgeInterface", "''"),
     ("detectLocal.interfaceNamePrefix", "''"),
     ("clusterCIDR", "''"),
-    ("nodePortAddresses", "[]"),
+    ("nodePortAddresses", "null"),
     ("oomScoreAdj", "-999"),
     ("conntrack.maxPerCore", "32768"),
     ("conntrack.min", "131072"),
@@ -242,7 +242,9 @@ fn file_addresses_without_port_get_the_default_port() {
 
 #[test]
 fn zero_durations_in_a_file_are_defaulted_pointer_ones_are_kept() {
-    // syncPeriod is a plain Duration (0 = unset); minSyncPeriod is *Duration (0 stays 0).
+    // syncPeriod and minSyncPeriod are plain Durations (0 = unset: `if
+    // obj.IPTables.MinSyncPeriod.Duration == 0 { ... 1s }`); masqueradeBit, maxPerCore,
+    // tcpEstablishedTimeout and oomScoreAdj are pointers (0 stays 0).
     let dir = TempDir::new("defaults");
     let path = config_file(
         &dir,
@@ -250,7 +252,8 @@ fn zero_durations_in_a_file_are_defaulted_pointer_ones_are_kept() {
     );
     let o = opts(&["--config", &path]);
     assert_eq!(o.config.iptables.sync_period.to_string(), "30s");
-    assert_eq!(o.config.iptables.min_sync_period.unwrap().to_string(), "0s");
+    assert_eq!(o.config.iptables.min_sync_period.to_string(), "1s");
+    assert_eq!(o.min_sync_period().to_string(), "1s");
     assert_eq!(o.config.iptables.masquerade_bit, Some(0));
     assert_eq!(o.config.conntrack.max_per_core, Some(0));
     assert_eq!(
@@ -262,6 +265,24 @@ fn zero_durations_in_a_file_are_defaulted_pointer_ones_are_kept() {
         "0s"
     );
     assert_eq!(o.config.oom_score_adj, Some(0));
+}
+
+#[test]
+fn zero_min_sync_period_in_a_file_is_defaulted_except_for_ipvs() {
+    // nftables.minSyncPeriod is defaulted like the iptables one; ipvs.minSyncPeriod has no
+    // default (config_rules.md §1 #22), so 0 stays 0 there.
+    let dir = TempDir::new("defaults");
+    let path = config_file(
+        &dir,
+        "mode: nftables\nnftables:\n  minSyncPeriod: 0s\nipvs:\n  minSyncPeriod: 0s\n",
+    );
+    let o = opts_with(&["--config", &path], &[ProxyMode::Nftables]);
+    assert_eq!(o.config.nftables.min_sync_period.to_string(), "1s");
+    assert_eq!(o.min_sync_period().to_string(), "1s");
+    assert_eq!(o.config.ipvs.min_sync_period.to_string(), "0s");
+    let path = config_file(&dir, "mode: ipvs\nipvs:\n  minSyncPeriod: 0s\n");
+    let o = opts_with(&["--config", &path], &[ProxyMode::Ipvs]);
+    assert_eq!(o.min_sync_period().to_string(), "0s");
 }
 
 #[test]

@@ -321,6 +321,23 @@ fn bad_values_are_one_line_errors_naming_the_flag() {
 }
 
 #[test]
+fn unknown_flags_are_named_as_pflag_names_them() {
+    for (args, want) in [
+        (&["--x"][..], "unknown flag: --x"),
+        (&["--x=5"][..], "unknown flag: --x"),
+        (
+            &["--iptables-sync-periods", "5s"][..],
+            "unknown flag: --iptables-sync-periods",
+        ),
+        (&["-x"][..], "unknown shorthand flag: 'x' in -x"),
+    ] {
+        let e = err(args);
+        assert!(matches!(e, OptionsError::Flag { .. }), "{args:?}: {e:?}");
+        assert_eq!(e.to_string(), want, "{args:?}");
+    }
+}
+
+#[test]
 fn malformed_ip_cidr_in_string_flags_fail_in_validation_naming_the_field() {
     for (args, field) in [
         (&["--bind-address=1.2.3.400"][..], "bindAddress"),
@@ -376,6 +393,31 @@ fn pflag_conventions() {
         .config
         .node_port_addresses,
         ["10.0.0.0/8", "192.168.0.0/16", "fd00::/64"]
+    );
+    // an empty value is pflag's empty list (StringSlice.Set("") gives []), not `[""]`
+    for flag in ["--nodeport-addresses=", "--nodeport-addresses"] {
+        let o = if flag.ends_with('=') {
+            opts(&[flag])
+        } else {
+            opts(&[flag, ""])
+        };
+        assert!(o.config.node_port_addresses.is_empty(), "{flag}");
+    }
+    let o = opts(&["--proxy-mode=ipvs", "--ipvs-exclude-cidrs="]);
+    assert!(o.config.ipvs.exclude_cidrs.is_empty());
+    let o = opts(&["--ebpf-external-interfaces="]);
+    assert!(o.ebpf.external_interfaces.is_empty());
+    assert_eq!(
+        opts(&["--nodeport-addresses=", "--nodeport-addresses=10.0.0.0/8"])
+            .config
+            .node_port_addresses,
+        ["10.0.0.0/8"]
+    );
+    // an empty entry inside a list is still an entry (and invalid)
+    assert!(
+        err(&["--nodeport-addresses=10.0.0.0/8,"])
+            .to_string()
+            .contains("nodePortAddresses[1]")
     );
     // word separators are normalised both ways
     assert_eq!(

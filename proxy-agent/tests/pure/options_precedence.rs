@@ -298,3 +298,23 @@ fn explicit_zero_sync_periods_reach_validation() {
         "30s"
     );
 }
+
+#[test]
+fn explicit_zero_min_sync_period_flag_is_kept() {
+    // Flags are laid over a defaulted configuration: `--iptables-min-sync-period=0` syncs on
+    // every change, while `minSyncPeriod: 0s` in a file is defaulted to 1s.
+    let o = opts(&["--iptables-min-sync-period=0"]);
+    assert_eq!(o.min_sync_period().to_string(), "0s");
+    let o = opts_with(
+        &["--proxy-mode=nftables", "--iptables-min-sync-period=0s"],
+        &[ProxyMode::Nftables],
+    );
+    assert_eq!(o.min_sync_period().to_string(), "0s");
+    // not given: the default; in ipvs mode the iptables flag does not count
+    assert_eq!(opts(&[]).min_sync_period().to_string(), "1s");
+    let o = opts_with(
+        &["--proxy-mode=ipvs", "--iptables-min-sync-period=0"],
+        &[ProxyMode::Ipvs],
+    );
+    assert_eq!(o.min_sync_period().to_string(), "1s");
+}

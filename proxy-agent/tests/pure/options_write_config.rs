@@ -39,13 +39,40 @@ fn golden_output_for_ipvs_flags() {
     );
     // the unified sync period is written only into the active mode's section
     assert!(
-        text.contains("ipvs:\n  excludeCIDRs: []\n  minSyncPeriod: 1s\n"),
+        text.contains("ipvs:\n  excludeCIDRs: null\n  minSyncPeriod: 1s\n"),
         "{text}"
     );
     assert!(
-        text.contains("  minSyncPeriod: null\n  syncPeriod: 0s\n"),
+        text.contains("  minSyncPeriod: 0s\n  syncPeriod: 0s\n"),
         "{text}"
     );
+}
+
+#[test]
+fn values_are_written_as_upstream_writes_them() {
+    // Upstream's conversion leaves the inactive sections' minSyncPeriod a zero metav1.Duration,
+    // written `0s`; `null` there would make upstream's decoder fail. Go writes float32 5 as
+    // `5` and a nil slice as `null`.
+    for mode in ["iptables", "nftables", "ipvs", "ebpf"] {
+        let o = opts(&[&format!("--proxy-mode={mode}")]);
+        let text = write::to_yaml(&o.config);
+        assert!(!text.contains("minSyncPeriod: null"), "{mode}: {text}");
+        assert!(!text.contains("syncPeriod: null"), "{mode}: {text}");
+        assert!(text.contains("  qps: 5\n"), "{mode}: {text}");
+        assert!(text.contains("  excludeCIDRs: null\n"), "{mode}: {text}");
+        let v: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        for section in ["iptables", "ipvs", "nftables"] {
+            let min = value_at(&v, &format!("{section}.minSyncPeriod"));
+            assert!(
+                min.is_string(),
+                "{mode}: {section}.minSyncPeriod is {min:?}"
+            );
+        }
+    }
+    let text = write::to_yaml(&opts(&[]).config);
+    assert!(text.contains("\nnodePortAddresses: null\n"), "{text}");
+    let text = write::to_yaml(&opts(&["--kube-api-qps=7.5"]).config);
+    assert!(text.contains("  qps: 7.5\n"), "{text}");
 }
 
 #[test]
@@ -69,7 +96,7 @@ fn only_the_active_sections_periods_and_masquerade_all_are_written() {
     assert_eq!(get("nftables.minSyncPeriod"), "3s");
     assert_eq!(get("nftables.masqueradeAll"), "true");
     assert_eq!(get("iptables.syncPeriod"), "0s");
-    assert_eq!(get("iptables.minSyncPeriod"), "null");
+    assert_eq!(get("iptables.minSyncPeriod"), "0s");
     assert_eq!(get("iptables.masqueradeAll"), "false");
     assert_eq!(get("ipvs.syncPeriod"), "0s");
     assert_eq!(get("ipvs.minSyncPeriod"), "0s");
@@ -109,6 +136,11 @@ fn written_file_reloads_identically_in_every_mode() {
             "--feature-gates=LoggingAlphaOptions=true",
             "--log-text-split-stream",
             "--log-text-info-buffer-size=5Mi",
+        ],
+        &[
+            "--kube-api-qps=7.5",
+            "--nodeport-addresses=10.0.0.0/8",
+            "--iptables-min-sync-period=2s",
         ],
     ] {
         let dir = TempDir::new("roundtrip");

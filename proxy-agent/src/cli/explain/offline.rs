@@ -141,7 +141,8 @@ fn flag_of(e: &OptionsError) -> &'static str {
         | OptionsError::Decode { doc: d, .. }
         | OptionsError::UnknownField { doc: d, .. }
         | OptionsError::WrongKind { doc: d, .. }
-        | OptionsError::MissingKind { doc: d, .. } => doc(d),
+        | OptionsError::MissingKind { doc: d, .. }
+        | OptionsError::MissingVersion { doc: d, .. } => doc(d),
         OptionsError::EbpfValidation(_) => "--ebpf-config",
         OptionsError::EmptyHostnameOverride | OptionsError::Hostname(_) => "--hostname-override",
         _ => "--config",
