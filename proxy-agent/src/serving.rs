@@ -111,10 +111,12 @@ impl Serving {
             );
         }
         if let Some((addr, listener)) = bound.metrics {
-            let mut registry = prometheus_client::registry::Registry::with_prefix("kubeproxy");
-            metrics.register(&mut registry, opts.mode);
+            let mut registry = prometheus_client::registry::Registry::default();
+            registry.register_collector(Box::new(crate::metrics::ProcessMetrics));
+            let kube_proxy = registry.sub_registry_with_prefix("kubeproxy");
+            metrics.register(kube_proxy, opts.mode);
             for collector in running.metrics.drain(..) {
-                registry.register_collector(collector);
+                kube_proxy.register_collector(collector);
             }
             let endpoints = Arc::new(MetricsEndpoints {
                 registry,

@@ -255,6 +255,10 @@ fn health_check_node_ports_follow_endpoints_and_nodes_drain_on_deletion() {
             r#"kubeproxy_conntrack_reconciler_sync_duration_seconds_count{{ip_family="{family}"}}"#
         ));
     }
+    // The process's, unprefixed, as every Kubernetes component serves them.
+    assert!(sample("process_resident_memory_bytes") > 1e6);
+    assert!(sample("process_cpu_seconds_total") > 0.0);
+    assert!(sample("process_start_time_seconds") > 1.7e9);
     // The datapath's own: counters by reason, map fill, attachments.
     assert!(sample(r#"kubeproxy_ebpf_datapath_events_total{event="new_flow"}"#) >= 1.0);
     assert!(sample(r#"kubeproxy_ebpf_map_entries{map="CONNTRACK"}"#) >= 2.0);
