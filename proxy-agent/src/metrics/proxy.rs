@@ -67,9 +67,10 @@ pub fn sync_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 15))
 }
 
-/// 0.25 s and 0.5 s, every second to 59 s, every 5 s to 115 s, every 30 s to 5 min.
+/// 0 (upstream's `merge` starts from a zero bucket), 0.25 s and 0.5 s, every
+/// second to 59 s, every 5 s to 115 s, every 30 s to 5 min.
 pub fn network_programming_buckets() -> Vec<f64> {
-    let mut buckets = vec![0.25, 0.5];
+    let mut buckets = vec![0.0, 0.25, 0.5];
     buckets.extend((1..=59).map(f64::from));
     buckets.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
     buckets.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));

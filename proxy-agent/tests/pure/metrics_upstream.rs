@@ -138,23 +138,25 @@ fn every_upstream_metric_is_registered_with_its_type_labels_and_buckets() {
         count("kubeproxy_sync_proxy_rules_duration_seconds_bucket{"),
         16
     );
+    // Upstream's merge(make([]float64, 1), ...): a zero bucket first.
     let programming = network_programming_buckets();
-    assert_eq!(programming.len(), 2 + 59 + 12 + 7);
+    assert_eq!(programming.len(), 1 + 2 + 59 + 12 + 7);
     assert_eq!(
         (
             programming[0],
             programming[1],
             programming[2],
-            programming[60]
+            programming[3],
+            programming[61]
         ),
-        (0.25, 0.5, 1.0, 59.0)
+        (0.0, 0.25, 0.5, 1.0, 59.0)
     );
     assert_eq!(
         (
-            programming[61],
-            programming[72],
+            programming[62],
             programming[73],
-            programming[79]
+            programming[74],
+            programming[80]
         ),
         (60.0, 115.0, 120.0, 300.0)
     );
