@@ -224,7 +224,7 @@ pub fn answer(name: &NamespacedName, local_endpoints: usize, proxy_healthy: bool
 
 impl SyncObserver for ServiceHealthPorts {
     fn synced(&self, report: &SyncReport<'_>) {
-        if report.succeeded {
+        if report.any_synced() {
             self.sync(report.desired);
         }
     }

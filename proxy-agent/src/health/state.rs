@@ -180,9 +180,9 @@ impl SyncObserver for ProxyHealth {
 
     /// A failed sync does not count: the queued change keeps ageing.
     fn synced(&self, report: &SyncReport<'_>) {
-        if report.succeeded {
-            self.families.iter().for_each(|f| self.updated(*f));
-        }
+        (self.families.iter())
+            .filter(|f| report.synced(**f))
+            .for_each(|f| self.updated(*f));
     }
 }
 

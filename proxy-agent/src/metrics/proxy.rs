@@ -18,7 +18,7 @@ use prometheus_client::{
 };
 
 use crate::{
-    model::{DesiredState, IpFamily},
+    model::IpFamily,
     options::ProxyMode,
     sync::{SyncObserver, SyncReport, TrackerEvent},
 };
@@ -224,10 +224,10 @@ impl ProxyMetrics {
         }
     }
 
-    fn count_no_local_endpoints(&self, desired: &DesiredState) {
-        for family in &self.families {
+    fn count_no_local_endpoints(&self, report: &SyncReport<'_>) {
+        for family in self.families.iter().filter(|f| report.synced(**f)) {
             let (mut internal, mut external) = (0, 0);
-            for svc in desired.services.values() {
+            for svc in report.desired.services.values() {
                 if !svc.has_any_endpoints.contains(*family)
                     || svc.local_endpoints.iter().any(|e| e.family() == *family)
                 {
@@ -281,7 +281,12 @@ impl SyncObserver for ProxyMetrics {
     fn synced(&self, report: &SyncReport<'_>) {
         let seconds = report.took.as_secs_f64();
         let now = SystemTime::now();
-        for label in self.labels() {
+        // One sync writes both families: each is reported as upstream's
+        // proxier of that family reports itself.
+        for family in &self.families {
+            let label = FamilyLabel {
+                ip_family: family.api_name(),
+            };
             self.sync_duration.get_or_create(&label).observe(seconds);
             let kind = if report.changes.full {
                 &self.sync_full_duration
@@ -289,17 +294,14 @@ impl SyncObserver for ProxyMetrics {
                 &self.sync_partial_duration
             };
             kind.get_or_create(&label).observe(seconds);
-            if report.succeeded {
+            if report.synced(*family) {
                 self.last_sync.get_or_create(&label).set(unix_seconds(now));
             } else {
                 self.sync_failures.get_or_create(&label).inc();
             }
         }
-        if !report.succeeded {
-            return;
-        }
         for (family, at) in report.trigger_times {
-            if self.families.contains(family) {
+            if self.families.contains(family) && report.synced(*family) {
                 let latency = now.duration_since(*at).unwrap_or(Duration::ZERO);
                 self.network_programming
                     .get_or_create(&FamilyLabel {
@@ -308,7 +310,7 @@ impl SyncObserver for ProxyMetrics {
                     .observe(latency.as_secs_f64());
             }
         }
-        self.count_no_local_endpoints(report.desired);
+        self.count_no_local_endpoints(report);
     }
 }
 

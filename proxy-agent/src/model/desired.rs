@@ -51,6 +51,12 @@ pub struct FamilySet {
 }
 
 impl FamilySet {
+    pub const BOTH: FamilySet = FamilySet { v4: true, v6: true };
+
+    pub fn is_empty(&self) -> bool {
+        !self.v4 && !self.v6
+    }
+
     pub fn contains(&self, family: IpFamily) -> bool {
         match family {
             IpFamily::V4 => self.v4,
@@ -58,7 +64,7 @@ impl FamilySet {
         }
     }
 
-    fn insert(&mut self, family: IpFamily) {
+    pub fn insert(&mut self, family: IpFamily) {
         match family {
             IpFamily::V4 => self.v4 = true,
             IpFamily::V6 => self.v6 = true,

@@ -10,17 +10,33 @@ use std::{
 use k8s_openapi::api::core::v1::Node;
 
 use super::SyncChanges;
-use crate::model::{DesiredState, IpFamily};
+use crate::model::{DesiredState, FamilySet, IpFamily};
 
 /// One sync as the observers see it.
 pub struct SyncReport<'a> {
     pub desired: &'a DesiredState,
     pub changes: &'a SyncChanges,
     pub took: Duration,
+    /// Every family synced.
     pub succeeded: bool,
+    /// The families whose rules the sync could not write (empty when it
+    /// succeeded): the others report a sync of their own.
+    pub failed: FamilySet,
     /// `endpoints.kubernetes.io/last-change-trigger-time` of the EndpointSlice
     /// changes this sync applied.
     pub trigger_times: &'a [(IpFamily, SystemTime)],
+}
+
+impl SyncReport<'_> {
+    /// Whether `family`'s rules were written.
+    pub fn synced(&self, family: IpFamily) -> bool {
+        !self.failed.contains(family)
+    }
+
+    /// Whether some family's rules were written.
+    pub fn any_synced(&self) -> bool {
+        IpFamily::BOTH.into_iter().any(|f| self.synced(f))
+    }
 }
 
 /// Change-tracker events, counted as upstream's change metrics count them.

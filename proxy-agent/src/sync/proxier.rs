@@ -1,6 +1,6 @@
 use std::collections::BTreeSet;
 
-use crate::model::{DesiredState, ServicePortName};
+use crate::model::{DesiredState, FamilySet, IpFamily, ServicePortName};
 
 /// What changed since the previous successful sync.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,6 +24,59 @@ pub trait Proxier: Send {
     /// After a successful sync has been reported (its metrics' timestamp,
     /// health): bookkeeping no packet waits for.
     fn after_sync(&mut self, _desired: &DesiredState, _changes: &SyncChanges) {}
+
+    /// The families `error` left unsynced: each is reported on its own (its
+    /// health, its last sync time, its failure count), as upstream's
+    /// proxier per family reports itself. By default, all of them.
+    fn failed_families(&self, _error: &Self::Error) -> FamilySet {
+        FamilySet::BOTH
+    }
+}
+
+/// The families whose rules a sync could not write, each with its reason.
+/// The others were synced: one family's failure does not hold the other back.
+#[derive(Debug)]
+pub struct FamilySyncError {
+    pub failed: Vec<(IpFamily, anyhow::Error)>,
+}
+
+impl std::fmt::Display for FamilySyncError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (_, error)) in self.failed.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{error:#}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for FamilySyncError {}
+
+impl FamilySyncError {
+    pub fn families(&self) -> FamilySet {
+        let mut set = FamilySet::default();
+        self.failed
+            .iter()
+            .for_each(|(family, _)| set.insert(*family));
+        set
+    }
+}
+
+/// Runs `sync` for every family, each whatever became of the ones before.
+pub fn sync_each_family(
+    families: &[IpFamily],
+    mut sync: impl FnMut(IpFamily) -> anyhow::Result<()>,
+) -> Result<(), FamilySyncError> {
+    let failed: Vec<(IpFamily, anyhow::Error)> = (families.iter())
+        .filter_map(|&family| sync(family).err().map(|e| (family, e)))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(FamilySyncError { failed })
+    }
 }
 
 impl<P: Proxier + ?Sized> Proxier for Box<P> {
@@ -35,5 +88,39 @@ impl<P: Proxier + ?Sized> Proxier for Box<P> {
 
     fn after_sync(&mut self, desired: &DesiredState, changes: &SyncChanges) {
         (**self).after_sync(desired, changes)
+    }
+
+    fn failed_families(&self, error: &Self::Error) -> FamilySet {
+        (**self).failed_families(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A family that fails does not keep the next from syncing, and the
+    /// error says which failed and why.
+    #[test]
+    fn every_family_syncs_whatever_became_of_the_one_before() {
+        let mut ran = Vec::new();
+        let error = sync_each_family(&IpFamily::BOTH, |family| {
+            ran.push(family);
+            match family {
+                IpFamily::V4 => Err(anyhow::anyhow!("iptables-restore refused the rules")),
+                IpFamily::V6 => Ok(()),
+            }
+        })
+        .unwrap_err();
+        assert_eq!(ran, IpFamily::BOTH);
+        assert_eq!(
+            error.families(),
+            FamilySet {
+                v4: true,
+                v6: false
+            }
+        );
+        assert_eq!(error.to_string(), "iptables-restore refused the rules");
+        assert!(sync_each_family(&IpFamily::BOTH, |_| Ok(())).is_ok());
     }
 }

@@ -7,7 +7,7 @@ use std::{
 use tokio::time::Instant;
 
 use super::{Proxier, SourceState, SyncChanges, SyncObserver, SyncReport};
-use crate::model::{DesiredState, NamespacedName, NodeTopology};
+use crate::model::{DesiredState, FamilySet, NamespacedName, NodeTopology};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
@@ -114,6 +114,10 @@ impl<P: Proxier> Syncer<P> {
             changes: &changes,
             took: started.elapsed(),
             succeeded: result.is_ok(),
+            failed: match &result {
+                Ok(()) => FamilySet::default(),
+                Err(e) => self.proxier.failed_families(e),
+            },
             trigger_times: &trigger_times,
         });
         if let Err(err) = result {

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use proxy_agent::{
     health::{Clock, ProxyHealth, proxy_server},
     metrics::ProxyMetrics,
-    model::IpFamily,
+    model::{FamilySet, IpFamily},
     sync::SyncObserver,
 };
 use serde_json::json;
@@ -233,10 +233,46 @@ fn the_sync_engine_drives_the_state_machine_as_upstream_proxiers_do() {
         changes: &changes,
         took: Duration::from_millis(1),
         succeeded,
+        failed: if succeeded {
+            FamilySet::default()
+        } else {
+            FamilySet::BOTH
+        },
         trigger_times: &[],
     };
     health.synced(&report(false));
     assert!(!health.health().healthy, "a failed sync does not count");
     health.synced(&report(true));
     assert!(health.health().healthy);
+}
+
+/// A sync that wrote one family's rules and not the other's updates the
+/// one alone, as upstream's proxier per family would.
+#[test]
+fn a_family_that_failed_goes_stale_alone() {
+    let clock = Arc::new(FakeClock(Mutex::new(t0())));
+    let families = vec![IpFamily::V4, IpFamily::V6];
+    let health = ProxyHealth::new(families, Duration::from_secs(10), clock.clone());
+    health.set_node(Some(&node(json!({}))));
+    health.loop_started();
+    health.queued();
+    clock.advance(Duration::from_secs(11));
+    let desired = Default::default();
+    let changes = Default::default();
+    health.synced(&proxy_agent::sync::SyncReport {
+        desired: &desired,
+        changes: &changes,
+        took: Duration::from_millis(1),
+        succeeded: false,
+        failed: FamilySet {
+            v4: false,
+            v6: true,
+        },
+        trigger_times: &[],
+    });
+    let state = health.health();
+    assert!(!state.healthy, "{state:?}");
+    let healthy = |family: &str| state.status[family].healthy;
+    assert!(healthy("IPv4"), "{state:?}");
+    assert!(!healthy("IPv6"), "{state:?}");
 }

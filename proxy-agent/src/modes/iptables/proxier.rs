@@ -20,14 +20,10 @@ use super::{
 };
 use crate::{
     metrics::{IptablesMetrics, rules::NfacctMetric},
-    model::{DesiredState, IpFamily, ServicePortName},
+    model::{DesiredState, FamilySet, IpFamily, ServicePortName},
     modes::nftables::proxier::NftSettings,
-    sync::{Proxier, SyncChanges},
+    sync::{FamilySyncError, Proxier, SyncChanges, sync_each_family},
 };
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0:#}")]
-pub struct IptablesSyncError(anyhow::Error);
 
 pub struct IptablesProxier {
     /// The node-dependent settings are the nftables mode's: the same options.
@@ -290,15 +286,18 @@ pub(crate) fn run_restore(t: &Tools, text: &str) -> anyhow::Result<()> {
 }
 
 impl Proxier for IptablesProxier {
-    type Error = IptablesSyncError;
+    type Error = FamilySyncError;
 
     fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), Self::Error> {
-        for family in IpFamily::BOTH {
-            self.sync_family(family, desired, changes).map_err(|e| {
-                IptablesSyncError(e.context(format!("syncing the {family:?} iptables rules")))
-            })?;
+        sync_each_family(&IpFamily::BOTH, |family| {
+            self.sync_family(family, desired, changes)
+                .with_context(|| format!("syncing the {family:?} iptables rules"))?;
             self.reconciler.reconcile(family, desired);
-        }
-        Ok(())
+            Ok(())
+        })
+    }
+
+    fn failed_families(&self, error: &FamilySyncError) -> FamilySet {
+        error.families()
     }
 }

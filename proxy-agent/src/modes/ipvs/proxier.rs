@@ -23,7 +23,7 @@ use super::{
     virtual_servers::{self, Frontend, VirtualServer},
 };
 use crate::{
-    model::{DesiredState, IpFamily},
+    model::{DesiredState, FamilySet, IpFamily},
     modes::{
         iptables::{
             IptablesBackend,
@@ -32,12 +32,8 @@ use crate::{
         },
         nftables::proxier::NftSettings,
     },
-    sync::{Proxier, SyncChanges},
+    sync::{FamilySyncError, Proxier, SyncChanges, sync_each_family},
 };
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0:#}")]
-pub struct IpvsSyncError(anyhow::Error);
 
 pub struct IpvsProxier {
     settings: NftSettings,
@@ -298,15 +294,18 @@ fn run(cmd: &str, args: &[&str], input: Option<&str>) -> anyhow::Result<String> 
 }
 
 impl Proxier for IpvsProxier {
-    type Error = IpvsSyncError;
+    type Error = FamilySyncError;
 
     fn sync(&mut self, desired: &DesiredState, _: &SyncChanges) -> Result<(), Self::Error> {
-        for family in IpFamily::BOTH {
-            self.sync_family(family, desired).map_err(|e| {
-                IpvsSyncError(e.context(format!("syncing the {family:?} IPVS services")))
-            })?;
+        sync_each_family(&IpFamily::BOTH, |family| {
+            self.sync_family(family, desired)
+                .with_context(|| format!("syncing the {family:?} IPVS services"))?;
             self.reconciler.reconcile(family, desired);
-        }
-        Ok(())
+            Ok(())
+        })
+    }
+
+    fn failed_families(&self, error: &FamilySyncError) -> FamilySet {
+        error.families()
     }
 }

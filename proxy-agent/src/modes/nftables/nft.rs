@@ -38,6 +38,14 @@ impl Family {
         self.name()
     }
 
+    /// The table family of the model's `family`.
+    pub fn of(family: crate::model::IpFamily) -> Self {
+        match family {
+            crate::model::IpFamily::V4 => Family::Ip,
+            crate::model::IpFamily::V6 => Family::Ip6,
+        }
+    }
+
     /// The model's family.
     pub fn ip_family(self) -> crate::model::IpFamily {
         match self {

@@ -10,16 +10,18 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::Context as _;
+
 use super::{
     nft::{self, Family, Object},
     ruleset::{self, LocalDetector, NodeRules, TABLE},
 };
 use crate::{
     metrics::NftablesMetrics,
-    model::{DesiredState, NodeModel},
+    model::{DesiredState, FamilySet, IpFamily, NodeModel},
     modes::ebpf::node::DetectLocal,
     options::{NodePortAddresses, ProxyOptions},
-    sync::{Proxier, SyncChanges},
+    sync::{FamilySyncError, Proxier, SyncChanges, sync_each_family},
 };
 
 /// The settings every sync applies, from the options.
@@ -84,10 +86,6 @@ impl NftSettings {
         }
     }
 }
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0:#}")]
-pub struct NftSyncError(anyhow::Error);
 
 /// Both families' proxiers.
 pub struct NftablesProxier {
@@ -227,15 +225,19 @@ impl NftablesProxier {
 }
 
 impl Proxier for NftablesProxier {
-    type Error = NftSyncError;
+    type Error = FamilySyncError;
 
     fn sync(&mut self, desired: &DesiredState, changes: &SyncChanges) -> Result<(), Self::Error> {
-        for family in [Family::Ip, Family::Ip6] {
-            self.sync_family(family, desired, changes).map_err(|e| {
-                NftSyncError(e.context(format!("syncing the {} {TABLE} table", family.name())))
-            })?;
-            self.reconciler.reconcile(family.ip_family(), desired);
-        }
-        Ok(())
+        sync_each_family(&IpFamily::BOTH, |ip_family| {
+            let family = Family::of(ip_family);
+            self.sync_family(family, desired, changes)
+                .with_context(|| format!("syncing the {} {TABLE} table", family.name()))?;
+            self.reconciler.reconcile(ip_family, desired);
+            Ok(())
+        })
+    }
+
+    fn failed_families(&self, error: &FamilySyncError) -> FamilySet {
+        error.families()
     }
 }
