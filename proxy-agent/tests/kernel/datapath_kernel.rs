@@ -111,7 +111,7 @@ in_both_families!(
     the_flusher_thread_flushes_the_udp_flows_of_a_removed_backend_after_the_sync,
     a_flush_puts_back_an_entry_that_no_longer_matches_when_taken,
     a_set_that_outgrows_its_slots_moves_and_new_flows_follow_every_change,
-    a_tcp_flow_to_a_removed_backend_is_balanced_again_at_its_next_refresh,
+    a_tcp_connection_to_a_removed_backend_drains_and_a_new_syn_is_balanced_again,
 );
 
 fn new_tcp_flow_is_dnatted_to_a_backend_with_valid_checksums(net: &Net) {
@@ -572,26 +572,29 @@ fn a_set_that_outgrows_its_slots_moves_and_new_flows_follow_every_change(net: &N
     assert_eq!(backend_of(&again.packet), before);
 }
 
-/// An established packet checks that its backend still exists only when the
-/// flow's idle timer is refreshed (at most once a second), not on every
-/// packet: after its backend is removed, a TCP flow keeps going to it until
-/// then, and is balanced over the backends left after.
-fn a_tcp_flow_to_a_removed_backend_is_balanced_again_at_its_next_refresh(net: &Net) {
+/// A TCP connection whose backend was removed (its pod deleted, or
+/// terminating while others are ready) goes on to it until it ends, as
+/// upstream's conntrack keeps it, also past its idle timer's refresh: a
+/// terminating pod finishes what it serves. A SYN reusing its tuple opens a
+/// new connection, balanced over the backends left.
+fn a_tcp_connection_to_a_removed_backend_drains_and_a_new_syn_is_balanced_again(net: &Net) {
     let mut f = fixture(net);
     let gone = net.backends[2];
-    let flow = (40000..41000u16)
+    let syn = (40000..41000u16)
         .map(|sport| Frame::tcp(net.client, sport, net.vip, 80))
         .find(|syn| backend_of(&f.run(FromPod, &syn.build(b"")).packet) == gone)
         .expect("some flow reaches every backend");
+    let ack = crate::tester::tcp_data(syn, tcp_flags::ACK, b"x");
     f.program(services(net, &net.backends[..2]));
+    assert_eq!(backend_of(&f.run(FromPod, &ack).packet), gone);
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
     assert_eq!(
-        backend_of(&f.run(FromPod, &flow.build(b"x")).packet),
+        backend_of(&f.run(FromPod, &ack).packet),
         gone,
-        "within the refresh interval the flow keeps its backend"
+        "past the refresh the connection still goes to its backend"
     );
     assert_eq!(f.counter(Counter::Rebalanced), 0);
-    std::thread::sleep(std::time::Duration::from_millis(1_100));
-    let next = backend_of(&f.run(FromPod, &flow.build(b"x")).packet);
+    let next = backend_of(&f.run(FromPod, &syn.build(b"")).packet);
     assert!(net.backends[..2].contains(&next), "balanced again: {next}");
     assert_eq!(f.counter(Counter::Rebalanced), 1);
 }
