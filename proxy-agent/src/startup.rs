@@ -149,24 +149,28 @@ pub fn prepare(args: impl IntoIterator<Item = OsString>) -> Next {
         tracing::warn!("leftover cleanup: {e}");
     }
 
+    // Upstream sets the kernel's conntrack parameters in every mode. The
+    // ebpf mode does too: the kernel's conntrack still tracks what the BPF
+    // datapath does not translate (hostPorts, the node's own connections),
+    // and its conntrack settings also size and expire the BPF table.
     let mut params = ProcParams::default();
-    if o.mode.uses_kernel_conntrack() {
-        match hostsetup::conntrack::apply(
-            &o.config,
-            hostsetup::conntrack::online_cpus(),
-            &mut params,
-        ) {
-            Ok(r) => {
-                for w in &r.writes {
-                    tracing::info!(key = %w.key, old = ?w.old, new = %w.new, "set conntrack parameter");
-                }
-                for w in &r.warnings {
-                    tracing::warn!("{w}");
-                }
+    match hostsetup::conntrack::apply(&o.config, hostsetup::conntrack::online_cpus(), &mut params) {
+        Ok(r) => {
+            for w in &r.writes {
+                tracing::info!(key = %w.key, old = ?w.old, new = %w.new, "set conntrack parameter");
             }
-            Err(e) => return fail(e),
+            for w in &r.warnings {
+                tracing::warn!("{w}");
+            }
         }
-    } else {
+        Err(e) if o.mode.uses_kernel_conntrack() => return fail(e),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "cannot set the kernel's conntrack parameters (is nf_conntrack loaded?): they \
+             apply only to traffic the BPF datapath does not translate; it is not affected"
+        ),
+    }
+    if !o.mode.uses_kernel_conntrack() {
         let ct = options::ebpf::conntrack_params(
             &o.config,
             &o.ebpf,

@@ -8,7 +8,21 @@ use crate::options_common::{BIN, TempDir, run};
 
 #[test]
 fn init_only_sets_the_mode_sysctls_and_exits_0() {
-    // Inside a test namespace; route_localnet and the conntrack timeouts are per-namespace.
+    init_only_sets_the_sysctls_of("iptables", "7200", "1");
+}
+
+/// Upstream sets the kernel's conntrack parameters in every mode; so does
+/// the ebpf mode (the kernel still tracks what the BPF datapath does not
+/// translate, such as hostPorts).
+#[test]
+fn the_ebpf_mode_sets_the_kernels_conntrack_parameters_too() {
+    init_only_sets_the_sysctls_of("ebpf", "7200", "0");
+}
+
+/// `--init-only` in `mode` inside a test namespace (route_localnet and the
+/// conntrack timeouts are per-namespace): the established timeout and
+/// route_localnet as the mode sets them.
+fn init_only_sets_the_sysctls_of(mode: &str, established: &str, route_localnet: &str) {
     let ns = NetNs::new();
     let read = |k: &str| {
         ns.sh("cat", &[&format!("/proc/sys/{k}")])
@@ -26,7 +40,7 @@ fn init_only_sets_the_mode_sysctls_and_exits_0() {
             &ns.name,
             BIN,
             "--init-only",
-            "--proxy-mode=iptables",
+            &format!("--proxy-mode={mode}"),
             "--conntrack-max-per-core=0",
         ])
         .args([
@@ -40,10 +54,10 @@ fn init_only_sets_the_mode_sysctls_and_exits_0() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(read("net/ipv4/conf/all/route_localnet"), "1");
+    assert_eq!(read("net/ipv4/conf/all/route_localnet"), route_localnet);
     assert_eq!(
         read("net/netfilter/nf_conntrack_tcp_timeout_established"),
-        "7200"
+        established
     );
 }
 
