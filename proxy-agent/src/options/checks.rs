@@ -172,14 +172,11 @@ pub enum CheckError {
     Incorrect(String),
 }
 
-/// Which families the mode can serve here. Our ebpf datapath handles IPv4 only so far; the
-/// other modes (not implemented here) are credited with IPv6 when the kernel has it
-/// (`/proc/net/if_inet6`), as upstream does before probing their tools.
-pub fn family_support(mode: ProxyMode) -> (bool, bool) {
-    match mode {
-        ProxyMode::Ebpf => (true, false),
-        _ => (true, std::path::Path::new("/proc/net/if_inet6").exists()),
-    }
+/// Which families the mode can serve here: every mode serves both (the ebpf datapath too,
+/// docs/dual-stack.md), IPv6 when the kernel has it (`/proc/net/if_inet6`), as upstream
+/// credits its modes before probing their tools.
+pub fn family_support(_mode: ProxyMode) -> (bool, bool) {
+    (true, std::path::Path::new("/proc/net/if_inet6").exists())
 }
 
 /// `utilerrors.NewAggregate(..).Error()`: one message alone, several as `[a, b]`.

@@ -107,9 +107,13 @@ fn node_port_addresses_of_the_wrong_family() {
 
 #[test]
 fn a_primary_family_the_mode_cannot_serve_is_fatal() {
-    // our ebpf datapath is IPv4-only for now
+    // A host without IPv6 (`/proc/net/if_inet6` absent).
+    let no_ipv6 = NodeFacts {
+        ipv6_supported: false,
+        ..NodeFacts::at_startup(ProxyMode::Ebpf)
+    };
     let c = config(&["--proxy-mode=ebpf", "--bind-address=fd00::1"]);
-    let f = checks::run(&c, &NodeFacts::at_startup(ProxyMode::Ebpf));
+    let f = checks::run(&c, &no_ipv6);
     assert_eq!(f.fatal, Some(CheckError::UnsupportedFamily(IpFamily::IPv6)));
     assert_eq!(
         f.fatal.unwrap().to_string(),
@@ -117,11 +121,19 @@ fn a_primary_family_the_mode_cannot_serve_is_fatal() {
     );
     // a specific bindAddress decides the family even before the Node is known
     let c = config(&["--proxy-mode=ebpf", "--bind-address=10.0.0.1"]);
-    let f = checks::run(&c, &NodeFacts::at_startup(ProxyMode::Ebpf));
+    let f = checks::run(&c, &no_ipv6);
     assert_eq!(f.fatal, None);
     assert_eq!(
         f.stack.as_deref(),
         Some("kube-proxy running in single-stack mode (ipFamily IPv4)")
+    );
+    // On this host (IPv6 present), the ebpf mode serves an IPv6-primary node, dual-stack.
+    let c6 = config(&["--proxy-mode=ebpf", "--bind-address=fd00::1"]);
+    let f = checks::run(&c6, &NodeFacts::at_startup(ProxyMode::Ebpf));
+    assert_eq!(f.fatal, None);
+    assert_eq!(
+        f.stack.as_deref(),
+        Some("kube-proxy running in dual-stack mode (primary ipFamily IPv6)")
     );
     // bindAddress wins over the node IPs
     let f = checks::run(&c, &node(&["fd00::9"], false, &[]));
