@@ -4,6 +4,8 @@ pub const SERVICES: &str = "SERVICES";
 pub const BACKENDS: &str = "BACKENDS";
 /// Plain hashes since ABI 8 (LRU before), swept by `CT_COLLECTOR`.
 pub const CONNTRACK: &str = "CONNTRACK";
+/// IPv4 datagrams in fragments: the first fragment's ports (`fragment`).
+pub const FRAGMENTS: &str = "FRAGMENTS";
 pub const STATS: &str = "STATS";
 pub const CONFIG: &str = "CONFIG";
 pub const IFACES: &str = "IFACES";
@@ -65,6 +67,8 @@ pub const MAX_SERVICE_ENTRIES: u32 = 262_144;
 pub const MAX_SLOT_ELEMENTS: u32 = 524_288;
 pub const MAX_BACKENDS: u32 = 131_072;
 pub const MAX_CONNTRACK: u32 = 262_144;
+/// Datagrams in fragments at once (an LRU: the oldest make room).
+pub const MAX_FRAGMENTS: u32 = 8_192;
 /// IPv6 flows: half the IPv4 table, whose entries are 2.3 times larger.
 pub const MAX_CONNTRACK6: u32 = 131_072;
 pub const MAX_IFACES: u32 = 4_096;

@@ -90,6 +90,11 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
     if hook == monitor_hook::XDP && !crate::filter::may_finish(config, pkt) {
         return no_frontend(config, pkt, hook);
     }
+    // XDP leaves a datagram's later fragments to TC, which rewrites their
+    // addresses alone (`nat::apply`).
+    if hook == monitor_hook::XDP && pkt.later_fragment {
+        return Verdict::Pass;
+    }
     let clock = Clock::lazy();
     // One lookup finds either half of a live flow: its own tuple.
     let hit = lookup_own(config, pkt, &clock, None);
@@ -152,6 +157,10 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
         }
     }
 
+    // A later fragment opens no flow: its first fragment did, or it passes.
+    if pkt.later_fragment {
+        return Verdict::Pass;
+    }
     let key = ServiceKeyOf::<F>::frontend(pkt.daddr_be, pkt.dport_be, pkt.proto);
     let frontend = lb::frontend(&key).filter(|f| !f.has(svc::HOST_ONLY));
     let Some(frontend) = frontend else {

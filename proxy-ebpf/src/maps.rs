@@ -12,11 +12,12 @@ use proxy_common::{
     ServiceKey, ServiceKey6, ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange,
     SourceRange6, V4, V6,
     filter::FILTER_WORDS,
+    fragment::{FragKey, FragPorts},
     maglev::MaglevChunk,
     maps::{
-        MAX_AFFINITY, MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_IFACES, MAX_LOCAL_POD_CIDRS,
-        MAX_MAGLEV_CHUNKS, MAX_SERVICE_CIDRS, MAX_SERVICE_ENTRIES, MAX_SLOT_ELEMENTS, MAX_SOCKETS,
-        MAX_SOURCE_RANGES,
+        MAX_AFFINITY, MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_FRAGMENTS, MAX_IFACES,
+        MAX_LOCAL_POD_CIDRS, MAX_MAGLEV_CHUNKS, MAX_SERVICE_CIDRS, MAX_SERVICE_ENTRIES,
+        MAX_SLOT_ELEMENTS, MAX_SOCKETS, MAX_SOURCE_RANGES,
     },
     monitor::{MONITOR_RING_BYTES, MONITOR_SLOTS},
     slots::{BPF_F_MMAPABLE, SlotPair},
@@ -33,6 +34,10 @@ pub static BACKENDS: HashMap<BackendId, Backend> = HashMap::with_max_entries(MAX
 
 #[map]
 pub static CONNTRACK: HashMap<CtKey, CtValue> = HashMap::with_max_entries(MAX_CONNTRACK, 0);
+
+#[map]
+pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> =
+    LruHashMap::with_max_entries(MAX_FRAGMENTS, 0);
 
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_MAX, 0);

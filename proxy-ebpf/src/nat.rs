@@ -27,6 +27,15 @@ use crate::{csum, flow::Rewrite, frame::Frame, ip::Ip, packet::Packet, sctp};
 /// (see the module documentation). IPv6 does the same in [`nat_rewrite6`].
 #[inline(always)]
 pub fn apply<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Result<(), Counter> {
+    // A later IPv4 fragment has no L4 header (its datagram's checksum, in
+    // the first fragment, covered the addresses): the addresses alone,
+    // with the IP header's checksum.
+    if F::HDR_CSUM_OFF.is_some() && pkt.later_fragment {
+        if pkt.saddr_be != out.saddr_be || pkt.daddr_be != out.daddr_be {
+            rewrite_ipv4_addresses(ctx, pkt, out)?;
+        }
+        return Ok(());
+    }
     if pkt.proto == proto::SCTP {
         return apply_sctp(ctx, pkt, out);
     }

@@ -1,7 +1,11 @@
 //! Bounds-checked parsing of Ethernet / IPv4 or IPv6 / TCP|UDP|SCTP headers,
 //! done once per packet.
 
-use proxy_common::{Counter, Family, V4, V6, proto};
+use proxy_common::{
+    Counter, Family, V4, V6,
+    fragment::{FragKey, FragPorts},
+    proto,
+};
 
 use crate::{frame::Frame, ip::Ip};
 
@@ -33,6 +37,9 @@ pub struct Packet<F: Family> {
     /// not say (BIG TCP, jumbograms).
     pub tot_len: u32,
     pub l4_off: usize,
+    /// A later fragment of an IPv4 datagram: its ports are the first
+    /// fragment's (`FRAGMENTS`), and it has no L4 header to rewrite.
+    pub later_fragment: bool,
 }
 
 impl<F: Ip> Packet<F> {
@@ -137,27 +144,69 @@ pub fn parse4<C: Frame>(ctx: &C) -> Result<Option<Packet<V4>>, Counter> {
     if !is_service_proto(ip.proto) {
         return Ok(None);
     }
-    // Later fragments carry no L4 header; they are left to the kernel.
-    if u16::from_be(ip.frag_off) & 0x1fff != 0 {
-        return Ok(None);
-    }
     let ihl = (ip.ver_ihl & 0x0f) as usize * 4;
+    let well_formed = ip.ver_ihl >> 4 == 4 && ihl >= 20;
+    let (saddr_be, daddr_be, ttl) = (ip.saddr, ip.daddr, ip.ttl);
+    let tot_len = u16::from_be(ip.tot_len) as u32;
+    let frag_off = u16::from_be(ip.frag_off);
+    let fragment = FragKey {
+        saddr_be,
+        daddr_be,
+        id_be: ip.id,
+        proto: ip.proto,
+        _pad: 0,
+    };
+    // A later fragment carries no L4 header: the ports its first fragment
+    // left, if that passed; else it is left to the kernel.
+    if frag_off & IP_OFFSET != 0 {
+        if !well_formed {
+            return Ok(None);
+        }
+        // SAFETY: a plain value of a map the programs only read and insert.
+        let Some(ports) = (unsafe { crate::maps::FRAGMENTS.get(&fragment) }) else {
+            return Ok(None);
+        };
+        return Ok(Some(Packet {
+            saddr_be,
+            daddr_be,
+            sport_be: ports.sport_be,
+            dport_be: ports.dport_be,
+            proto: ip.proto,
+            tcp_flags: 0,
+            ttl,
+            tot_len,
+            l4_off: ETH_HLEN + ihl,
+            later_fragment: true,
+        }));
+    }
     // As the kernel's ip_rcv: a header that is not IPv4 or shorter than its
     // minimum is dropped, never translated.
-    if ip.ver_ihl >> 4 != 4 || ihl < 20 {
+    if !well_formed {
         return Err(Counter::DropMalformed);
     }
-    let (saddr_be, daddr_be, ttl) = (ip.saddr, ip.daddr, ip.ttl);
-    l4(
+    let pkt = l4(
         ctx,
         (saddr_be, daddr_be),
         ip.proto,
         ttl,
-        u16::from_be(ip.tot_len) as u32,
+        tot_len,
         ETH_HLEN + ihl,
-    )
-    .map(Some)
+    )?;
+    if frag_off & IP_MORE_FRAGMENTS != 0 {
+        let ports = FragPorts {
+            sport_be: pkt.sport_be,
+            dport_be: pkt.dport_be,
+        };
+        // A full table makes room (LRU); a failed insert leaves the later
+        // fragments untranslated, as before there was a table.
+        let _ = crate::maps::FRAGMENTS.insert(&fragment, &ports, 0);
+    }
+    Ok(Some(pkt))
 }
+
+/// IPv4 `frag_off`: the fragment's offset, and "more fragments follow".
+const IP_OFFSET: u16 = 0x1fff;
+const IP_MORE_FRAGMENTS: u16 = 0x2000;
 
 #[inline(always)]
 pub fn parse6<C: Frame>(ctx: &C) -> Result<Option<Packet<V6>>, Counter> {
@@ -304,5 +353,6 @@ fn l4<C: Frame, F: Family>(
         ttl,
         tot_len,
         l4_off,
+        later_fragment: false,
     })
 }

@@ -232,3 +232,65 @@ fn new_pod_interfaces_are_attached_while_running() {
     assert_eq!(reached, "whoami-0");
     assert!(agent.stop().success());
 }
+
+/// A UDP datagram larger than the veths' MTU crosses the ClusterIP in IPv4
+/// fragments, both ways: the client's 4,000 bytes reach the backend whole
+/// (each later fragment follows its first to the backend), and the
+/// backend's echo comes back whole from the VIP (upstream e2e "should be
+/// able to handle large requests: udp").
+#[test]
+fn udp_datagrams_larger_than_the_mtu_cross_a_clusterip_in_fragments() {
+    let tb = Testbed::new(Cni::Routed, &["whoami-0", "client"]).unwrap();
+    let backend = tb.pod("whoami-0");
+    let echo = netns::run_in(&backend.ns, || std::net::UdpSocket::bind("0.0.0.0:8080"))
+        .unwrap()
+        .unwrap();
+    echo.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = stop.clone();
+    let server = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65_536];
+        while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok((n, peer)) = echo.recv_from(&mut buf) {
+                let _ = echo.send_to(&buf[..n], peer);
+            }
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("service.yaml"), service_yaml()).unwrap();
+    let ips = [backend.ip.to_string()];
+    fs::write(dir.path().join("slice.yaml"), slice_yaml(&ips)).unwrap();
+    let agent = Agent::start(&tb.node_ns, dir.path(), dir.path().join("agent.log"));
+
+    let request: Vec<u8> = (0..4000u32).map(|i| (i % 251) as u8).collect();
+    let client = tb.pod("client").ns.clone();
+    let exchange = |request: Vec<u8>| {
+        netns::run_in(&client, move || {
+            let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            socket
+                .set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            socket.send_to(&request, sock(VIP)).unwrap();
+            let mut buf = vec![0u8; 65_536];
+            socket
+                .recv_from(&mut buf)
+                .ok()
+                .map(|(n, from)| (buf[..n].to_vec(), from))
+        })
+        .unwrap()
+    };
+    // The first tries may go before the agent has programmed the service.
+    let (answer, from) = wait_for(Duration::from_secs(20), "a 4,000-byte UDP echo", || {
+        exchange(request.clone())
+    });
+    assert_eq!(from, sock(VIP), "the echo comes from the VIP");
+    assert!(answer == request, "the echo is the request, whole");
+    for _ in 0..20 {
+        let (answer, _) = exchange(request.clone()).expect("every large datagram crosses");
+        assert!(answer == request);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    server.join().unwrap();
+    drop(agent);
+}

@@ -627,3 +627,90 @@ fn each_packet_program_is_verified_within_a_bounded_number_of_instructions() {
         );
     }
 }
+
+/// `frame`'s UDP datagram (no checksum, 40 bytes of payload) cut in two
+/// IPv4 fragments of identification `id`: the first with the UDP header
+/// and 16 bytes, the later one with the other 24 (at offset 24).
+fn ipv4_fragments(frame: Frame, id: u16) -> (Vec<u8>, Vec<u8>) {
+    const IP: usize = 14;
+    const CUT: usize = IP + 20 + 24;
+    let mut whole = frame.build(&[0x5a; 40]);
+    whole[IP + 20 + 6..IP + 20 + 8].fill(0);
+    let mut first = whole[..CUT].to_vec();
+    let mut later = whole[..IP + 20].to_vec();
+    later.extend_from_slice(&whole[CUT..]);
+    for (pkt, frag_off) in [(&mut first, 0x2000u16), (&mut later, 24 / 8)] {
+        let len = (pkt.len() - IP) as u16;
+        pkt[IP + 2..IP + 4].copy_from_slice(&len.to_be_bytes());
+        pkt[IP + 4..IP + 6].copy_from_slice(&id.to_be_bytes());
+        pkt[IP + 6..IP + 8].copy_from_slice(&frag_off.to_be_bytes());
+        pkt[IP + 10..IP + 12].fill(0);
+        let check = !ones_complement_sum(&pkt[IP..IP + 20]);
+        pkt[IP + 10..IP + 12].copy_from_slice(&check.to_be_bytes());
+    }
+    (first, later)
+}
+
+fn ones_complement_sum(bytes: &[u8]) -> u16 {
+    let mut sum: u32 = bytes
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// An IPv4 packet's source and destination, and whether its header
+/// checksum holds.
+fn ipv4_addresses(pkt: &[u8]) -> (IpAddr, IpAddr, bool) {
+    let ip = &pkt[14..34];
+    let addr = |at: usize| IpAddr::V4(Ipv4Addr::new(ip[at], ip[at + 1], ip[at + 2], ip[at + 3]));
+    (addr(12), addr(16), ones_complement_sum(ip) == 0xffff)
+}
+
+/// A UDP datagram in IPv4 fragments through a service (the TC and XDP hooks
+/// see fragments before the kernel reassembles them). The first fragment,
+/// which carries the ports, is translated and leaves its ports in
+/// `FRAGMENTS`; the later one finds them, goes to the same backend, and has
+/// its addresses rewritten alone (its bytes past the IP header untouched,
+/// its header checksum valid). The reply's fragments come back from the
+/// service. A later fragment whose first never passed is left alone.
+#[test]
+fn ipv4_fragments_of_a_udp_datagram_follow_their_first() {
+    let net = &IPV4;
+    let f = fixture(net);
+    let (first, later) = ipv4_fragments(Frame::udp(net.client, 40100, net.vip, 53), 0x4242);
+    let out = f.run(FromPod, &first);
+    let translated = Frame::parse(&out.packet).expect("the first fragment parses");
+    assert!(net.backends.contains(&translated.dst), "{translated:?}");
+    assert_eq!(translated.dport, TARGET_PORT);
+    let backend = translated.dst;
+
+    let out = f.run(FromPod, &later);
+    assert_eq!(out.verdict, TC_ACT_OK);
+    assert_eq!(
+        ipv4_addresses(&out.packet),
+        (net.client, backend, true),
+        "the later fragment follows its first"
+    );
+    assert_eq!(out.packet[34..], later[34..], "its payload is untouched");
+
+    let (first, later) =
+        ipv4_fragments(Frame::udp(backend, TARGET_PORT, net.client, 40100), 0x5151);
+    let out = f.run(FromPod, &first);
+    let reply = Frame::parse(&out.packet).expect("the reply's first fragment parses");
+    assert_eq!((reply.src, reply.sport), (net.vip, 53));
+    let out = f.run(FromPod, &later);
+    assert_eq!(ipv4_addresses(&out.packet), (net.vip, net.client, true));
+    assert_eq!(out.packet[34..], later[34..]);
+
+    let (_, stray) = ipv4_fragments(Frame::udp(net.client, 40101, net.vip, 53), 0x4343);
+    let out = f.run(FromPod, &stray);
+    assert_eq!(out.verdict, TC_ACT_OK);
+    assert_eq!(
+        out.packet, stray,
+        "a later fragment of no known datagram is untouched"
+    );
+}

@@ -1281,6 +1281,10 @@ struct Violation {
 struct Oracle<'a> {
     world: &'a World,
     model: Model,
+    /// The ports of IPv4 datagrams whose first fragment (more to follow)
+    /// the datapath parsed, by (source, destination, identification,
+    /// protocol): their later fragments may follow their flow (`FRAGMENTS`).
+    fragments: HashMap<(Ipv4Addr, Ipv4Addr, u16, u8), (u16, u16)>,
     stats: Stats,
     violations: Vec<Violation>,
     violation_count: u64,
@@ -1332,6 +1336,7 @@ impl<'a> Oracle<'a> {
         Oracle {
             world,
             model: Model::default(),
+            fragments: HashMap::new(),
             stats: Stats::default(),
             violations: Vec::new(),
             violation_count: 0,
@@ -1390,6 +1395,46 @@ impl<'a> Oracle<'a> {
         }
     }
 
+    /// A later IPv4 fragment of a datagram whose first fragment was seen, of
+    /// a live flow, may leave as its flow does: its addresses translated (the
+    /// header checksum still valid), TTL and MACs as any packet sent on, every
+    /// other byte untouched. `None`: no such flow; the untouched rule judges it.
+    fn later_fragment(&self, input: &[u8], out: &Outcome) -> Option<Result<Judged, String>> {
+        let ip = &input[ETH_HLEN..];
+        let addr = |at: usize| Ipv4Addr::new(ip[at], ip[at + 1], ip[at + 2], ip[at + 3]);
+        let (src, dst, proto) = (addr(12), addr(16), ip[9]);
+        let id = u16::from_be_bytes([ip[4], ip[5]]);
+        let &(sport, dport) = self.fragments.get(&(src, dst, id, proto))?;
+        let t = Tuple {
+            src,
+            sport,
+            dst,
+            dport,
+            proto,
+        };
+        let (to, judged) = match (self.model.forwards.get(&t), self.model.replies.get(&t)) {
+            (Some(to), _) => (*to, Judged::Forwarded),
+            (_, Some(to)) => (*to, Judged::Reply),
+            _ => return None,
+        };
+        let ihl = (ip[0] & 0x0f) as usize * 4;
+        let o = &out.packet;
+        if o.len() != input.len() || ihl < IPV4_HLEN || ETH_HLEN + ihl > o.len() {
+            return Some(Err(format!("[fragment] later fragment of {t} reshaped")));
+        }
+        let o4 = &o[ETH_HLEN..];
+        let kept = o4[..8] == ip[..8] && o4[9] == ip[9] && o4[20..] == ip[20..];
+        let addressed = o4[12..16] == to.src.octets() && o4[16..20] == to.dst.octets();
+        let valid = |h: &[u8]| packet::checksum(&[&h[..ihl]]) == 0;
+        if kept && addressed && valid(ip) == valid(o4) {
+            Some(Ok(judged))
+        } else {
+            Some(Err(format!(
+                "[fragment] later fragment of {t} not translated as its flow ({to})"
+            )))
+        }
+    }
+
     fn violation(
         &mut self,
         index: u64,
@@ -1432,6 +1477,18 @@ impl<'a> Oracle<'a> {
             return Err(format!("[action] invalid action {v}"));
         }
         let unchanged = out.packet == input;
+        if let Shape::Handleable(p) = shape
+            && input[ETH_HLEN + 6] & 0x20 != 0
+        {
+            let id = u16::from_be_bytes([input[ETH_HLEN + 4], input[ETH_HLEN + 5]]);
+            (self.fragments).insert((p.t.src, p.t.dst, id, p.t.proto), (p.t.sport, p.t.dport));
+        }
+        if shape == Shape::LaterFragment
+            && !unchanged
+            && let Some(judged) = self.later_fragment(input, out)
+        {
+            return judged;
+        }
         let Shape::Handleable(p) = shape else {
             if is_drop(hook, v) && shape.malformed() {
                 return Ok(Judged::Dropped);
