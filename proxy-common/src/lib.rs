@@ -68,6 +68,7 @@ assert_layout!(Backend, size = 8, align = 4);
 assert_layout!(CtKey, size = 16, align = 4);
 assert_layout!(fragment::FragKey, size = 12, align = 4);
 assert_layout!(fragment::FragPorts, size = 4, align = 2);
+assert_layout!(fragment::FragKey6, size = 40, align = 4);
 assert_layout!(CtValue, size = 64, align = 8);
 assert_layout!(DatapathConfig, size = 80, align = 8);
 assert_layout!(SockKey, size = 16, align = 8);

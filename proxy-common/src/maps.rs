@@ -17,6 +17,8 @@ pub const SOCKETS: &str = "SOCKETS";
 pub const SERVICES6: &str = "SERVICES6";
 pub const BACKENDS6: &str = "BACKENDS6";
 pub const CONNTRACK6: &str = "CONNTRACK6";
+/// IPv6 datagrams in fragments: the first fragment's ports (`fragment`).
+pub const FRAGMENTS6: &str = "FRAGMENTS6";
 pub const CONFIG6: &str = "CONFIG6";
 pub const LOCAL_POD_CIDRS6: &str = "LOCAL_POD_CIDRS6";
 pub const SOURCE_RANGES6: &str = "SOURCE_RANGES6";

@@ -8,6 +8,7 @@ unsafe impl aya::Pod for crate::CtKey {}
 unsafe impl aya::Pod for crate::CtValue {}
 unsafe impl aya::Pod for crate::fragment::FragKey {}
 unsafe impl aya::Pod for crate::fragment::FragPorts {}
+unsafe impl aya::Pod for crate::fragment::FragKey6 {}
 unsafe impl aya::Pod for crate::ct_table::CtSlot {}
 unsafe impl aya::Pod for crate::ct_table::CtSlot6 {}
 unsafe impl aya::Pod for crate::ct_table::CtWideSlot {}

@@ -50,6 +50,8 @@ pub struct Scratch<F: Family> {
     pub event: MonitorEventOf<F>,
     /// Where L4 starts behind IPv6 extension headers (see `packet::parse6`).
     pub l4_off: u32,
+    /// An IPv6 datagram's `FRAGMENTS6` key (see `packet::parse6`).
+    pub fragment6: proxy_common::fragment::FragKey6,
     /// A session-affinity entry being looked up or written.
     pub affinity_key: AffinityKeyOf<F>,
     pub affinity: AffinityValue,
@@ -71,6 +73,8 @@ pub struct RewriteJob<F: Family> {
     pub csum_off: u32,
     /// Extra `bpf_l4_csum_replace` flags (`BPF_F_MARK_MANGLED_0` for UDP).
     pub csum_flags: u32,
+    /// A later fragment: the addresses alone (no L4 header).
+    pub addresses_only: u32,
 }
 
 /// The largest reply a reject builds (an ICMPv6 error with its quote).

@@ -12,7 +12,7 @@ use proxy_common::{
     ServiceKey, ServiceKey6, ServiceValue, SockKey, SockKey6, SockValue, SockValue6, SourceRange,
     SourceRange6, V4, V6,
     filter::FILTER_WORDS,
-    fragment::{FragKey, FragPorts},
+    fragment::{FragKey, FragKey6, FragPorts},
     maglev::MaglevChunk,
     maps::{
         MAX_AFFINITY, MAX_BACKENDS, MAX_CONNTRACK, MAX_CONNTRACK6, MAX_FRAGMENTS, MAX_IFACES,
@@ -37,6 +37,10 @@ pub static CONNTRACK: HashMap<CtKey, CtValue> = HashMap::with_max_entries(MAX_CO
 
 #[map]
 pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> =
+    LruHashMap::with_max_entries(MAX_FRAGMENTS, 0);
+
+#[map]
+pub static FRAGMENTS6: LruHashMap<FragKey6, FragPorts> =
     LruHashMap::with_max_entries(MAX_FRAGMENTS, 0);
 
 #[map]

@@ -27,10 +27,13 @@ use crate::{csum, flow::Rewrite, frame::Frame, ip::Ip, packet::Packet, sctp};
 /// (see the module documentation). IPv6 does the same in [`nat_rewrite6`].
 #[inline(always)]
 pub fn apply<F: Ip>(ctx: &TcContext, pkt: &Packet<F>, out: &Rewrite<F>) -> Result<(), Counter> {
-    // A later IPv4 fragment has no L4 header (its datagram's checksum, in
-    // the first fragment, covered the addresses): the addresses alone,
+    // A later fragment has no L4 header (its datagram's checksum, in the
+    // first fragment, covered the addresses): the addresses alone, in IPv4
     // with the IP header's checksum.
-    if F::HDR_CSUM_OFF.is_some() && pkt.later_fragment {
+    if pkt.later_fragment {
+        if F::HDR_CSUM_OFF.is_none() {
+            return apply_ipv6(ctx, pkt, out, 0);
+        }
         if pkt.saddr_be != out.saddr_be || pkt.daddr_be != out.daddr_be {
             rewrite_ipv4_addresses(ctx, pkt, out)?;
         }
@@ -104,6 +107,7 @@ fn apply_ipv6<F: Ip>(
     job.l4_off = pkt.l4_off as u32;
     job.csum_off = pkt.l4_csum_off() as u32;
     job.csum_flags = mangled;
+    job.addresses_only = pkt.later_fragment as u32;
     match nat_rewrite6(ctx.skb.skb) {
         0 => Ok(()),
         REWRITE_MALFORMED => Err(Counter::DropMalformed),
@@ -166,6 +170,16 @@ fn rewrite6(ctx: &TcContext) -> Result<(), Counter> {
                 readdressed = true;
             }
         }
+    }
+    if job.addresses_only != 0 {
+        // A later fragment: no L4 checksum to carry the difference, and no
+        // IPv6 header checksum to absorb it; CHECKSUM_COMPLETE's sum takes it
+        // (an error for other packets, ignored).
+        if readdressed {
+            // SAFETY: the program's own context.
+            let _ = unsafe { bpf_csum_update(ctx.skb.skb, addr_diff) };
+        }
+        return Ok(());
     }
     let ports = ctx
         .ptr_at::<[u16; 2]>(job.l4_off as usize)

@@ -3,7 +3,7 @@
 
 use proxy_common::{
     Counter, Family, V4, V6,
-    fragment::{FragKey, FragPorts},
+    fragment::{FragKey, FragKey6, FragPorts},
     proto,
 };
 
@@ -166,18 +166,8 @@ pub fn parse4<C: Frame>(ctx: &C) -> Result<Option<Packet<V4>>, Counter> {
         let Some(ports) = (unsafe { crate::maps::FRAGMENTS.get(&fragment) }) else {
             return Ok(None);
         };
-        return Ok(Some(Packet {
-            saddr_be,
-            daddr_be,
-            sport_be: ports.sport_be,
-            dport_be: ports.dport_be,
-            proto: ip.proto,
-            tcp_flags: 0,
-            ttl,
-            tot_len,
-            l4_off: ETH_HLEN + ihl,
-            later_fragment: true,
-        }));
+        let header = (ip.proto, ttl, tot_len, ETH_HLEN + ihl);
+        return Ok(Some(later_fragment((saddr_be, daddr_be), header, ports)));
     }
     // As the kernel's ip_rcv: a header that is not IPv4 or shorter than its
     // minimum is dropped, never translated.
@@ -204,6 +194,29 @@ pub fn parse4<C: Frame>(ctx: &C) -> Result<Option<Packet<V4>>, Counter> {
     Ok(Some(pkt))
 }
 
+/// A later fragment of a datagram whose first fragment left `ports`: its
+/// `(protocol, TTL, total length, where its payload starts)`. The offset is
+/// not read: a later fragment has no L4 header to rewrite.
+#[inline(always)]
+fn later_fragment<F: Family>(
+    (saddr_be, daddr_be): (F::Addr, F::Addr),
+    (proto, ttl, tot_len, l4_off): (u8, u8, u32, usize),
+    ports: &FragPorts,
+) -> Packet<F> {
+    Packet {
+        saddr_be,
+        daddr_be,
+        sport_be: ports.sport_be,
+        dport_be: ports.dport_be,
+        proto,
+        tcp_flags: 0,
+        ttl,
+        tot_len,
+        l4_off,
+        later_fragment: true,
+    }
+}
+
 /// IPv4 `frag_off`: the fragment's offset, and "more fragments follow".
 const IP_OFFSET: u16 = 0x1fff;
 const IP_MORE_FRAGMENTS: u16 = 0x2000;
@@ -224,6 +237,9 @@ pub fn parse6<C: Frame>(ctx: &C) -> Result<Option<Packet<V6>>, Counter> {
     let mut next = ip.next_header;
     let mut off = ETH_HLEN + V6::HDR_LEN;
     let mut walked = 0;
+    // A fragment header's identification, the protocol it says follows, and
+    // whether this is a later fragment (else a first one, more to follow).
+    let mut fragment: Option<(u32, u8, bool)> = None;
     while !is_service_proto(next) {
         match next {
             ext::HOP_BY_HOP | ext::ROUTING | ext::DEST_OPTS | ext::FRAGMENT
@@ -247,9 +263,25 @@ pub fn parse6<C: Frame>(ctx: &C) -> Result<Option<Packet<V6>>, Counter> {
         // SAFETY: bounds checked by ptr_at.
         let hdr = unsafe { *hdr };
         if next == ext::FRAGMENT {
-            // Later fragments carry no L4 header; they are left to the kernel.
-            if u16::from_be_bytes([hdr[2], hdr[3]]) & 0xfff8 != 0 {
-                return Ok(None);
+            let later = u16::from_be_bytes([hdr[2], hdr[3]]) & 0xfff8 != 0;
+            let more = hdr[3] & 1 != 0;
+            if later || more {
+                // Its identification: what every fragment of the datagram carries.
+                let Some(id) = ctx.ptr_at::<u32>(off + 4) else {
+                    return if later {
+                        Ok(None)
+                    } else {
+                        Err(Counter::DropMalformed)
+                    };
+                };
+                // SAFETY: bounds checked by ptr_at; packet memory has no
+                // alignment to keep.
+                fragment = Some((unsafe { id.read_unaligned() }, hdr[0], later));
+                // A later fragment carries no L4 header: its ports are its
+                // first fragment's (below).
+                if later {
+                    break;
+                }
             }
             // The fragment header is 8 bytes; its second byte is reserved
             // (zero), which lets one length formula serve every header
@@ -262,6 +294,32 @@ pub fn parse6<C: Frame>(ctx: &C) -> Result<Option<Packet<V6>>, Counter> {
         next = hdr[0];
         off += (hdr[1] as usize + 1) * 8;
         walked += 1;
+    }
+    // The key is built in scratch memory: 40 bytes more on the stack of the
+    // deepest call chain would not fit.
+    let frag_key = |(id_be, proto): (u32, u8)| -> Option<&'static FragKey6> {
+        let key = &mut V6::scratch()?.fragment6;
+        *key = FragKey6 {
+            saddr_be,
+            daddr_be,
+            id_be,
+            proto,
+            _pad: [0; 3],
+        };
+        Some(key)
+    };
+    if let Some((id, proto, true)) = fragment {
+        let key = frag_key((id, proto)).ok_or(Counter::DropMalformed)?;
+        // SAFETY: a plain value of a map the programs only read and insert.
+        let Some(ports) = (unsafe { crate::maps::FRAGMENTS6.get(key) }) else {
+            return Ok(None);
+        };
+        if !is_service_proto(proto) {
+            return Ok(None);
+        }
+        let tot_len = payload_len + V6::HDR_LEN as u32;
+        let header = (proto, hop_limit, tot_len, ETH_HLEN + V6::HDR_LEN);
+        return Ok(Some(later_fragment((saddr_be, daddr_be), header, ports)));
     }
     if walked != 0 {
         // Each number of headers walked leaves the verifier its own range
@@ -283,7 +341,21 @@ pub fn parse6<C: Frame>(ctx: &C) -> Result<Option<Packet<V6>>, Counter> {
     } else {
         payload_len + V6::HDR_LEN as u32
     };
-    l4(ctx, (saddr_be, daddr_be), next, hop_limit, tot_len, off).map(Some)
+    let pkt = l4(ctx, (saddr_be, daddr_be), next, hop_limit, tot_len, off)?;
+    // A first fragment whose header says its L4 follows at once: its later
+    // fragments name the same protocol.
+    if let Some((id, proto, false)) = fragment
+        && proto == pkt.proto
+    {
+        let ports = FragPorts {
+            sport_be: pkt.sport_be,
+            dport_be: pkt.dport_be,
+        };
+        if let Some(key) = frag_key((id, proto)) {
+            let _ = crate::maps::FRAGMENTS6.insert(key, &ports, 0);
+        }
+    }
+    Ok(Some(pkt))
 }
 
 /// TCP, UDP or SCTP: the protocols of service ports.

@@ -473,3 +473,79 @@ fn the_shared_frame_builder_agrees_with_this_files_rfc_8200_builder() {
         );
     }
 }
+
+/// `frame`'s UDP datagram (40 bytes of payload) in two IPv6 fragments of
+/// identification `id`: the first with the UDP header and 16 bytes (more to
+/// follow), the later one with the other 24 at offset 24.
+fn ipv6_fragments(frame: V6Frame, id: u32) -> (Vec<u8>, Vec<u8>) {
+    const FRAG: usize = ETH_HLEN + IP6_HLEN;
+    let header = |offset_flags: u16| {
+        let mut h = vec![proto::UDP, 0];
+        h.extend(offset_flags.to_be_bytes());
+        h.extend(id.to_be_bytes());
+        h
+    };
+    let whole = V6Frame {
+        ext: Some((44, header(1))),
+        ..frame
+    }
+    .build(&[0x5a; 40]);
+    let mut first = whole[..FRAG + 8 + 8 + 16].to_vec();
+    let mut later = whole[..FRAG].to_vec();
+    later.extend(header(24));
+    later.extend_from_slice(&whole[FRAG + 8 + 8 + 16..]);
+    for pkt in [&mut first, &mut later] {
+        let payload = (pkt.len() - FRAG) as u16;
+        pkt[ETH_HLEN + 4..ETH_HLEN + 6].copy_from_slice(&payload.to_be_bytes());
+    }
+    (first, later)
+}
+
+fn ipv6_addresses(pkt: &[u8]) -> (Ipv6Addr, Ipv6Addr) {
+    let addr = |at: usize| Ipv6Addr::from(<[u8; 16]>::try_from(&pkt[at..at + 16]).unwrap());
+    (addr(ETH_HLEN + 8), addr(ETH_HLEN + 24))
+}
+
+/// As in IPv4: the first fragment of a UDP datagram is translated and
+/// leaves its ports in `FRAGMENTS6`; the later one follows it to the same
+/// backend with its addresses alone rewritten (bytes past the IPv6 header
+/// untouched); the reply's fragments come back from the service.
+#[test]
+fn ipv6_fragments_of_a_udp_datagram_follow_their_first() {
+    let dp = fixture();
+    let (first, later) = ipv6_fragments(V6Frame::udp(CLIENT, 40100, VIP, 53), 0x4242_0001);
+    let out = test_run::from_pod(&dp.ebpf, &first).unwrap();
+    assert_eq!(out.verdict, TC_ACT_OK);
+    assert_eq!(ipv6_addresses(&out.packet), (CLIENT, BACKEND));
+    let l4 = ETH_HLEN + IP6_HLEN + 8;
+    assert_eq!(out.packet[l4 + 2..l4 + 4], TARGET_PORT.to_be_bytes());
+
+    let out = test_run::from_pod(&dp.ebpf, &later).unwrap();
+    assert_eq!(out.verdict, TC_ACT_OK);
+    assert_eq!(
+        ipv6_addresses(&out.packet),
+        (CLIENT, BACKEND),
+        "the later fragment follows"
+    );
+    assert_eq!(
+        out.packet[ETH_HLEN + IP6_HLEN..],
+        later[ETH_HLEN + IP6_HLEN..]
+    );
+
+    let (first, later) = ipv6_fragments(
+        V6Frame::udp(BACKEND, TARGET_PORT, CLIENT, 40100),
+        0x5151_0002,
+    );
+    let out = test_run::from_pod(&dp.ebpf, &first).unwrap();
+    assert_eq!(ipv6_addresses(&out.packet), (VIP, CLIENT));
+    let out = test_run::from_pod(&dp.ebpf, &later).unwrap();
+    assert_eq!(
+        ipv6_addresses(&out.packet),
+        (VIP, CLIENT),
+        "the reply's later fragment"
+    );
+    assert_eq!(
+        out.packet[ETH_HLEN + IP6_HLEN..],
+        later[ETH_HLEN + IP6_HLEN..]
+    );
+}

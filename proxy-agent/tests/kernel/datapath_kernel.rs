@@ -566,9 +566,13 @@ fn a_set_that_outgrows_its_slots_moves_and_new_flows_follow_every_change(net: &N
             "{n} backends"
         );
     }
-    // The flow opened on the first set: its backend is the fixture's and
-    // still in the last set, so it stays there.
-    let again = f.run(FromPod, &open.build(b""));
+    // The connection opened on the first set keeps its backend (it left the
+    // 2-backend set and came back: an established connection goes on to
+    // its backend whatever the sets did).
+    let again = f.run(
+        FromPod,
+        &crate::tester::tcp_data(open, tcp_flags::ACK, b"x"),
+    );
     assert_eq!(backend_of(&again.packet), before);
 }
 
