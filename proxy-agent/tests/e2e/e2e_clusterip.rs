@@ -233,18 +233,59 @@ fn new_pod_interfaces_are_attached_while_running() {
     assert!(agent.stop().success());
 }
 
-/// A UDP datagram larger than the veths' MTU crosses the ClusterIP in IPv4
-/// fragments, both ways: the client's 4,000 bytes reach the backend whole
-/// (each later fragment follows its first to the backend), and the
-/// backend's echo comes back whole from the VIP (upstream e2e "should be
-/// able to handle large requests: udp").
+/// A UDP datagram larger than the veths' MTU crosses a ClusterIP in
+/// fragments, both ways, in IPv4 and IPv6: the client's 4,000 bytes reach
+/// the backend whole (each later fragment follows its first to the backend),
+/// and the backend's echo comes back whole from the VIP (upstream e2e
+/// "should be able to handle large requests: udp").
 #[test]
 fn udp_datagrams_larger_than_the_mtu_cross_a_clusterip_in_fragments() {
     let tb = Testbed::new(Cni::Routed, &["whoami-0", "client"]).unwrap();
-    let backend = tb.pod("whoami-0");
-    let echo = netns::run_in(&backend.ns, || std::net::UdpSocket::bind("0.0.0.0:8080"))
-        .unwrap()
-        .unwrap();
+    let ips = [tb.pod("whoami-0").ip.to_string()];
+    let manifests = [
+        ("service.yaml", service_yaml().to_owned()),
+        ("slice.yaml", slice_yaml(&ips)),
+    ];
+    large_udp_echoes(&tb, &manifests, sock(VIP));
+}
+
+#[test]
+fn ipv6_udp_datagrams_larger_than_the_mtu_cross_a_clusterip_in_fragments() {
+    let tb = Testbed::new_dual_stack(&["whoami-0", "client"]).unwrap();
+    let ip6 = tb.pod("whoami-0").ip6.expect("a dual-stack pod");
+    let service = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: whoami, namespace: demo}
+spec:
+  ipFamilies: [IPv6]
+  clusterIP: "2001:db8:ffff::40"
+  clusterIPs: ["2001:db8:ffff::40"]
+  ports:
+    - {name: dns, protocol: UDP, port: 80, targetPort: 8080}
+"#;
+    let slice = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: whoami-6\n  namespace: demo\n  labels: {{kubernetes.io/service-name: whoami}}\naddressType: IPv6\nports:\n  - {{name: dns, protocol: UDP, port: 8080}}\nendpoints:\n  - addresses: [\"{ip6}\"]\n    conditions: {{ready: true}}\n    nodeName: node-a\n"
+    );
+    let manifests = [("service.yaml", service.to_owned()), ("slice.yaml", slice)];
+    large_udp_echoes(&tb, &manifests, sock("[2001:db8:ffff::40]:80"));
+}
+
+/// With `manifests` served by the agent and an echo server (whole
+/// datagrams back) on the backend pod `whoami-0`'s UDP 8080: 4,000-byte
+/// datagrams from the client pod to `vip` come back whole, from `vip`.
+fn large_udp_echoes(tb: &Testbed, manifests: &[(&str, String)], vip: std::net::SocketAddr) {
+    let any: std::net::SocketAddr = if vip.is_ipv6() {
+        "[::]:0".parse().unwrap()
+    } else {
+        "0.0.0.0:0".parse().unwrap()
+    };
+    let server_addr = std::net::SocketAddr::new(any.ip(), 8080);
+    let echo = netns::run_in(&tb.pod("whoami-0").ns, move || {
+        std::net::UdpSocket::bind(server_addr)
+    })
+    .unwrap()
+    .unwrap();
     echo.set_read_timeout(Some(Duration::from_millis(100)))
         .unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -258,20 +299,20 @@ fn udp_datagrams_larger_than_the_mtu_cross_a_clusterip_in_fragments() {
         }
     });
     let dir = tempfile::tempdir().unwrap();
-    fs::write(dir.path().join("service.yaml"), service_yaml()).unwrap();
-    let ips = [backend.ip.to_string()];
-    fs::write(dir.path().join("slice.yaml"), slice_yaml(&ips)).unwrap();
+    for (name, text) in manifests {
+        fs::write(dir.path().join(name), text).unwrap();
+    }
     let agent = Agent::start(&tb.node_ns, dir.path(), dir.path().join("agent.log"));
 
     let request: Vec<u8> = (0..4000u32).map(|i| (i % 251) as u8).collect();
     let client = tb.pod("client").ns.clone();
     let exchange = |request: Vec<u8>| {
         netns::run_in(&client, move || {
-            let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            let socket = std::net::UdpSocket::bind(any).unwrap();
             socket
                 .set_read_timeout(Some(Duration::from_millis(300)))
                 .unwrap();
-            socket.send_to(&request, sock(VIP)).unwrap();
+            socket.send_to(&request, vip).unwrap();
             let mut buf = vec![0u8; 65_536];
             socket
                 .recv_from(&mut buf)
@@ -284,7 +325,7 @@ fn udp_datagrams_larger_than_the_mtu_cross_a_clusterip_in_fragments() {
     let (answer, from) = wait_for(Duration::from_secs(20), "a 4,000-byte UDP echo", || {
         exchange(request.clone())
     });
-    assert_eq!(from, sock(VIP), "the echo comes from the VIP");
+    assert_eq!(from, vip, "the echo comes from the VIP");
     assert!(answer == request, "the echo is the request, whole");
     for _ in 0..20 {
         let (answer, _) = exchange(request.clone()).expect("every large datagram crosses");
