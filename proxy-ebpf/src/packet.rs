@@ -149,7 +149,8 @@ pub fn parse4<C: Frame>(ctx: &C) -> Result<Option<Packet<V4>>, Counter> {
     let (saddr_be, daddr_be, ttl) = (ip.saddr, ip.daddr, ip.ttl);
     let tot_len = u16::from_be(ip.tot_len) as u32;
     let frag_off = u16::from_be(ip.frag_off);
-    let fragment = FragKey {
+    // Built only for fragments, which are rare.
+    let fragment = || FragKey {
         saddr_be,
         daddr_be,
         id_be: ip.id,
@@ -163,7 +164,7 @@ pub fn parse4<C: Frame>(ctx: &C) -> Result<Option<Packet<V4>>, Counter> {
             return Ok(None);
         }
         // SAFETY: a plain value of a map the programs only read and insert.
-        let Some(ports) = (unsafe { crate::maps::FRAGMENTS.get(&fragment) }) else {
+        let Some(ports) = (unsafe { crate::maps::FRAGMENTS.get(&fragment()) }) else {
             return Ok(None);
         };
         let header = (ip.proto, ttl, tot_len, ETH_HLEN + ihl);
@@ -189,7 +190,7 @@ pub fn parse4<C: Frame>(ctx: &C) -> Result<Option<Packet<V4>>, Counter> {
         };
         // A full table makes room (LRU); a failed insert leaves the later
         // fragments untranslated, as before there was a table.
-        let _ = crate::maps::FRAGMENTS.insert(&fragment, &ports, 0);
+        let _ = crate::maps::FRAGMENTS.insert(&fragment(), &ports, 0);
     }
     Ok(Some(pkt))
 }
