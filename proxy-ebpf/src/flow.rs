@@ -111,6 +111,7 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
         if opens(pkt) && flags_before & ct::FINISHED != 0 {
             // A client reusing the tuple of a finished connection opens a new one.
             crate::stats::count(Counter::Reopened);
+            forget::<F>(now());
         } else {
             // The agent removes a backend's entry once no service uses it (a
             // pod deleted, or terminating while others are ready). A TCP or
@@ -154,6 +155,7 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
                 return Verdict::Forward(out, Counter::Established, Some(hit.hop));
             }
             crate::stats::count(Counter::Rebalanced);
+            forget::<F>(now());
         }
     }
 
@@ -175,6 +177,76 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
         Ok(v) => v,
         Err(counter) => Verdict::Drop(counter),
     }
+}
+
+/// Removes the flow whose forward entry a client's SYN found (its key still
+/// in `Scratch::key`, as the lookup left it), when a new one is to replace
+/// it (the old one finished, or its backend left): as the kernel's
+/// conntrack drops the old connection when a SYN reuses its tuple. Left
+/// behind, a late packet of the old backend would still be translated to
+/// the client and rebuild the forward half (`other_half`); and if the new
+/// flow cannot be opened, the old forward half would keep sending on a
+/// reply tuple that may be another flow's by then.
+#[inline(always)]
+fn forget<F: Ip>(now: u64) {
+    if F::AF == V6::AF {
+        ct_forget6(now);
+    } else {
+        ct_forget4(now);
+    }
+}
+
+// Global functions, as the port claim's: the new flow's frame on top of
+// this one's would not fit in 512 bytes.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn ct_forget4(now: u64) -> u32 {
+    forget_flow::<V4>(now)
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn ct_forget6(now: u64) -> u32 {
+    forget_flow::<V6>(now)
+}
+
+/// [`forget`]'s work: 1 when a flow was removed.
+#[inline(always)]
+fn forget_flow<F: Ip>(now: u64) -> u32 {
+    let (Some(config), Some(Scratch { key, other_key, .. })) = (config::get(), F::scratch()) else {
+        return 0;
+    };
+    let key: &CtKeyOf<F> = key;
+    // SAFETY: the reference from the map lookup stays valid for this program run.
+    let Some(flow) = (unsafe { F::conntrack().get(key) }) else {
+        return 0;
+    };
+    let snat = flow.flags & ct::SNAT != 0;
+    let (client_addr_be, client_port_be) = if snat {
+        (flow.snat_addr_be, flow.snat_port_be)
+    } else {
+        (key.saddr_be, key.sport_be)
+    };
+    *other_key = CtKeyOf::new(
+        flow.nat_addr_be,
+        client_addr_be,
+        flow.nat_port_be,
+        client_port_be,
+        key.proto,
+    );
+    // The reply half only while it is still this flow's: the tuple may be
+    // another's now.
+    let ours = conntrack::live(config, other_key, now).is_some_and(|reply| {
+        reply.flags & ct::REPLY != 0
+            && reply.nat_addr_be == key.daddr_be
+            && reply.nat_port_be == key.dport_be
+            && (!snat || (reply.snat_addr_be == key.saddr_be && reply.snat_port_be == key.sport_be))
+    });
+    if ours {
+        let _ = F::conntrack().remove(other_key);
+    }
+    let _ = F::conntrack().remove(key);
+    1
 }
 
 /// A packet no frontend claims: rejected when its destination is a

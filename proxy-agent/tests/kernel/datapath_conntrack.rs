@@ -60,6 +60,7 @@ in_both_families!(
     fins_both_ways_mean_time_wait_and_one_way_close_wait,
     an_unanswered_syn_expires_after_syn_sent_but_an_answered_one_does_not,
     a_syn_on_a_finished_flows_tuple_is_a_new_connection_balanced_again,
+    a_reopened_connection_leaves_nothing_of_the_old_one,
     a_full_conntrack_table_refuses_new_flows_and_keeps_the_live_ones,
     the_collector_frees_expired_flows_and_under_pressure_unanswered_ones,
     an_evicted_half_of_a_live_flow_is_rebuilt_from_the_other,
@@ -278,6 +279,34 @@ fn a_syn_on_a_finished_flows_tuple_is_a_new_connection_balanced_again(net: &'sta
     let again = f.send(f.request(40001), tcp_flags::SYN);
     assert_eq!(again.dst, backend);
     assert_eq!(f.counter(Counter::Reopened), 59);
+}
+
+fn a_reopened_connection_leaves_nothing_of_the_old_one(net: &'static Net) {
+    let f = Fixture::new(net, timeouts(60_000, 60_000, 60_000, 60_000), 1024);
+    let old = f.connect(40000);
+    // Until the new connection lands on another backend than the old one.
+    for _ in 0..60 {
+        f.send(f.request(40000), tcp_flags::FIN | tcp_flags::ACK);
+        f.send(f.response(old, 40000), tcp_flags::FIN | tcp_flags::ACK);
+        f.send(f.request(40000), tcp_flags::ACK);
+        let new = f.connect(40000);
+        if new == old {
+            continue;
+        }
+        // As the kernel's conntrack, which drops the old connection when a
+        // SYN reuses its tuple: a late segment of the old backend is no
+        // longer the client's, and does not bring the old flow back.
+        assert_eq!(f.conntrack_entries(), 2, "the new flow's two halves alone");
+        assert!(
+            !f.reply_translated(old, 40000),
+            "the old backend's late segment is not translated"
+        );
+        assert_eq!(f.send(f.request(40000), tcp_flags::ACK).dst, new);
+        assert!(f.reply_translated(new, 40000));
+        assert_eq!(f.conntrack_entries(), 2);
+        return;
+    }
+    panic!("60 reopened connections all reached {old}");
 }
 
 fn a_full_conntrack_table_refuses_new_flows_and_keeps_the_live_ones(net: &'static Net) {

@@ -422,9 +422,61 @@ struct Model {
     /// was finished, the SYN reopened it): the mappings they may hold
     /// instead, until a reply shows which.
     taken_back: HashMap<Tuple, Vec<Tuple>>,
+    /// TCP flows (by reply tuple) the datapath may hold closed: a RST or a
+    /// FIN of each direction went through them (`CLOSED_*` bits). Only such
+    /// a flow's reply tuple may be taken over by a masquerade port claim
+    /// that found no free one, as the kernel's NAT evicts TIME_WAIT.
+    closing: HashMap<Tuple, u8>,
 }
 
+const CLOSED_RST: u8 = 1;
+const CLOSED_FIN_FORWARD: u8 = 2;
+const CLOSED_FIN_REPLY: u8 = 4;
+
 impl Model {
+    /// Notes the FIN or RST of a packet of the TCP flow whose reply tuple
+    /// is `key`, sent by its client (`forward`) or its backend.
+    fn note_closing(&mut self, key: Tuple, tcp_flags: u8, forward: bool) {
+        if key.proto != proto::TCP {
+            return;
+        }
+        let bits = if tcp_flags & tcp_flags::RST != 0 {
+            CLOSED_RST
+        } else if tcp_flags & tcp_flags::FIN != 0 {
+            if forward {
+                CLOSED_FIN_FORWARD
+            } else {
+                CLOSED_FIN_REPLY
+            }
+        } else {
+            return;
+        };
+        *self.closing.entry(key).or_default() |= bits;
+    }
+
+    /// The flow of client tuple `t` as the datapath drops it when a SYN
+    /// replaces it: its forward half, and its reply half while still its own.
+    fn forget(&mut self, t: &Tuple) {
+        let Some(prev) = self.forwards.remove(t) else {
+            return;
+        };
+        if let Some(at) = self.forward_keys.iter().position(|k| k == t) {
+            self.forward_keys.swap_remove(at);
+        }
+        let key = prev.reversed();
+        if self.replies.get(&key) == Some(&t.reversed()) {
+            self.replies.remove(&key);
+            self.closing.remove(&key);
+            self.taken_back.remove(&key);
+        }
+    }
+
+    fn may_be_closed(&self, key: &Tuple) -> bool {
+        self.closing.get(key).is_some_and(|&bits| {
+            bits & CLOSED_RST != 0 || bits & (CLOSED_FIN_FORWARD | CLOSED_FIN_REPLY) == 6
+        })
+    }
+
     /// The other flow (as it leaves, frontend -> client) whose replies come
     /// back on the reply tuple `t` would have to `backend` without a
     /// translated source.
@@ -1263,6 +1315,8 @@ struct Stats {
     /// New flows that took a live flow's reply tuple (REPLY_TUPLE_CLASH_KNOWN).
     known_clashes: u64,
     first_known_clash: Option<String>,
+    /// New masqueraded flows given a closed flow's reply tuple.
+    taken_over: u64,
     tcp_flag_combinations: BTreeSet<u8>,
     /// Translated although the kernel's IPv4 input checks would drop it, by reason.
     translated_invalid_header: BTreeMap<&'static str, u64>,
@@ -1501,6 +1555,14 @@ impl<'a> Oracle<'a> {
             }
             return Ok(Judged::Passed);
         };
+        // The datapath notes a FIN or RST when it finds the packet's flow,
+        // before it may still drop the packet (a header it cannot rewrite).
+        if let Some(to) = self.model.forwards.get(&p.t).copied() {
+            self.model.note_closing(to.reversed(), p.tcp_flags, true);
+        }
+        if self.model.replies.contains_key(&p.t) {
+            self.model.note_closing(p.t, p.tcp_flags, false);
+        }
         if is_drop(hook, v) && p.header_unfit() {
             return Ok(Judged::Dropped);
         }
@@ -1512,6 +1574,13 @@ impl<'a> Oracle<'a> {
         if is_drop(hook, v) {
             if reply.is_some() {
                 return Err(format!("[reply] dropped the reply {t} of a live flow"));
+            }
+            // A SYN of a live flow is dropped only when it would open a new
+            // one in its place (the old one finished) and that failed: the
+            // old flow is gone.
+            let opens = p.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN;
+            if t.proto == proto::TCP && opens {
+                self.model.forget(&t);
             }
             return match fe {
                 Some((spec, kind)) => self.drop_allowed(hook, &p, input, spec, kind),
@@ -1587,6 +1656,7 @@ impl<'a> Oracle<'a> {
                     SPECS[spec].name
                 ));
             }
+            self.model.note_closing(t, p.tcp_flags, false);
             return Ok(Judged::Reply);
         }
         let Some((spec, kind)) = fe else {
@@ -1871,6 +1941,11 @@ impl<'a> Oracle<'a> {
             Some(prev) if *prev == o => {
                 let key = o.reversed();
                 let syn = p.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN;
+                if syn && p.tcp_flags & (tcp_flags::FIN | tcp_flags::RST) == 0 {
+                    // Reopens a finished flow, or leaves an open one open.
+                    self.model.closing.remove(&key);
+                }
+                self.model.note_closing(key, p.tcp_flags, true);
                 if REPLY_TUPLE_CLASH_KNOWN
                     && t.proto == proto::TCP
                     && syn
@@ -1890,6 +1965,9 @@ impl<'a> Oracle<'a> {
                         "[forward] the live flow {t} moved from {prev} to {o}"
                     ));
                 }
+                // A new connection on the tuple: the old flow went first.
+                self.model.forget(&t);
+                self.model.forward_keys.push(t);
             }
             None => self.model.forward_keys.push(t),
         }
@@ -1914,6 +1992,25 @@ impl<'a> Oracle<'a> {
         // A new flow: its reply tuple must not be another live flow's.
         let key = o.reversed();
         let back = t.reversed();
+        let was_closed = self.model.may_be_closed(&key);
+        let closing_bits = self.model.closing.get(&key).copied().unwrap_or(0);
+        self.model.closing.remove(&key);
+        if let Some(old) = self.model.replies.get(&key).copied()
+            && old != back
+            && self.model.forwards.get(&old.reversed()) == Some(&key.reversed())
+            && was_closed
+            && (masq || clash)
+        {
+            // A masquerade port claim that found no free tuple took over a
+            // closed flow's: its forward half goes with it.
+            self.model.forget(&old.reversed());
+            self.model.forwards.insert(t, o);
+            self.model.replies.insert(key, back);
+            self.model.taken_back.remove(&key);
+            self.stats.taken_over += 1;
+            self.model.note_closing(key, p.tcp_flags, true);
+            return Ok(());
+        }
         if let Some(old) = self.model.replies.get(&key).copied()
             && old != back
             && self.model.forwards.get(&old.reversed()) == Some(&key.reversed())
@@ -1922,9 +2019,10 @@ impl<'a> Oracle<'a> {
             self.model.replies.insert(key, back);
             self.model.taken_back.remove(&key);
             let what = format!(
-                "[collision] the new flow {t} -> {o} took the reply tuple of the live flow {} -> {}",
+                "[collision] the new flow {t} -> {o} took the reply tuple of the live flow {} -> {} (seen closing: {:#x})",
                 old.reversed(),
-                key.reversed()
+                key.reversed(),
+                closing_bits
             );
             if REPLY_TUPLE_CLASH_KNOWN {
                 self.stats.known_clashes += 1;
@@ -1935,6 +2033,7 @@ impl<'a> Oracle<'a> {
         }
         self.model.forwards.insert(t, o);
         self.model.taken_back.remove(&key);
+        self.model.note_closing(key, p.tcp_flags, true);
         if self.model.replies.insert(key, back).is_none() {
             self.model.reply_keys.push(key);
         }
@@ -2145,7 +2244,7 @@ fn report(hook: Hook, seed: u64, oracle: &Oracle, elapsed: std::time::Duration) 
     };
     println!(
         "fuzz {}: {} packets, verdicts [{}]; forwarded {}, replies {}, rejected {}, dropped {}, passed {}, refused by the kernel {}{followups}; \
-         {} flows, {}/256 TCP flag combinations, translated although ip_rcv would drop them [{}]; {} violations; {:.1} s (seed {seed:#x})",
+         {} flows ({} on a closed flow's reply tuple), {}/256 TCP flag combinations, translated although ip_rcv would drop them [{}]; {} violations; {:.1} s (seed {seed:#x})",
         program_name(hook),
         s.packets,
         list(&mut s.verdicts.iter().map(|(k, v)| (k.clone(), *v))),
@@ -2156,6 +2255,7 @@ fn report(hook: Hook, seed: u64, oracle: &Oracle, elapsed: std::time::Duration) 
         r(Judged::Passed),
         r(Judged::Refused),
         oracle.model.forwards.len(),
+        s.taken_over,
         s.tcp_flag_combinations.len(),
         list(
             &mut s
