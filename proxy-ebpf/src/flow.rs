@@ -114,20 +114,15 @@ pub fn decide<F: Ip>(pkt: &Packet<F>, ifindex: u32, hook: u8) -> Verdict<F> {
             forget::<F>(now());
         } else {
             // The agent removes a backend's entry once no service uses it (a
-            // pod deleted, or terminating while others are ready). A TCP or
-            // SCTP connection to it goes on to it until it ends, as upstream's
-            // conntrack keeps it: a terminating pod finishes what it serves. A
-            // SYN reusing the tuple, or a datagram flow, is balanced again,
-            // the datagrams checked when the flow's idle timer is refreshed
-            // (at most once a second), not on every packet: a hash lookup is
-            // a sixth of an established packet's cost.
+            // pod deleted, or terminating while others are ready). A flow to
+            // it goes on, as upstream's conntrack keeps it: a TCP or SCTP
+            // connection until it ends (a terminating pod finishes what it
+            // serves), a datagram flow until the agent flushes it when its
+            // endpoint no longer serves (`flow_flush`), as upstream does. A
+            // SYN reusing the tuple is balanced again.
             let connection =
                 pkt.proto == proxy_common::proto::TCP || pkt.proto == proxy_common::proto::SCTP;
-            let check = if connection {
-                opens(pkt)
-            } else {
-                hit.refreshed
-            };
+            let check = connection && opens(pkt);
             let live = !check
                 || lb::backend::<F>(flow.backend_id).is_some_and(|b| {
                     b.addr_be == flow.nat_addr_be && b.port_be == flow.nat_port_be

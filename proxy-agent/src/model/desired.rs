@@ -85,6 +85,11 @@ pub struct DesiredService {
     pub cluster_endpoints: Vec<Endpoint>,
     /// Endpoints on this node for Local-policy traffic. Empty when unused.
     pub local_endpoints: Vec<Endpoint>,
+    /// UDP ports only: the addresses of serving endpoints in neither list
+    /// (terminating ones passed over, other zones' or nodes'). Upstream's
+    /// stale-flow cleanup keeps the flows to every serving endpoint, whatever
+    /// the policy, topology or termination: so does every mode here.
+    pub other_serving_ips: Vec<IpAddr>,
     pub node_port: Option<u16>,
     pub external_ips: Vec<IpAddr>,
     pub load_balancer_ips: Vec<IpAddr>,
@@ -154,6 +159,7 @@ pub fn desired_service(
         protocol: info.protocol,
         cluster_endpoints: Vec::new(),
         local_endpoints: Vec::new(),
+        other_serving_ips: Vec::new(),
         node_port: info.node_port,
         external_ips: info.external_ips.clone(),
         load_balancer_ips: info.load_balancer_ips.clone(),
@@ -190,10 +196,45 @@ pub fn desired_service(
             .local_endpoints
             .extend(cat.local.unwrap_or_default());
     }
+    if info.protocol == Protocol::Udp {
+        desired.other_serving_ips = other_serving_ips(&endpoints, &desired);
+    }
     // Kept for the agent's life: no growth slack (an empty Vec grows to four).
     desired.cluster_endpoints.shrink_to_fit();
     desired.local_endpoints.shrink_to_fit();
     desired
+}
+
+/// The addresses of `endpoints` that serve but are in neither of `desired`'s lists.
+fn other_serving_ips(endpoints: &[Endpoint], desired: &DesiredService) -> Vec<IpAddr> {
+    let listed = |ip: &IpAddr| {
+        (desired.cluster_endpoints.iter())
+            .chain(&desired.local_endpoints)
+            .any(|e| e.ip == *ip)
+    };
+    let mut ips: Vec<IpAddr> = endpoints
+        .iter()
+        .filter(|e| e.serving)
+        .map(|e| e.ip)
+        .filter(|ip| !listed(ip))
+        .collect();
+    ips.sort_unstable();
+    ips.dedup();
+    ips.shrink_to_fit();
+    ips
+}
+
+impl DesiredService {
+    /// The endpoint addresses whose UDP flows the stale-flow cleanup keeps:
+    /// every serving endpoint's (and any it balances to). Empty: the port
+    /// has none, and upstream then cleans none of its flows.
+    pub fn udp_flow_keepers(&self) -> BTreeSet<IpAddr> {
+        (self.cluster_endpoints.iter())
+            .chain(&self.local_endpoints)
+            .map(|e| e.ip)
+            .chain(self.other_serving_ips.iter().copied())
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

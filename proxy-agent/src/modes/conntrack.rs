@@ -35,23 +35,25 @@ pub struct Flow {
     pub reply_src: SocketAddr,
 }
 
-/// The UDP flows of `desired`'s services that no longer reach an endpoint.
+/// The UDP flows of `desired`'s services that no longer reach a serving
+/// endpoint, as upstream judges them: by the endpoint's address alone, a
+/// port without serving endpoints left alone, and the policies, topology
+/// and termination that choose among endpoints not taken into account (a
+/// change to them does not break a flow, as it does not a TCP connection's).
 pub fn stale_udp(desired: &DesiredState, flows: &[Flow]) -> Vec<Flow> {
     // Service address:port (cluster, external, LB) and node ports, each with
-    // the endpoints it may reach.
-    let mut by_addr: BTreeMap<SocketAddr, BTreeSet<SocketAddr>> = BTreeMap::new();
-    let mut by_node_port: BTreeMap<u16, BTreeSet<SocketAddr>> = BTreeMap::new();
+    // the endpoint addresses whose flows are kept.
+    let mut by_addr: BTreeMap<SocketAddr, BTreeSet<IpAddr>> = BTreeMap::new();
+    let mut by_node_port: BTreeMap<u16, BTreeSet<IpAddr>> = BTreeMap::new();
     for svc in desired
         .services
         .values()
         .filter(|s| s.protocol == SvcProtocol::Udp)
     {
-        let endpoints: BTreeSet<SocketAddr> = svc
-            .cluster_endpoints
-            .iter()
-            .chain(&svc.local_endpoints)
-            .map(|e| SocketAddr::new(e.ip, e.port))
-            .collect();
+        let keepers = svc.udp_flow_keepers();
+        if keepers.is_empty() {
+            continue;
+        }
         for ip in svc
             .cluster_ips
             .iter()
@@ -61,28 +63,25 @@ pub fn stale_udp(desired: &DesiredState, flows: &[Flow]) -> Vec<Flow> {
             by_addr
                 .entry(SocketAddr::new(*ip, svc.port))
                 .or_default()
-                .extend(endpoints.iter().copied());
+                .extend(keepers.iter().copied());
         }
         if let Some(np) = svc.node_port {
             by_node_port
                 .entry(np)
                 .or_default()
-                .extend(endpoints.iter().copied());
+                .extend(keepers.iter().copied());
         }
     }
     flows
         .iter()
         .filter(|f| f.proto == proxy_common::proto::UDP)
         .filter(|f| {
-            let endpoints = by_addr
-                .get(&f.orig_dst)
-                .or_else(|| by_node_port.get(&f.orig_dst.port()));
-            match endpoints {
-                None => false,
-                // Not translated: begun while the service had no endpoint.
-                Some(eps) if f.reply_src == f.orig_dst => !eps.is_empty(),
-                Some(eps) => !eps.contains(&f.reply_src),
-            }
+            // A flow not translated (begun while the service had no
+            // endpoint) has the service address as its reply source: never
+            // a keeper.
+            let stale = |keepers: &BTreeSet<IpAddr>| !keepers.contains(&f.reply_src.ip());
+            by_addr.get(&f.orig_dst).is_some_and(stale)
+                || by_node_port.get(&f.orig_dst.port()).is_some_and(stale)
         })
         .cloned()
         .collect()
@@ -278,24 +277,10 @@ mod tests {
 
     #[test]
     fn flows_to_gone_endpoints_and_untranslated_flows_are_stale() {
-        let svc = DesiredService {
-            node_port: Some(30053),
-            ..DesiredService::cluster_ip(
-                ServicePortName {
-                    namespace: "ns".into(),
-                    name: "dns".into(),
-                    port_name: "dns".into(),
-                    protocol: Protocol::Udp,
-                },
-                vec!["198.19.0.10".parse().unwrap()],
-                53,
-                vec![Endpoint::new("198.18.2.10".parse().unwrap(), 5353)],
-            )
-        };
-        let state = DesiredState {
-            services: [(svc.name.clone(), svc)].into(),
-            ..DesiredState::default()
-        };
+        let state = dns(
+            vec![Endpoint::new("198.18.2.10".parse().unwrap(), 5353)],
+            &[],
+        );
         let live = flow("198.19.0.10:53", "198.18.2.10:5353");
         let gone = flow("198.19.0.10:53", "198.18.2.11:5353");
         let untranslated = flow("198.19.0.10:53", "198.19.0.10:53");
@@ -312,5 +297,58 @@ mod tests {
             ],
         );
         assert_eq!(stale, vec![gone, untranslated, node_port_gone]);
+    }
+
+    fn dns(endpoints: Vec<Endpoint>, other_serving: &[&str]) -> DesiredState {
+        let svc = DesiredService {
+            node_port: Some(30053),
+            other_serving_ips: other_serving.iter().map(|ip| ip.parse().unwrap()).collect(),
+            ..DesiredService::cluster_ip(
+                ServicePortName {
+                    namespace: "ns".into(),
+                    name: "dns".into(),
+                    port_name: "dns".into(),
+                    protocol: Protocol::Udp,
+                },
+                vec!["198.19.0.10".parse().unwrap()],
+                53,
+                endpoints,
+            )
+        };
+        DesiredState {
+            services: [(svc.name.clone(), svc)].into(),
+            ..DesiredState::default()
+        }
+    }
+
+    #[test]
+    fn flows_to_serving_endpoints_outside_the_balanced_sets_are_kept() {
+        // A terminating endpoint passed over while others are ready, or
+        // another zone's: still serving, so its flows go on.
+        let state = dns(
+            vec![Endpoint::new("198.18.2.10".parse().unwrap(), 5353)],
+            &["198.18.2.11"],
+        );
+        let terminating = flow("198.19.0.10:53", "198.18.2.11:5353");
+        let by_node_port = flow("198.18.0.1:30053", "198.18.2.11:5353");
+        // Judged by address, as upstream: another target port is the same endpoint.
+        let other_port = flow("198.19.0.10:53", "198.18.2.10:5354");
+        let gone = flow("198.19.0.10:53", "198.18.2.12:5353");
+        let stale = stale_udp(
+            &state,
+            &[terminating, by_node_port, other_port, gone.clone()],
+        );
+        assert_eq!(stale, vec![gone]);
+    }
+
+    #[test]
+    fn a_port_without_serving_endpoints_keeps_its_flows() {
+        let state = dns(vec![], &[]);
+        let flows = [
+            flow("198.19.0.10:53", "198.18.2.11:5353"),
+            flow("198.19.0.10:53", "198.19.0.10:53"),
+            flow("198.18.0.1:30053", "198.18.2.11:5353"),
+        ];
+        assert_eq!(stale_udp(&state, &flows), vec![]);
     }
 }

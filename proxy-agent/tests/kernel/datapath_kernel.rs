@@ -112,6 +112,7 @@ in_both_families!(
     a_flush_puts_back_an_entry_that_no_longer_matches_when_taken,
     a_set_that_outgrows_its_slots_moves_and_new_flows_follow_every_change,
     a_tcp_connection_to_a_removed_backend_drains_and_a_new_syn_is_balanced_again,
+    a_udp_flow_to_an_endpoint_that_still_serves_goes_on_until_it_stops_serving,
 );
 
 fn new_tcp_flow_is_dnatted_to_a_backend_with_valid_checksums(net: &Net) {
@@ -472,7 +473,7 @@ fn udp_flows_of_a_removed_backend_are_flushed(net: &Net, in_background: bool) {
         ..Default::default()
     };
     let stats = f.programmer.sync(&state, &mut f.maps).expect("programming");
-    assert_eq!(stats.udp_backends_left, 1, "{stats:?}");
+    assert_eq!(stats.udp_frontends_judged, 1, "{stats:?}");
     if in_background {
         assert_eq!(stats.flushed_flows, 0, "the sync flushed itself: {stats:?}");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -601,6 +602,52 @@ fn a_tcp_connection_to_a_removed_backend_drains_and_a_new_syn_is_balanced_again(
     let next = backend_of(&f.run(FromPod, &syn.build(b"")).packet);
     assert!(net.backends[..2].contains(&next), "balanced again: {next}");
     assert_eq!(f.counter(Counter::Rebalanced), 1);
+}
+
+/// Upstream's stale-flow cleanup keeps the UDP flows of every serving
+/// endpoint: one terminating while others are ready is balanced to no more,
+/// but its flows go on (past their idle timer's refresh), as a TCP
+/// connection's; once it no longer serves they are flushed and the next
+/// datagram is balanced again.
+fn a_udp_flow_to_an_endpoint_that_still_serves_goes_on_until_it_stops_serving(net: &Net) {
+    let mut f = fixture(net);
+    let leaving = net.backends[2];
+    let datagram = (30000..31000u16)
+        .map(|sport| Frame::udp(net.client, sport, net.vip, 53).build(b""))
+        .find(|d| backend_of(&f.run(FromPod, d).packet) == leaving)
+        .expect("some flow reaches every backend");
+    let mut terminating = services(net, &net.backends[..2]);
+    for svc in &mut terminating {
+        svc.other_serving_ips = vec![leaving];
+    }
+    let stats = f
+        .programmer
+        .sync(&state_of(terminating), &mut f.maps)
+        .unwrap();
+    assert_eq!(stats.flushed_flows, 0, "{stats:?}");
+    assert_eq!(udp_flows_to(&f, leaving), 1);
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    assert_eq!(
+        backend_of(&f.run(FromPod, &datagram).packet),
+        leaving,
+        "past the refresh the flow still goes to its endpoint"
+    );
+    assert_eq!(f.counter(Counter::Rebalanced), 0);
+
+    let stats = (f.programmer)
+        .sync(&state_of(services(net, &net.backends[..2])), &mut f.maps)
+        .unwrap();
+    assert_eq!(stats.udp_frontends_judged, 1, "{stats:?}");
+    assert_eq!(stats.flushed_flows, 2, "both halves: {stats:?}");
+    let next = backend_of(&f.run(FromPod, &datagram).packet);
+    assert!(net.backends[..2].contains(&next), "balanced again: {next}");
+}
+
+fn state_of(services: Vec<DesiredService>) -> proxy_agent::model::DesiredState {
+    proxy_agent::model::DesiredState {
+        services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
+        ..Default::default()
+    }
 }
 
 /// The verifier's work is the floor of every agent start. Before memsets

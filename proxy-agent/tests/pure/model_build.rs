@@ -427,6 +427,62 @@ fn zone_hints_apply_with_node_zone_and_internal_traffic_policy_local() {
 }
 
 #[test]
+fn a_udp_port_keeps_the_addresses_of_serving_endpoints_it_does_not_balance_to() {
+    // Upstream's stale-flow cleanup keeps the UDP flows of every serving
+    // endpoint: terminating ones passed over while others are ready, other
+    // zones', other nodes' under a Local policy.
+    let dns = svc(
+        "dns",
+        json!({"clusterIP": "10.96.0.53", "trafficDistribution": "PreferClose",
+               "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
+    );
+    let tcp = svc(
+        "dns-tcp",
+        json!({"clusterIP": "10.96.0.54", "trafficDistribution": "PreferClose",
+               "ports": [{"name": "dns", "port": 53, "protocol": "TCP"}]}),
+    );
+    let endpoints = json!([
+        {"addresses": ["10.0.0.1"], "conditions": {"ready": true}, "zone": "b", "nodeName": "node-b", "hints": {"forZones": [{"name": "b"}]}},
+        {"addresses": ["10.0.0.2"], "conditions": {"ready": true}, "zone": "a", "nodeName": "node-c", "hints": {"forZones": [{"name": "a"}]}},
+        {"addresses": ["10.0.0.3"], "conditions": {"ready": false, "serving": true, "terminating": true}, "zone": "b", "nodeName": "node-b"},
+        {"addresses": ["10.0.0.4"], "conditions": {"ready": false, "serving": false, "terminating": true}, "zone": "b", "nodeName": "node-b"},
+    ]);
+    let slices = [
+        slice(
+            "dns-1",
+            "dns",
+            "IPv4",
+            json!([{"name": "dns", "port": 53, "protocol": "UDP"}]),
+            endpoints.clone(),
+        ),
+        slice(
+            "dns-tcp-1",
+            "dns-tcp",
+            "IPv4",
+            json!([{"name": "dns", "port": 53, "protocol": "TCP"}]),
+            endpoints,
+        ),
+    ];
+    let mut node = NodeTopology::new(NODE);
+    node.labels
+        .insert("topology.kubernetes.io/zone".into(), "b".into());
+    let state = build_desired_state_for(&[dns, tcp], &slices, &node);
+    let udp = get(&state, "dns", "dns", Protocol::Udp);
+    assert_eq!(addrs(&udp.cluster_endpoints), ["10.0.0.1:53"]);
+    assert_eq!(udp.other_serving_ips, ips(&["10.0.0.2", "10.0.0.3"]));
+    assert_eq!(
+        udp.udp_flow_keepers().into_iter().collect::<Vec<_>>(),
+        ips(&["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+    );
+    // Only UDP flows outlive their endpoint's place in the sets.
+    assert!(
+        get(&state, "dns-tcp", "dns", Protocol::Tcp)
+            .other_serving_ips
+            .is_empty()
+    );
+}
+
+#[test]
 fn slices_without_service_label_or_for_unknown_ports_are_ignored() {
     let s = svc(
         "x",

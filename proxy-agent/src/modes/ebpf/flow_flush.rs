@@ -1,5 +1,8 @@
-//! Deletes the UDP flows of backends that left their frontends, as upstream
-//! deletes their conntrack entries after a sync.
+//! Deletes the UDP flows to endpoints that no longer serve their service,
+//! as upstream's stale-flow cleanup deletes their conntrack entries after a
+//! sync. An endpoint that serves but is no longer balanced to (terminating
+//! while others are ready, another zone's) keeps its flows, as a TCP
+//! connection keeps going (see `flow.rs`).
 //!
 //! Finding them means reading the whole conntrack table: about 9 ms for the
 //! 28,000 entries of an end-to-end run (a cold cache line or two each), in
@@ -16,27 +19,21 @@ use std::{
 };
 
 use aya::Pod;
-use foldhash::{HashSet, HashSetExt as _};
-use proxy_common::{
-    BackendId, BackendOf, CtKeyOf, CtValueOf, Family, ServiceKeyOf, V4, V6, conntrack::CtDirection,
-};
+use foldhash::{HashMap, HashMapExt as _, HashSet};
+use proxy_common::{CtKeyOf, CtValueOf, Family, ServiceKeyOf, V4, V6, conntrack::CtDirection};
 use tracing::{info, warn};
 
 use crate::{metrics::ConntrackReconcilerMetrics, model::IpFamily};
 
-/// A forward entry's frontend address, port and protocol, and its backend.
-type ForwardHalf<F> = (<F as Family>::Addr, u16, u8, BackendId);
-/// A reply entry's backend address, port and protocol, and the frontend
-/// address and port it restores.
-type ReplyHalf<F> = (<F as Family>::Addr, u16, u8, <F as Family>::Addr, u16);
+/// A frontend as its flows' entries name it: address, port, protocol.
+type FrontendOf<F> = (<F as Family>::Addr, u16, u8);
 
-/// The flows of backends that left their frontends.
+/// Which UDP flows of some frontends go: those whose backend's address is
+/// not one the frontend keeps (its port's serving endpoints', as upstream's
+/// stale-flow cleanup judges them; none, for a frontend that is gone).
 #[derive(Debug)]
 pub struct GoneFlows<F: Family> {
-    /// Forward entries (client to frontend).
-    forward: HashSet<ForwardHalf<F>>,
-    /// Reply entries, keyed by the backend's replies.
-    reply: HashSet<ReplyHalf<F>>,
+    keep: HashMap<FrontendOf<F>, HashSet<F::Addr>>,
     /// Their protocols: an entry of another is passed over unhashed.
     protos: Vec<u8>,
 }
@@ -44,43 +41,42 @@ pub struct GoneFlows<F: Family> {
 impl<F: Family> Default for GoneFlows<F> {
     fn default() -> Self {
         Self {
-            forward: HashSet::new(),
-            reply: HashSet::new(),
+            keep: HashMap::new(),
             protos: Vec::new(),
         }
     }
 }
 
 impl<F: Family> GoneFlows<F> {
-    /// The flows of backend `id` (`backend`) through `frontend`.
-    pub fn add(&mut self, frontend: &ServiceKeyOf<F>, id: BackendId, backend: &BackendOf<F>) {
+    /// The flows through `frontend` to any address but `kept` go.
+    pub fn keep_only(
+        &mut self,
+        frontend: &ServiceKeyOf<F>,
+        kept: impl IntoIterator<Item = F::Addr>,
+    ) {
         let fe = frontend;
-        self.forward.insert((fe.addr_be, fe.port_be, fe.proto, id));
-        self.reply.insert((
-            backend.addr_be,
-            backend.port_be,
-            fe.proto,
-            fe.addr_be,
-            fe.port_be,
-        ));
+        self.keep.insert(
+            (fe.addr_be, fe.port_be, fe.proto),
+            kept.into_iter().collect(),
+        );
         if !self.protos.contains(&fe.proto) {
             self.protos.push(fe.proto);
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.forward.is_empty()
+        self.keep.is_empty()
     }
 
-    /// How many backends left a frontend.
+    /// How many frontends' flows are judged.
     pub fn len(&self) -> usize {
-        self.forward.len()
+        self.keep.len()
     }
 
-    /// Takes in `other`'s flows too.
+    /// Takes in `other`'s frontends too; for one in both, `other`'s (the
+    /// later) addresses hold.
     pub fn absorb(&mut self, other: Self) {
-        self.forward.extend(other.forward);
-        self.reply.extend(other.reply);
+        self.keep.extend(other.keep);
         for proto in other.protos {
             if !self.protos.contains(&proto) {
                 self.protos.push(proto);
@@ -93,18 +89,19 @@ impl<F: Family> GoneFlows<F> {
         if !self.protos.contains(&key.proto) {
             return false;
         }
-        if value.direction() == CtDirection::Forward {
-            self.forward
-                .contains(&(key.daddr_be, key.dport_be, key.proto, value.backend_id))
+        // The frontend and the backend's address: from the key and the
+        // translation of a forward half, the other way round for a reply.
+        let (frontend, backend) = if value.direction() == CtDirection::Forward {
+            ((key.daddr_be, key.dport_be, key.proto), value.nat_addr_be)
         } else {
-            self.reply.contains(&(
+            (
+                (value.nat_addr_be, value.nat_port_be, key.proto),
                 key.saddr_be,
-                key.sport_be,
-                key.proto,
-                value.nat_addr_be,
-                value.nat_port_be,
-            ))
-        }
+            )
+        };
+        self.keep
+            .get(&frontend)
+            .is_some_and(|kept| !kept.contains(&backend))
     }
 }
 
@@ -224,10 +221,10 @@ fn serve(
         let flushed = flush_family(conntrack.as_fd(), &v4, metrics)
             + flush_family(conntrack6.as_fd(), &v6, metrics);
         info!(
-            backends_left = v4.len() + v6.len(),
+            frontends = v4.len() + v6.len(),
             flushed_flows = flushed,
             took = ?started.elapsed(),
-            "UDP flows of backends that left flushed"
+            "UDP flows to endpoints that no longer serve flushed"
         );
     }
 }
@@ -258,10 +255,9 @@ where
             warn!(
                 error = %e,
                 table,
-                backends_left = gone.len(),
-                "cannot flush the UDP flows of backends that left: they keep reaching the \
-                 old backend until they idle out or the datapath balances them again (at \
-                 most a second after the backend's entry is gone)"
+                frontends = gone.len(),
+                "cannot flush the UDP flows to endpoints that no longer serve: they keep \
+                 reaching them until they idle out"
             );
             0
         }
@@ -270,41 +266,34 @@ where
 
 #[cfg(test)]
 mod tests {
-    use proxy_common::{
-        Backend, CtKey, CtValue, ServiceKey, conntrack::flags, proto::TCP, proto::UDP,
-    };
+    use proxy_common::{CtKey, CtValue, ServiceKey, conntrack::flags, proto::TCP, proto::UDP};
 
     use super::GoneFlows;
 
     const VIP: u32 = 0xc613_000a_u32.to_be(); // 198.19.0.10
     const GONE: u32 = 0xc612_0202_u32.to_be(); // 198.18.2.2
+    const SERVING: u32 = 0xc612_0203_u32.to_be(); // 198.18.2.3
     const CLIENT: u32 = 0xc612_0102_u32.to_be(); // 198.18.1.2
 
-    fn gone_from_dns(id: u32) -> GoneFlows<proxy_common::V4> {
+    fn dns_keeps(kept: &[u32]) -> GoneFlows<proxy_common::V4> {
         let mut gone = GoneFlows::default();
-        let backend = Backend {
-            addr_be: GONE,
-            port_be: 5353u16.to_be(),
-            proto: UDP,
-            flags: 0,
-        };
-        gone.add(&ServiceKey::frontend(VIP, 53u16.to_be(), UDP), id, &backend);
+        let frontend = ServiceKey::frontend(VIP, 53u16.to_be(), UDP);
+        gone.keep_only(&frontend, kept.iter().copied());
         gone
     }
 
-    fn forward(dport: u16, proto: u8, backend_id: u32) -> (CtKey, CtValue) {
+    fn forward(dport: u16, proto: u8, backend: u32) -> (CtKey, CtValue) {
         let key = CtKey::new(CLIENT, VIP, 40000u16.to_be(), dport.to_be(), proto);
         let value = CtValue {
-            nat_addr_be: GONE,
+            nat_addr_be: backend,
             nat_port_be: 5353u16.to_be(),
-            backend_id,
             ..Default::default()
         };
         (key, value)
     }
 
-    fn reply(frontend_port: u16, proto: u8) -> (CtKey, CtValue) {
-        let key = CtKey::new(GONE, CLIENT, 5353u16.to_be(), 40000u16.to_be(), proto);
+    fn reply(frontend_port: u16, proto: u8, backend: u32) -> (CtKey, CtValue) {
+        let key = CtKey::new(backend, CLIENT, 5353u16.to_be(), 40000u16.to_be(), proto);
         let value = CtValue {
             nat_addr_be: VIP,
             nat_port_be: frontend_port.to_be(),
@@ -315,37 +304,41 @@ mod tests {
     }
 
     #[test]
-    fn both_halves_of_a_gone_backends_flows_through_its_frontend_match() {
-        let gone = gone_from_dns(7);
-        let (k, v) = forward(53, UDP, 7);
+    fn both_halves_of_a_flow_to_an_address_not_kept_match() {
+        let gone = dns_keeps(&[SERVING]);
+        let (k, v) = forward(53, UDP, GONE);
         assert!(gone.matches(&k, &v), "forward half");
-        let (k, v) = reply(53, UDP);
+        let (k, v) = reply(53, UDP, GONE);
         assert!(gone.matches(&k, &v), "reply half");
+        let gone = dns_keeps(&[]);
+        let (k, v) = forward(53, UDP, SERVING);
+        assert!(gone.matches(&k, &v), "a frontend that keeps none");
     }
 
     #[test]
-    fn flows_of_another_backend_frontend_or_protocol_do_not_match() {
-        let gone = gone_from_dns(7);
+    fn flows_to_a_kept_address_or_through_another_frontend_or_protocol_do_not_match() {
+        let gone = dns_keeps(&[SERVING]);
         for (what, (k, v)) in [
-            ("another backend", forward(53, UDP, 8)),
-            ("another frontend port", forward(54, UDP, 7)),
-            ("another protocol", forward(53, TCP, 7)),
-            ("a reply restoring another port", reply(54, UDP)),
-            ("a reply of another protocol", reply(53, TCP)),
+            ("a kept address", forward(53, UDP, SERVING)),
+            ("a kept address's reply", reply(53, UDP, SERVING)),
+            ("another frontend port", forward(54, UDP, GONE)),
+            ("another protocol", forward(53, TCP, GONE)),
+            ("a reply restoring another port", reply(54, UDP, GONE)),
+            ("a reply of another protocol", reply(53, TCP, GONE)),
         ] {
             assert!(!gone.matches(&k, &v), "{what} matched");
         }
     }
 
     #[test]
-    fn requests_taken_together_match_the_flows_of_each() {
-        let mut gone = gone_from_dns(7);
-        gone.absorb(gone_from_dns(8));
-        assert_eq!(gone.len(), 2);
-        for id in [7, 8] {
-            let (k, v) = forward(53, UDP, id);
-            assert!(gone.matches(&k, &v), "backend {id}");
-        }
+    fn requests_taken_together_judge_each_frontend_by_the_latest() {
+        let mut gone = dns_keeps(&[GONE]);
+        gone.absorb(dns_keeps(&[SERVING]));
+        assert_eq!(gone.len(), 1);
+        let (k, v) = forward(53, UDP, GONE);
+        assert!(gone.matches(&k, &v), "no longer kept");
+        let (k, v) = forward(53, UDP, SERVING);
+        assert!(!gone.matches(&k, &v), "kept now");
         assert!(GoneFlows::<proxy_common::V4>::default().is_empty());
     }
 }

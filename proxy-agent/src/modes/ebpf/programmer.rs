@@ -20,7 +20,10 @@ mod slot_ranges;
 mod small_set;
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
-use std::{collections::BTreeSet, net::SocketAddr};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, SocketAddr},
+};
 
 use proxy_common::{
     BackendId, BackendOf, FrontendKind, Scope, ServiceKeyOf, ServiceValue, V4, V6,
@@ -47,7 +50,7 @@ use super::flow_flush::GoneFlows;
 use super::maps::{Flushed, MapError, ServiceMaps};
 use super::node::{NodeAddresses, NodeAddressesOf};
 use super::stale_sockets::GoneUdp;
-use crate::model::{DesiredService, DesiredState, ServicePortName};
+use crate::model::{DesiredService, DesiredState, Protocol, ServicePortName};
 
 pub use adopt::{AdoptStats, ServiceSnapshot, ServiceSnapshotOf};
 pub use maglev_tables::MaglevSettings;
@@ -58,8 +61,9 @@ pub struct SyncStats {
     pub backends: usize,
     pub writes: usize,
     pub deletes: usize,
-    /// Backends that left a UDP frontend, whose flows are flushed.
-    pub udp_backends_left: usize,
+    /// UDP frontends whose flows were judged again: an endpoint address
+    /// they were kept for no longer serves, or the frontend is gone.
+    pub udp_frontends_judged: usize,
     /// Of their flows, those this sync deleted (none when a thread of its
     /// own does it: [`super::maps::KernelMaps::flush_in_background`]).
     pub flushed_flows: usize,
@@ -95,6 +99,11 @@ struct PortState<F: AgentFamily> {
     /// numbers its slots alike, so they can share a Maglev table. Kept
     /// while the port is in the desired state, frontends or not.
     set_slots: PerSet<Vec<BackendId>>,
+    /// A UDP port's: the endpoint addresses its flows are kept for (sorted).
+    /// `None`: not known, and its flows are judged at its next sync: an
+    /// adopted port's (a previous agent kept them), or one that had none.
+    /// A new port's is empty: no flow went through it yet.
+    udp_keepers: Option<Vec<F::Addr>>,
 }
 
 impl<F: AgentFamily> Default for PortState<F> {
@@ -103,6 +112,7 @@ impl<F: AgentFamily> Default for PortState<F> {
             id: None,
             frontends: SmallSet::default(),
             set_slots: PerSet::default(),
+            udp_keepers: Some(Vec::new()),
         }
     }
 }
@@ -113,17 +123,19 @@ impl<F: AgentFamily> PortState<F> {
     }
 }
 
-/// A backend that left a UDP frontend during this sync.
-struct GoneBackend<F: AgentFamily> {
+/// A UDP frontend whose flows to any endpoint address but `keep` go.
+struct UdpRule<F: AgentFamily> {
     frontend: ServiceKeyOf<F>,
-    id: BackendId,
-    backend: BackendOf<F>,
+    keep: Vec<F::Addr>,
 }
 
 /// What one sync collects on its way: counters, and the work left for the end.
 struct SyncRun<F: AgentFamily> {
     stats: SyncStats,
-    gone: Vec<GoneBackend<F>>,
+    udp_rules: Vec<UdpRule<F>>,
+    /// UDP frontends removed: their flows go, unless the frontend stays in
+    /// its other scope.
+    removed_udp: Vec<ServiceKeyOf<F>>,
     cluster_ip_frontends: Vec<ServiceKeyOf<F>>,
     /// The endpoint sets balanced by a Maglev table, per service port synced.
     maglev_sets: HashMap<ServicePortName, Vec<EndpointSet>>,
@@ -133,7 +145,8 @@ impl<F: AgentFamily> Default for SyncRun<F> {
     fn default() -> Self {
         SyncRun {
             stats: SyncStats::default(),
-            gone: Vec::new(),
+            udp_rules: Vec::new(),
+            removed_udp: Vec::new(),
             cluster_ip_frontends: Vec::new(),
             maglev_sets: HashMap::new(),
         }
@@ -145,7 +158,8 @@ impl<F: AgentFamily> Default for SyncRun<F> {
 /// family. [`Programmer`] holds one per family.
 pub struct FamilyProgrammer<F: AgentFamily> {
     node: NodeAddressesOf<F>,
-    /// UDP backends that left a frontend since [`Programmer::take_gone_udp`].
+    /// UDP frontends whose sockets to endpoints that no longer serve are to
+    /// end, since [`Programmer::take_gone_udp`].
     gone_udp: Vec<GoneUdp>,
     frontends: HashMap<ServiceKeyOf<F>, Frontend>,
     ports: HashMap<ServicePortName, PortState<F>>,
@@ -392,6 +406,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 && let Some(port) = self.ports.get_mut(spn)
             {
                 port.set_slots = PerSet::default();
+            }
+            if let Some(svc) = svc.filter(|s| s.protocol == Protocol::Udp) {
+                self.judge_udp_flows(spn, svc, &mut run);
             }
             if self.ports.get(spn).is_some_and(PortState::is_empty) {
                 self.ports.remove(spn);
@@ -756,13 +773,6 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             .frontends
             .insert(key);
 
-        // Only UDP needs what it balanced over before (its flows to a gone
-        // backend are flushed).
-        let previous = if key.proto == proto::UDP {
-            frontend.slots.clone()
-        } else {
-            Vec::new()
-        };
         let count = u16::try_from(slots.len())
             .ok()
             .filter(|n| *n < MAGLEV_SLOT)
@@ -847,11 +857,6 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             let old = frontend.slots.pop().expect("longer than slots");
             unref(refs, old, &mut self.unreferenced);
         }
-        if key.proto == proto::UDP {
-            for id in previous.iter().filter(|id| !slots.contains(id)) {
-                note_gone(&self.backend_by_id, key, *id, run);
-            }
-        }
         Ok(())
     }
 
@@ -880,9 +885,9 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         }
         while let Some(id) = frontend.slots.pop() {
             unref(&mut self.backend_refs, id, &mut self.unreferenced);
-            if key.proto == proto::UDP {
-                note_gone(&self.backend_by_id, key, id, run);
-            }
+        }
+        if key.proto == proto::UDP {
+            run.removed_udp.push(key);
         }
         let owner = frontend.owner.clone();
         self.markers.remove(key, maps, &mut run.stats)?;
@@ -894,9 +899,48 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         Ok(())
     }
 
-    /// Upstream deletes the UDP conntrack entries of removed endpoints, since
-    /// UDP flows never end on their own and would keep reaching a gone
-    /// backend. A backend still in either scope of the frontend keeps its flows.
+    /// Judges a UDP port's flows again when an endpoint address it kept them
+    /// for is no longer among its keepers (`DesiredService::udp_flow_keepers`),
+    /// or when they are not known (adopted, or without serving endpoints
+    /// until now): upstream deletes the conntrack entries of UDP
+    /// flows to endpoints that no longer serve, since UDP flows never end on
+    /// their own. A port without serving endpoints keeps its flows, as
+    /// upstream's.
+    fn judge_udp_flows(
+        &mut self,
+        spn: &ServicePortName,
+        svc: &DesiredService,
+        run: &mut SyncRun<F>,
+    ) {
+        let Some(port) = self.ports.get_mut(spn) else {
+            return;
+        };
+        let mut keep: Vec<F::Addr> = (svc.udp_flow_keepers().iter())
+            .filter_map(|ip| F::ip(ip))
+            .map(F::to_be)
+            .collect();
+        keep.sort_unstable();
+        if keep.is_empty() {
+            port.udp_keepers = None;
+            return;
+        }
+        let lost = port
+            .udp_keepers
+            .as_ref()
+            .is_none_or(|before| before.iter().any(|a| keep.binary_search(a).is_err()));
+        if lost {
+            for frontend in port.frontends.iter() {
+                run.udp_rules.push(UdpRule {
+                    frontend: *frontend,
+                    keep: keep.clone(),
+                });
+            }
+        }
+        port.udp_keepers = Some(keep);
+    }
+
+    /// Hands the flows [`Self::judge_udp_flows`] and removed frontends doom
+    /// to the flusher, and their sockets to the proxier.
     ///
     /// Upstream also flushes a UDP service IP when it gains its first endpoint,
     /// because packets sent while it had none left kernel conntrack entries
@@ -907,24 +951,32 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         maps: &mut impl ServiceMaps<F>,
         run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
+        for key in std::mem::take(&mut run.removed_udp) {
+            let stays = [Scope::Primary, Scope::ClusterWide]
+                .into_iter()
+                .any(|scope| self.frontends.contains_key(&key.with_scope(scope)));
+            if !stays {
+                run.udp_rules.push(UdpRule {
+                    frontend: key,
+                    keep: Vec::new(),
+                });
+            }
+        }
         let mut gone = GoneFlows::default();
-        let left: Vec<&GoneBackend<F>> = run
-            .gone
-            .iter()
-            .filter(|g| !self.still_serves(g.frontend, g.id))
-            .collect();
-        for g in left {
-            let fe = g.frontend;
+        for rule in std::mem::take(&mut run.udp_rules) {
+            let fe = rule.frontend;
+            let mut keep: Vec<IpAddr> = rule.keep.iter().map(|a| F::from_be(*a).into()).collect();
+            keep.sort_unstable();
             self.gone_udp.push(GoneUdp {
                 service: socket_addr::<F>(fe.addr_be, fe.port_be),
-                backend: socket_addr::<F>(g.backend.addr_be, g.backend.port_be),
+                keep,
             });
-            gone.add(&fe, g.id, &g.backend);
+            gone.keep_only(&fe, rule.keep);
         }
         if gone.is_empty() {
             return Ok(());
         }
-        run.stats.udp_backends_left += gone.len();
+        run.stats.udp_frontends_judged += gone.len();
         match maps.flush_gone_flows(gone)? {
             Flushed::Now(n) => run.stats.flushed_flows += n,
             Flushed::Queued => {}
@@ -932,20 +984,11 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         Ok(())
     }
 
-    /// The UDP backends that left a frontend in the syncs since the last
-    /// call: the sockets the socket hooks pointed at them are the proxier's to end.
+    /// The UDP frontends whose flows were judged in the syncs since the last
+    /// call: the sockets the socket hooks pointed at endpoints they no longer
+    /// keep are the proxier's to end.
     pub fn take_gone_udp(&mut self) -> Vec<GoneUdp> {
         std::mem::take(&mut self.gone_udp)
-    }
-
-    fn still_serves(&self, frontend: ServiceKeyOf<F>, id: BackendId) -> bool {
-        [Scope::Primary, Scope::ClusterWide]
-            .into_iter()
-            .any(|scope| {
-                self.frontends
-                    .get(&frontend.with_scope(scope))
-                    .is_some_and(|f| f.slots.contains(&id))
-            })
     }
 
     fn delete_unreferenced_backends(
@@ -991,21 +1034,6 @@ fn ports_of<'a>(state: &'a DesiredState, names: &'a BTreeSet<ServicePortName>) -
 fn depends_on_node(svc: &DesiredService) -> bool {
     svc.node_port.is_some()
         || (!svc.load_balancer_ips.is_empty() && !svc.load_balancer_source_ranges.is_empty())
-}
-
-fn note_gone<F: AgentFamily>(
-    backend_by_id: &HashMap<BackendId, BackendOf<F>>,
-    frontend: ServiceKeyOf<F>,
-    id: BackendId,
-    run: &mut SyncRun<F>,
-) {
-    if let Some(backend) = backend_by_id.get(&id) {
-        run.gone.push(GoneBackend {
-            frontend,
-            id,
-            backend: *backend,
-        });
-    }
 }
 
 fn unref(
@@ -1171,7 +1199,7 @@ impl SyncStats {
             backends: self.backends + other.backends,
             writes: self.writes + other.writes,
             deletes: self.deletes + other.deletes,
-            udp_backends_left: self.udp_backends_left + other.udp_backends_left,
+            udp_frontends_judged: self.udp_frontends_judged + other.udp_frontends_judged,
             flushed_flows: self.flushed_flows + other.flushed_flows,
             maglev_elements: self.maglev_elements + other.maglev_elements,
         }

@@ -362,7 +362,7 @@ impl Proxier for EbpfProxier {
                 backends = stats.backends,
                 writes = stats.writes,
                 deletes = stats.deletes,
-                udp_backends_left = stats.udp_backends_left,
+                udp_frontends_judged = stats.udp_frontends_judged,
                 flushed_flows = stats.flushed_flows,
                 took = ?took,
                 "datapath synced"

@@ -12,7 +12,10 @@
 //! the node's; pods' sockets are in theirs (see `hostNamespaceOnly`).
 //! Both families, each from its own map and its own sock_diag dump.
 
-use std::{io, net::SocketAddr};
+use std::{
+    io,
+    net::{IpAddr, SocketAddr},
+};
 
 use aya::Pod;
 use netlink_packet_core::{
@@ -33,11 +36,19 @@ use super::{
 };
 use crate::model::IpFamily;
 
-/// A backend that left a UDP service frontend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A UDP service frontend whose sockets to any endpoint address but `keep`
+/// go: the same rule as its flows' (`flow_flush::GoneFlows`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GoneUdp {
     pub service: SocketAddr,
-    pub backend: SocketAddr,
+    /// Sorted.
+    pub keep: Vec<IpAddr>,
+}
+
+impl GoneUdp {
+    fn covers(&self, service: SocketAddr, backend: IpAddr) -> bool {
+        self.service == service && self.keep.binary_search(&backend).is_err()
+    }
 }
 
 /// What [`forget_and_terminate`] did.
@@ -110,11 +121,8 @@ where
         let Ok(service) = sockets.get(&key, 0) else {
             continue;
         };
-        let pair = GoneUdp {
-            service: socket_addr::<F>(service.addr_be, service.port_be),
-            backend: SocketAddr::new(addr.into(), port),
-        };
-        if gone.contains(&pair) {
+        let service = socket_addr::<F>(service.addr_be, service.port_be);
+        if gone.iter().any(|g| g.covers(service, addr.into())) {
             diag.destroy(F::FAMILY, id)?;
             let _ = sockets.remove(&key);
             destroyed += 1;
@@ -131,8 +139,10 @@ fn socket_addr<F: FamilyMapsOf>(addr_be: F::Addr, port_be: u16) -> SocketAddr {
 fn was_gone<F: FamilyMapsOf>(gone: &[GoneUdp], key: &SockKeyOf<F>, value: &SockValueOf<F>) -> bool {
     key.proto == proto::UDP
         && gone.iter().any(|g| {
-            g.service == socket_addr::<F>(key.addr_be, key.port_be)
-                && g.backend == socket_addr::<F>(value.addr_be, value.port_be)
+            g.covers(
+                socket_addr::<F>(key.addr_be, key.port_be),
+                F::from_be(value.addr_be).into(),
+            )
         })
 }
 

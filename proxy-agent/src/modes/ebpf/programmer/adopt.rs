@@ -112,6 +112,8 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             }
             let port = self.ports.entry(owner.clone()).or_default();
             port.id.get_or_insert(service_id);
+            // The previous agent's flows are judged at the first sync.
+            port.udp_keepers = None;
             port.frontends.insert(key);
             if value.is_some_and(|v| v.kind() == FrontendKind::ClusterIp) {
                 self.markers.adopt_user(key);

@@ -1185,6 +1185,79 @@ fn a_backend_still_serving_the_other_scope_keeps_its_udp_flows() {
 }
 
 #[test]
+fn a_udp_endpoint_passed_over_keeps_its_flows_until_it_no_longer_serves() {
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let (a, b) = (ep([198, 18, 1, 2], 53), ep([198, 18, 1, 3], 53));
+    let dns = |eps: Vec<Endpoint>, others: &[[u8; 4]]| DesiredService {
+        other_serving_ips: others.iter().map(|ip| Ipv4Addr::from(*ip).into()).collect(),
+        ..service("dns", VIP, 53, Protocol::Udp, eps)
+    };
+    p.sync(
+        &state(vec![dns(vec![a.clone(), b.clone()], &[])]),
+        &mut maps,
+    )
+    .unwrap();
+    let client = be([198, 18, 2, 2]);
+    ct_insert(
+        &mut maps,
+        (client, be(VIP), 1000u16.to_be(), 53u16.to_be(), UDP),
+        CtValue {
+            nat_addr_be: be([198, 18, 1, 3]),
+            nat_port_be: 53u16.to_be(),
+            ..Default::default()
+        },
+    );
+    // Terminating while `a` is ready: balanced to no more, still serving.
+    let stats = p
+        .sync(
+            &state(vec![dns(vec![a.clone()], &[[198, 18, 1, 3]])]),
+            &mut maps,
+        )
+        .unwrap();
+    assert_eq!((stats.udp_frontends_judged, stats.flushed_flows), (0, 0));
+    assert_eq!(maps.conntrack.len(), 1);
+    // No longer serving.
+    let stats = p.sync(&state(vec![dns(vec![a], &[])]), &mut maps).unwrap();
+    assert_eq!((stats.udp_frontends_judged, stats.flushed_flows), (1, 1));
+    assert!(maps.conntrack.is_empty());
+}
+
+#[test]
+fn an_adopting_programmer_judges_the_udp_flows_it_finds() {
+    // After a restart the maps hold flows begun under the previous agent:
+    // one to an endpoint deleted while no agent ran goes at the first sync.
+    let mut maps = FakeMaps::default();
+    let dns = |ip: [u8; 4]| service("dns", VIP, 53, Protocol::Udp, vec![ep(ip, 53)]);
+    programmer(&mut maps)
+        .sync(&state(vec![dns([198, 18, 1, 9])]), &mut maps)
+        .unwrap();
+    let client = be([198, 18, 2, 2]);
+    for (sport, backend) in [(1000u16, [198, 18, 1, 2]), (1001, [198, 18, 1, 9])] {
+        ct_insert(
+            &mut maps,
+            (client, be(VIP), sport.to_be(), 53u16.to_be(), UDP),
+            CtValue {
+                nat_addr_be: be(backend),
+                nat_port_be: 53u16.to_be(),
+                ..Default::default()
+            },
+        );
+    }
+    let now = state(vec![dns([198, 18, 1, 2])]);
+    let mut second = Programmer::new();
+    second.adopt(&snapshot(&maps), &now, &node(&[NODE_A, NODE_B]));
+    let stats = second.sync(&now, &mut maps).unwrap();
+    assert_eq!(stats.flushed_flows, 1);
+    assert!(maps.conntrack.keys().all(|k| k.2 == 1000u16.to_be()));
+    // A new programmer's new port has no flows to judge.
+    let stats = Programmer::new()
+        .sync(&now, &mut FakeMaps::default())
+        .unwrap();
+    assert_eq!(stats.udp_frontends_judged, 0);
+}
+
+#[test]
 fn failed_write_is_repaired_by_the_next_sync() {
     let mut maps = FakeMaps {
         fail_after: Some(2),
