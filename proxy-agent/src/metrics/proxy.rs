@@ -2,7 +2,7 @@
 //! the same names, types, labels and buckets, fed by the sync engine.
 
 use std::{
-    sync::atomic::AtomicU64,
+    sync::{Mutex, atomic::AtomicU64},
     time::{Duration, SystemTime},
 };
 
@@ -17,6 +17,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use super::no_local::NoLocalCounts;
 use crate::{
     model::IpFamily,
     options::ProxyMode,
@@ -57,6 +58,7 @@ pub struct ProxyMetrics {
     service_changes_pending: Gauge,
     service_changes: Counter,
     no_local_endpoints: Family<PolicyLabel, Gauge>,
+    no_local: Mutex<NoLocalCounts>,
     healthz: Family<CodeLabel, Counter>,
     livez: Family<CodeLabel, Counter>,
     sync_failures: Family<FamilyLabel, Counter>,
@@ -98,6 +100,7 @@ impl ProxyMetrics {
             service_changes_pending: Gauge::default(),
             service_changes: Counter::default(),
             no_local_endpoints: Family::default(),
+            no_local: Mutex::default(),
             healthz: Family::default(),
             livez: Family::default(),
             sync_failures: Family::default(),
@@ -225,17 +228,10 @@ impl ProxyMetrics {
     }
 
     fn count_no_local_endpoints(&self, report: &SyncReport<'_>) {
+        let mut counts = self.no_local.lock().unwrap_or_else(|e| e.into_inner());
+        counts.update(report.desired, report.changes);
         for family in self.families.iter().filter(|f| report.synced(**f)) {
-            let (mut internal, mut external) = (0, 0);
-            for svc in report.desired.services.values() {
-                if !svc.has_any_endpoints.contains(*family)
-                    || svc.local_endpoints.iter().any(|e| e.family() == *family)
-                {
-                    continue;
-                }
-                internal += i64::from(svc.internal_policy_local);
-                external += i64::from(svc.external_policy_local && svc.externally_accessible());
-            }
+            let (internal, external) = counts.get(*family);
             for (traffic_policy, count) in [("internal", internal), ("external", external)] {
                 self.no_local_endpoints
                     .get_or_create(&PolicyLabel {

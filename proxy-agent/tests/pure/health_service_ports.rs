@@ -4,6 +4,7 @@
 //! closed and moved with the service, nodePortAddresses, a port in use.
 
 use std::{
+    collections::BTreeSet,
     net::{IpAddr, SocketAddr, TcpListener},
     sync::{Arc, Mutex},
     time::Duration,
@@ -15,12 +16,17 @@ use proxy_agent::{
     events::{EventRecorder, Regarding},
     health::{ProxyHealth, ServiceHealthPorts, SystemClock},
     model::{DesiredState, IpFamily, NamespacedName, build_desired_state},
+    sync::SyncChanges,
 };
 use serde_json::json;
 
 use crate::http_client::{HttpReply, get};
 
 const NODE: &str = "node-a";
+const FULL: SyncChanges = SyncChanges {
+    full: true,
+    changed: BTreeSet::new(),
+};
 
 #[derive(Default)]
 struct Recorded(Mutex<Vec<(Regarding, String, String)>>);
@@ -129,8 +135,10 @@ fn expected_body(count: usize, healthy: bool) -> String {
 /// Syncs service svc1 with health-check port `port` and one ready local endpoint.
 fn sync_one_local(f: &Fixture, port: u16, policy: &str, node_ips: &[&str]) {
     let local = slice(&[("198.18.1.10", NODE, true, true, false)]);
-    f.ports
-        .sync(&desired(&[service(port, policy)], &[local], node_ips));
+    f.ports.sync(
+        &desired(&[service(port, policy)], &[local], node_ips),
+        &FULL,
+    );
 }
 
 fn assert_answer(reply: &HttpReply, status: u16, count: usize, healthy: bool) {
@@ -155,21 +163,19 @@ fn the_answer_counts_ready_local_endpoints_by_address_on_any_path() {
         ("198.18.1.11", NODE, true, true, false),
         ("198.18.2.10", "node-b", true, true, false),
     ]);
-    f.ports.sync(&desired(
-        std::slice::from_ref(&svc),
-        &[two_local],
-        &["127.0.0.1"],
-    ));
+    f.ports.sync(
+        &desired(std::slice::from_ref(&svc), &[two_local], &["127.0.0.1"]),
+        &FULL,
+    );
     for path in ["/", "/healthz", "/anything?x=1"] {
         assert_answer(&get(at("127.0.0.1", port), path).unwrap(), 200, 2, true);
     }
 
     let all_remote = slice(&[("198.18.2.10", "node-b", true, true, false)]);
-    f.ports.sync(&desired(
-        std::slice::from_ref(&svc),
-        &[all_remote],
-        &["127.0.0.1"],
-    ));
+    f.ports.sync(
+        &desired(std::slice::from_ref(&svc), &[all_remote], &["127.0.0.1"]),
+        &FULL,
+    );
     assert_answer(&get(at("127.0.0.1", port), "/").unwrap(), 503, 0, true);
 
     let only_terminating = slice(&[
@@ -177,7 +183,7 @@ fn the_answer_counts_ready_local_endpoints_by_address_on_any_path() {
         ("198.18.2.10", "node-b", true, true, false),
     ]);
     f.ports
-        .sync(&desired(&[svc], &[only_terminating], &["127.0.0.1"]));
+        .sync(&desired(&[svc], &[only_terminating], &["127.0.0.1"]), &FULL);
     assert_answer(&get(at("127.0.0.1", port), "/").unwrap(), 503, 0, true);
     assert!(f.events.0.lock().unwrap().is_empty());
     drop(f.runtime);
@@ -195,7 +201,7 @@ fn a_stale_proxier_fails_the_check_with_its_endpoints_still_counted() {
         ])],
         &["127.0.0.1"],
     );
-    f.ports.sync(&state);
+    f.ports.sync(&state, &FULL);
     f.health.updated(IpFamily::V4);
     f.health.queued_update(IpFamily::V4);
     std::thread::sleep(Duration::from_millis(250));
@@ -227,7 +233,7 @@ fn listeners_close_and_move_with_the_service() {
 
     sync_one_local(&f, second, "Local", &["127.0.0.1"]);
     assert_eq!(get(at("127.0.0.1", second), "/").unwrap().status, 200);
-    f.ports.sync(&desired(&[], &[local], &["127.0.0.1"]));
+    f.ports.sync(&desired(&[], &[local], &["127.0.0.1"]), &FULL);
     assert!(
         get(at("127.0.0.1", second), "/").is_err(),
         "a deleted service's port is closed"
@@ -267,7 +273,7 @@ fn a_port_in_use_raises_a_warning_event_and_is_retried_at_the_next_sync() {
         &[slice(&[("198.18.1.10", NODE, true, true, false)])],
         &["127.0.0.1"],
     );
-    f.ports.sync(&state);
+    f.ports.sync(&state, &FULL);
     let events = f.events.0.lock().unwrap().clone();
     assert_eq!(events.len(), 1, "{events:?}");
     let (regarding, reason, message) = &events[0];
@@ -283,7 +289,7 @@ fn a_port_in_use_raises_a_warning_event_and_is_retried_at_the_next_sync() {
         "{message}"
     );
     drop(taken);
-    f.ports.sync(&state);
+    f.ports.sync(&state, &FULL);
     assert_eq!(get(at("127.0.0.1", port), "/").unwrap().status, 200);
 }
 
