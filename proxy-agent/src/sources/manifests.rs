@@ -133,6 +133,9 @@ fn load_file(file: &Path, out: &mut Manifests) -> Result<(), ManifestError> {
             remember(&mut out.names, &object, digest)
                 .map_err(|m| err(Some(document), Some(format!("{prefix}metadata.name")), m))?;
             match object {
+                // As the API source's label selector: not listed at all.
+                Object::Service(svc) if !for_this_proxy(&svc.metadata) => {}
+                Object::Slice(slice) if !for_this_proxy(&slice.metadata) => {}
                 Object::Service(svc) => out.services.push(svc),
                 Object::Slice(slice) => out.endpoint_slices.push(slice),
                 Object::Node(node) => out.nodes.push(*node),
@@ -167,6 +170,15 @@ fn load_file(file: &Path, out: &mut Manifests) -> Result<(), ManifestError> {
         }
     }
     Ok(())
+}
+
+/// Whether a Service or EndpointSlice is this proxy's: upstream's informers
+/// select `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`.
+fn for_this_proxy(meta: &ObjectMeta) -> bool {
+    meta.labels.as_ref().is_none_or(|labels| {
+        !labels.contains_key(super::api::SERVICE_PROXY_NAME_LABEL)
+            && !labels.contains_key(super::api::HEADLESS_LABEL)
+    })
 }
 
 /// An object the proxy uses, typed and validated.

@@ -55,6 +55,39 @@ fn multi_document_files_lists_and_json_are_read() {
 }
 
 #[test]
+fn objects_for_another_proxy_or_of_headless_services_are_left_out_as_the_api_source_lists_them() {
+    let other_proxy = SERVICE.replace(
+        "metadata: {name: web, namespace: ns}",
+        "metadata: {name: other, namespace: ns, labels: {service.kubernetes.io/service-proxy-name: foo}}",
+    );
+    let headless_slice = SLICE.replace(
+        "name: web-1, namespace: ns, labels: {kubernetes.io/service-name: web}",
+        "name: db-1, namespace: ns, labels: {kubernetes.io/service-name: db, service.kubernetes.io/headless: ''}",
+    );
+    let m = load(&[(
+        "a.yaml",
+        &format!(
+            "{SERVICE}---
+{other_proxy}---
+{SLICE}---
+{headless_slice}"
+        ),
+    )])
+    .unwrap();
+    let names = |metas: Vec<&Option<String>>| -> Vec<String> {
+        metas.into_iter().flatten().cloned().collect()
+    };
+    assert_eq!(
+        names(m.services.iter().map(|s| &s.metadata.name).collect()),
+        ["web"]
+    );
+    assert_eq!(
+        names(m.endpoint_slices.iter().map(|s| &s.metadata.name).collect()),
+        ["web-1"]
+    );
+}
+
+#[test]
 fn other_kinds_and_other_files_are_ignored() {
     let m = load(&[
         (
