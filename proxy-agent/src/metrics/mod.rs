@@ -4,6 +4,7 @@
 //! with prometheus-client, plus `/healthz`, `/proxyMode` and `/configz` as
 //! upstream's metrics mux serves them.
 
+pub mod exposition;
 mod no_local;
 pub mod process;
 pub mod proxy;

@@ -129,71 +129,72 @@ impl ProxyMetrics {
         })
     }
 
-    /// Registers under `registry` (prefixed `kubeproxy`) what `mode` registers.
+    /// Registers under `registry` (prefixed `kubeproxy`) what `mode` registers,
+    /// with upstream's help texts (all its metrics are ALPHA).
     pub fn register(&self, registry: &mut Registry, mode: ProxyMode) {
         registry.register(
             "sync_proxy_rules_duration_seconds",
-            "SyncProxyRules latency in seconds",
+            "[ALPHA] SyncProxyRules latency in seconds",
             self.sync_duration.clone(),
         );
         registry.register(
             "sync_full_proxy_rules_duration_seconds",
-            "SyncProxyRules latency in seconds for full resyncs",
+            "[ALPHA] SyncProxyRules latency in seconds for full resyncs",
             self.sync_full_duration.clone(),
         );
         registry.register(
             "sync_partial_proxy_rules_duration_seconds",
-            "SyncProxyRules latency in seconds for partial resyncs",
+            "[ALPHA] SyncProxyRules latency in seconds for partial resyncs",
             self.sync_partial_duration.clone(),
         );
         registry.register(
             "sync_proxy_rules_last_timestamp_seconds",
-            "The last time proxy rules were successfully synced",
+            "[ALPHA] The last time proxy rules were successfully synced",
             self.last_sync.clone(),
         );
         registry.register(
             "sync_proxy_rules_last_queued_timestamp_seconds",
-            "The last time a sync of proxy rules was queued",
+            "[ALPHA] The last time a sync of proxy rules was queued",
             self.last_queued.clone(),
         );
         registry.register(
             "network_programming_duration_seconds",
-            "In Cluster Network Programming Latency in seconds",
+            "[ALPHA] In Cluster Network Programming Latency in seconds",
             self.network_programming.clone(),
         );
         registry.register(
             "sync_proxy_rules_endpoint_changes_pending",
-            "Pending proxy rules Endpoint changes",
+            "[ALPHA] Pending proxy rules Endpoint changes",
             self.endpoint_changes_pending.clone(),
         );
         registry.register(
             "sync_proxy_rules_endpoint_changes",
-            "Cumulative proxy rules Endpoint changes",
+            "[ALPHA] Cumulative proxy rules Endpoint changes",
             self.endpoint_changes.clone(),
         );
         registry.register(
             "sync_proxy_rules_service_changes_pending",
-            "Pending proxy rules Service changes",
+            "[ALPHA] Pending proxy rules Service changes",
             self.service_changes_pending.clone(),
         );
         registry.register(
             "sync_proxy_rules_service_changes",
-            "Cumulative proxy rules Service changes",
+            "[ALPHA] Cumulative proxy rules Service changes",
             self.service_changes.clone(),
         );
         registry.register(
             "sync_proxy_rules_no_local_endpoints_total",
-            "Number of services with a Local traffic policy and no endpoints",
+            "[ALPHA] Number of services with a Local traffic policy and no endpoints",
             self.no_local_endpoints.clone(),
         );
         registry.register(
             "proxy_healthz",
-            "Cumulative proxy healthz HTTP status",
+            "[ALPHA] Cumulative proxy healthz HTTP status",
             self.healthz.clone(),
         );
         registry.register(
             "proxy_livez",
-            "Cumulative proxy livez HTTP status",
+            "[ALPHA] Cumulative proxy livez HTTP status",
             self.livez.clone(),
         );
         let (name, help) = match mode {
@@ -203,11 +204,11 @@ impl ProxyMetrics {
             ),
             ProxyMode::Nftables => (
                 "sync_proxy_rules_nftables_sync_failures",
-                "Cumulative proxy nftables sync failures",
+                "[ALPHA] Cumulative proxy nftables sync failures",
             ),
             ProxyMode::Iptables | ProxyMode::Ipvs => (
                 "sync_proxy_rules_iptables_restore_failures",
-                "Cumulative proxy iptables restore failures",
+                "[ALPHA] Cumulative proxy iptables restore failures",
             ),
         };
         registry.register(name, help, self.sync_failures.clone());

@@ -62,14 +62,14 @@ impl Collector for ConntrackReconcilerMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let duration = encoder.encode_descriptor(
             SYNC_DURATION,
-            "ReconcileConntrackFlowsLatency latency in seconds",
+            "[ALPHA] ReconcileConntrackFlowsLatency latency in seconds",
             None,
             Histogram::TYPE,
         )?;
         self.duration.encode(duration)?;
         let deleted = encoder.encode_descriptor(
             DELETED_ENTRIES,
-            "Cumulative conntrack flows deleted by conntrack reconciler",
+            "[ALPHA] Cumulative conntrack flows deleted by conntrack reconciler",
             None,
             Counter::<u64>::TYPE,
         )?;

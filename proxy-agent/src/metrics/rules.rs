@@ -50,10 +50,10 @@ impl NfacctMetric {
     fn help(self) -> &'static str {
         match self {
             Self::CtStateInvalidDropped => {
-                "packets dropped by iptables to work around conntrack problems"
+                "[ALPHA] packets dropped by iptables to work around conntrack problems"
             }
             Self::LocalhostNodePortsAccepted => {
-                "Number of packets accepted on nodeports of loopback interface"
+                "[ALPHA] Number of packets accepted on nodeports of loopback interface"
             }
         }
     }
@@ -133,21 +133,21 @@ impl Collector for IptablesMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let total = encoder.encode_descriptor(
             "sync_proxy_rules_iptables_total",
-            "Total number of iptables rules owned by kube-proxy",
+            "[ALPHA] Total number of iptables rules owned by kube-proxy",
             None,
             Gauge::<i64>::TYPE,
         )?;
         self.total.encode(total)?;
         let last = encoder.encode_descriptor(
             "sync_proxy_rules_iptables_last",
-            "Number of iptables rules written by kube-proxy in last sync",
+            "[ALPHA] Number of iptables rules written by kube-proxy in last sync",
             None,
             Gauge::<i64>::TYPE,
         )?;
         self.last.encode(last)?;
         let failures = encoder.encode_descriptor(
             "sync_proxy_rules_iptables_partial_restore_failures",
-            "Cumulative proxy iptables partial restore failures",
+            "[ALPHA] Cumulative proxy iptables partial restore failures",
             None,
             Counter::<u64>::TYPE,
         )?;
@@ -201,7 +201,7 @@ impl Collector for NftablesMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let failures = encoder.encode_descriptor(
             "sync_proxy_rules_nftables_cleanup_failures",
-            "Cumulative proxy nftables cleanup failures",
+            "[ALPHA] Cumulative proxy nftables cleanup failures",
             None,
             Counter::<u64>::TYPE,
         )?;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
 
+use super::exposition;
 use crate::httpserve::{self, Handler, Response};
 
 /// What the metrics mux serves.
@@ -15,10 +16,9 @@ pub struct MetricsEndpoints {
     pub configz: String,
 }
 
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
 impl MetricsEndpoints {
-    pub fn answer(&self, path: &str) -> Response {
+    /// The answer to a GET of `path`, whose `Accept` header was `accept`.
+    pub fn answer(&self, path: &str, accept: Option<&str>) -> Response {
         let text_headers = [
             ("Content-Type", "text/plain; charset=utf-8"),
             ("X-Content-Type-Options", "nosniff"),
@@ -27,7 +27,14 @@ impl MetricsEndpoints {
             "/metrics" => {
                 let mut body = String::new();
                 match prometheus_client::encoding::text::encode(&mut body, &self.registry) {
-                    Ok(()) => httpserve::respond(200, &[("Content-Type", OPENMETRICS)], body),
+                    Ok(()) if exposition::wants_openmetrics(accept) => {
+                        httpserve::respond(200, &[("Content-Type", exposition::OPENMETRICS)], body)
+                    }
+                    Ok(()) => httpserve::respond(
+                        200,
+                        &[("Content-Type", exposition::PROMETHEUS_TEXT)],
+                        exposition::prometheus_text(&body),
+                    ),
                     Err(e) => httpserve::respond(500, &text_headers, format!("encoding: {e}\n")),
                 }
             }
@@ -47,5 +54,72 @@ impl MetricsEndpoints {
 }
 
 pub fn handler(endpoints: Arc<MetricsEndpoints>) -> Handler {
-    Arc::new(move |req| endpoints.answer(req.uri().path()))
+    Arc::new(move |req| {
+        let accept = req.headers().get("accept").and_then(|v| v.to_str().ok());
+        endpoints.answer(req.uri().path(), accept)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt as _;
+
+    use super::*;
+    use crate::{metrics::ProxyMetrics, model::IpFamily, options::ProxyMode};
+
+    fn scrape(accept: Option<&str>) -> (String, String) {
+        let metrics = ProxyMetrics::new(vec![IpFamily::V4]);
+        let mut registry = Registry::default();
+        metrics.register(
+            registry.sub_registry_with_prefix("kubeproxy"),
+            ProxyMode::Iptables,
+        );
+        let endpoints = MetricsEndpoints {
+            registry,
+            mode: "iptables".into(),
+            configz: "{}".into(),
+        };
+        let response = endpoints.answer("/metrics", accept);
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let body = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(response.into_body().collect())
+            .unwrap()
+            .to_bytes();
+        (content_type, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn metrics_are_prometheus_text_unless_openmetrics_is_asked_for() {
+        let (content_type, body) = scrape(None);
+        assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+        let failures = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total";
+        assert!(
+            body.contains(&format!(
+                "# HELP {failures} [ALPHA] Cumulative proxy iptables restore failures"
+            )),
+            "{body}"
+        );
+        assert!(
+            body.contains(&format!("# TYPE {failures} counter\n")),
+            "{body}"
+        );
+        assert!(
+            body.contains(&format!("{failures}{{ip_family=\"IPv4\"}} 0\n")),
+            "{body}"
+        );
+        assert!(!body.contains("# EOF"), "{body}");
+
+        let (content_type, body) = scrape(Some("application/openmetrics-text;version=1.0.0"));
+        assert_eq!(content_type, exposition::OPENMETRICS);
+        assert!(
+            body.contains(&format!("{failures}{{ip_family=\"IPv4\"}} 0\n")),
+            "{body}"
+        );
+        assert!(body.ends_with("# EOF\n"), "{body}");
+    }
 }
