@@ -41,8 +41,8 @@ counters! {
     DropRewriteFailed = 7 => "drop_rewrite_failed",
     /// Dropped: the conntrack map refused an insert.
     DropConntrackFull = 8 => "drop_conntrack_full",
-    /// Flows balanced again because their backend disappeared: a SYN reusing a
-    /// connection's tuple, or a datagram flow.
+    /// Connections balanced again because their backend disappeared: a SYN
+    /// (or SCTP INIT) reusing the tuple of a connection to it.
     Rebalanced = 9 => "rebalanced",
     /// Rejected (TCP RST / ICMP port unreachable): the service has no endpoints.
     RejectNoEndpoints = 10 => "reject_no_endpoints",

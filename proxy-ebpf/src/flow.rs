@@ -233,6 +233,7 @@ fn forget_flow<F: Ip>(now: u64) -> u32 {
     // another's now.
     let ours = conntrack::live(config, other_key, now).is_some_and(|reply| {
         reply.flags & ct::REPLY != 0
+            && (reply.flags & ct::SNAT != 0) == snat
             && reply.nat_addr_be == key.daddr_be
             && reply.nat_port_be == key.dport_be
             && (!snat || (reply.snat_addr_be == key.saddr_be && reply.snat_port_be == key.sport_be))

@@ -160,9 +160,9 @@ pub fn parse4<C: Frame>(ctx: &C) -> Result<Option<Packet<V4>>, Counter> {
     // A later fragment carries no L4 header: the ports its first fragment
     // left, if that passed; else it is left to the kernel.
     if frag_off & IP_OFFSET != 0 {
-        // A header that does not fit its packet is the kernel's to drop.
-        let fits = (tot_len == 0 || tot_len as usize >= ihl)
-            && ctx.data() + ETH_HLEN + ihl <= ctx.data_end();
+        // A header that does not fit its packet is the kernel's to drop (a
+        // total length of 0 is a GSO aggregate's, never a fragment's).
+        let fits = tot_len as usize >= ihl && ctx.data() + ETH_HLEN + ihl <= ctx.data_end();
         if !well_formed || !fits {
             return Ok(None);
         }

@@ -1,28 +1,14 @@
-//! The two text formats `/metrics` speaks, as upstream's (component-base)
-//! does: OpenMetrics to a scraper that asks for it (Prometheus does), the
-//! Prometheus text format 0.0.4 to anything else (`curl`, older agents).
+//! `/metrics` in the Prometheus text format 0.0.4, as upstream serves it
+//! (component-base's `legacyregistry.Handler`: promhttp without OpenMetrics).
 //!
 //! prometheus-client encodes OpenMetrics only, so the 0.0.4 text is derived
 //! from it here. The two differ in a few lines: a counter's family is named
-//! with its `_total` (OpenMetrics names it without), `unknown` is `untyped`,
-//! and there is no `# EOF`, `# UNIT` or `_created` sample.
+//! with its `_total` (OpenMetrics names it without), an info metric is a
+//! gauge named with its `_info`, `unknown` is `untyped`, and there is no
+//! `# EOF`, `# UNIT` or `_created` sample.
 
-/// The content type of OpenMetrics 1.0.0 text.
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// The content type of the Prometheus text format.
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Whether an `Accept` header takes OpenMetrics.
-pub fn wants_openmetrics(accept: Option<&str>) -> bool {
-    accept.is_some_and(|accept| {
-        accept.split(',').any(|range| {
-            let mut params = range.split(';').map(str::trim);
-            let media = params.next().unwrap_or_default();
-            let refused = params.any(|p| p.replace(' ', "") == "q=0");
-            media.eq_ignore_ascii_case("application/openmetrics-text") && !refused
-        })
-    })
-}
 
 /// `openmetrics` (as prometheus-client encodes it) in the Prometheus text format.
 pub fn prometheus_text(openmetrics: &str) -> String {
@@ -32,21 +18,24 @@ pub fn prometheus_text(openmetrics: &str) -> String {
     let mut help: Option<(&str, &str)> = None;
     for line in openmetrics.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
-            flush_help(&mut out, help.take(), false);
+            flush_help(&mut out, help.take(), "");
             help = rest.split_once(' ').or(Some((rest, "")));
             continue;
         }
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
-            let is_counter = kind == "counter";
-            counter = is_counter.then_some(name);
-            flush_help(&mut out, help.take(), is_counter);
-            let kind = if kind == "unknown" { "untyped" } else { kind };
-            let suffix = if is_counter { "_total" } else { "" };
+            let (suffix, kind) = match kind {
+                "counter" => ("_total", "counter"),
+                "info" => ("_info", "gauge"),
+                "unknown" => ("", "untyped"),
+                other => ("", other),
+            };
+            counter = (kind == "counter").then_some(name);
+            flush_help(&mut out, help.take(), suffix);
             out.push_str(&format!("# TYPE {name}{suffix} {kind}\n"));
             continue;
         }
-        flush_help(&mut out, help.take(), false);
+        flush_help(&mut out, help.take(), "");
         if line == "# EOF" || line.starts_with("# UNIT ") {
             continue;
         }
@@ -60,13 +49,12 @@ pub fn prometheus_text(openmetrics: &str) -> String {
         out.push_str(line);
         out.push('\n');
     }
-    flush_help(&mut out, help, false);
+    flush_help(&mut out, help, "");
     out
 }
 
-fn flush_help(out: &mut String, help: Option<(&str, &str)>, counter: bool) {
+fn flush_help(out: &mut String, help: Option<(&str, &str)>, suffix: &str) {
     if let Some((name, text)) = help {
-        let suffix = if counter { "_total" } else { "" };
         out.push_str(&format!("# HELP {name}{suffix} {text}\n"));
     }
 }
@@ -127,15 +115,11 @@ mod tests {
     }
 
     #[test]
-    fn openmetrics_only_to_a_client_that_accepts_it() {
-        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
-        assert!(wants_openmetrics(Some(prometheus)));
-        assert!(wants_openmetrics(Some("Application/OpenMetrics-Text")));
-        assert!(!wants_openmetrics(None));
-        assert!(!wants_openmetrics(Some("*/*")));
-        assert!(!wants_openmetrics(Some("text/plain;version=0.0.4")));
-        assert!(!wants_openmetrics(Some(
-            "application/openmetrics-text; q=0, text/plain"
-        )));
+    fn an_info_metric_is_a_gauge_named_with_its_info() {
+        let openmetrics = "# HELP build Build information.\n# TYPE build info\nbuild_info{version=\"1\"} 1\n# EOF\n";
+        assert_eq!(
+            prometheus_text(openmetrics),
+            "# HELP build_info Build information.\n# TYPE build_info gauge\nbuild_info{version=\"1\"} 1\n"
+        );
     }
 }

@@ -17,8 +17,8 @@ pub struct MetricsEndpoints {
 }
 
 impl MetricsEndpoints {
-    /// The answer to a GET of `path`, whose `Accept` header was `accept`.
-    pub fn answer(&self, path: &str, accept: Option<&str>) -> Response {
+    /// The answer to a GET of `path`.
+    pub fn answer(&self, path: &str) -> Response {
         let text_headers = [
             ("Content-Type", "text/plain; charset=utf-8"),
             ("X-Content-Type-Options", "nosniff"),
@@ -27,9 +27,6 @@ impl MetricsEndpoints {
             "/metrics" => {
                 let mut body = String::new();
                 match prometheus_client::encoding::text::encode(&mut body, &self.registry) {
-                    Ok(()) if exposition::wants_openmetrics(accept) => {
-                        httpserve::respond(200, &[("Content-Type", exposition::OPENMETRICS)], body)
-                    }
                     Ok(()) => httpserve::respond(
                         200,
                         &[("Content-Type", exposition::PROMETHEUS_TEXT)],
@@ -54,10 +51,7 @@ impl MetricsEndpoints {
 }
 
 pub fn handler(endpoints: Arc<MetricsEndpoints>) -> Handler {
-    Arc::new(move |req| {
-        let accept = req.headers().get("accept").and_then(|v| v.to_str().ok());
-        endpoints.answer(req.uri().path(), accept)
-    })
+    Arc::new(move |req| endpoints.answer(req.uri().path()))
 }
 
 #[cfg(test)]
@@ -67,7 +61,7 @@ mod tests {
     use super::*;
     use crate::{metrics::ProxyMetrics, model::IpFamily, options::ProxyMode};
 
-    fn scrape(accept: Option<&str>) -> (String, String) {
+    fn scrape() -> (String, String) {
         let metrics = ProxyMetrics::new(vec![IpFamily::V4]);
         let mut registry = Registry::default();
         metrics.register(
@@ -79,7 +73,7 @@ mod tests {
             mode: "iptables".into(),
             configz: "{}".into(),
         };
-        let response = endpoints.answer("/metrics", accept);
+        let response = endpoints.answer("/metrics");
         let content_type = response.headers()["content-type"]
             .to_str()
             .unwrap()
@@ -94,8 +88,8 @@ mod tests {
     }
 
     #[test]
-    fn metrics_are_prometheus_text_unless_openmetrics_is_asked_for() {
-        let (content_type, body) = scrape(None);
+    fn metrics_are_prometheus_text_as_upstream_serves_them() {
+        let (content_type, body) = scrape();
         assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
         let failures = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total";
         assert!(
@@ -113,13 +107,5 @@ mod tests {
             "{body}"
         );
         assert!(!body.contains("# EOF"), "{body}");
-
-        let (content_type, body) = scrape(Some("application/openmetrics-text;version=1.0.0"));
-        assert_eq!(content_type, exposition::OPENMETRICS);
-        assert!(
-            body.contains(&format!("{failures}{{ip_family=\"IPv4\"}} 0\n")),
-            "{body}"
-        );
-        assert!(body.ends_with("# EOF\n"), "{body}");
     }
 }

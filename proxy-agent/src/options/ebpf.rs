@@ -175,7 +175,7 @@ pub struct SocketLb {
     /// Balance only sockets of the node's own network namespace (the
     /// default); pods keep per-packet NAT, which service meshes that must see
     /// the service address need, and whose conntrack flush ends a pod's UDP
-    /// flows to a backend that left (the agent cannot reach sockets in pods'
+    /// flows to an endpoint that no longer serves (the agent cannot reach sockets in pods'
     /// namespaces to end them).
     #[serde(default)]
     pub host_namespace_only: Option<bool>,

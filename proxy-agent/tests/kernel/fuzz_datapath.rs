@@ -477,9 +477,9 @@ impl Model {
         })
     }
 
-    /// The other flow (as it leaves, frontend -> client) whose replies come
-    /// back on the reply tuple `t` would have to `backend` without a
-    /// translated source.
+    /// The other flow holding the reply tuple `t` would have to `backend`
+    /// without a translated source: one whose replies come back on it (as it
+    /// leaves, frontend -> client), or one whose client sends on it.
     fn clash(&self, t: &Tuple, (addr, port): (Ipv4Addr, u16)) -> Option<Tuple> {
         let plain = Tuple {
             src: addr,
@@ -488,6 +488,11 @@ impl Model {
             dport: t.sport,
             proto: t.proto,
         };
+        // Another flow's own tuple (its client is this flow's backend) holds
+        // the tuple as surely as a reply does.
+        if plain != *t && self.forwards.contains_key(&plain) {
+            return Some(plain);
+        }
         self.replies
             .get(&plain)
             .copied()

@@ -92,7 +92,7 @@ pub trait ServiceMaps<F: AgentFamily> {
         &mut self,
         matches: &dyn Fn(&CtKeyOf<F>, &CtValueOf<F>) -> bool,
     ) -> Result<usize, MapError>;
-    /// Deletes the flows of backends that left their frontends: now, or
+    /// Deletes the UDP flows `gone` judges stale: now, or
     /// handed to a thread of their own ([`KernelMaps::flush_in_background`]).
     fn flush_gone_flows(&mut self, gone: GoneFlows<F>) -> Result<Flushed, MapError> {
         self.flush_flows(&|k, v| gone.matches(k, v))
@@ -178,7 +178,7 @@ pub struct KernelMaps {
 }
 
 impl KernelMaps {
-    /// From now on the flows of backends that left are deleted on a thread
+    /// From now on stale UDP flows are deleted on a thread
     /// of their own ([`super::flow_flush`]), not by the sync that saw them go.
     pub fn flush_in_background(
         &mut self,

@@ -132,10 +132,6 @@ struct UdpRule<F: AgentFamily> {
 /// What one sync collects on its way: counters, and the work left for the end.
 struct SyncRun<F: AgentFamily> {
     stats: SyncStats,
-    udp_rules: Vec<UdpRule<F>>,
-    /// UDP frontends removed: their flows go, unless the frontend stays in
-    /// its other scope.
-    removed_udp: Vec<ServiceKeyOf<F>>,
     cluster_ip_frontends: Vec<ServiceKeyOf<F>>,
     /// The endpoint sets balanced by a Maglev table, per service port synced.
     maglev_sets: HashMap<ServicePortName, Vec<EndpointSet>>,
@@ -145,8 +141,6 @@ impl<F: AgentFamily> Default for SyncRun<F> {
     fn default() -> Self {
         SyncRun {
             stats: SyncStats::default(),
-            udp_rules: Vec::new(),
-            removed_udp: Vec::new(),
             cluster_ip_frontends: Vec::new(),
             maglev_sets: HashMap::new(),
         }
@@ -161,6 +155,12 @@ pub struct FamilyProgrammer<F: AgentFamily> {
     /// UDP frontends whose sockets to endpoints that no longer serve are to
     /// end, since [`Programmer::take_gone_udp`].
     gone_udp: Vec<GoneUdp>,
+    /// UDP frontends whose flows are to be judged, kept until a flush took
+    /// them: a sync that fails after judging a port must not lose them.
+    udp_rules: Vec<UdpRule<F>>,
+    /// UDP frontends removed: their flows go, unless the frontend stays in
+    /// its other scope. Kept as `udp_rules` are.
+    removed_udp: Vec<ServiceKeyOf<F>>,
     frontends: HashMap<ServiceKeyOf<F>, Frontend>,
     ports: HashMap<ServicePortName, PortState<F>>,
     backends: HashMap<BackendOf<F>, BackendId>,
@@ -230,6 +230,8 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         Self {
             node: NodeAddressesOf::default(),
             gone_udp: Vec::new(),
+            udp_rules: Vec::new(),
+            removed_udp: Vec::new(),
             frontends: HashMap::new(),
             ports: HashMap::new(),
             backends: HashMap::new(),
@@ -408,7 +410,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 port.set_slots = PerSet::default();
             }
             if let Some(svc) = svc.filter(|s| s.protocol == Protocol::Udp) {
-                self.judge_udp_flows(spn, svc, &mut run);
+                self.judge_udp_flows(spn, svc);
             }
             if self.ports.get(spn).is_some_and(PortState::is_empty) {
                 self.ports.remove(spn);
@@ -766,6 +768,10 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 port.frontends.remove(&key);
             }
             frontend.owner = owner.clone();
+            if key.proto == proto::UDP {
+                // Its flows were the other port's: judged by this one's keepers.
+                self.ports.entry(owner.clone()).or_default().udp_keepers = None;
+            }
         }
         self.ports
             .entry(owner.clone())
@@ -887,7 +893,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             unref(&mut self.backend_refs, id, &mut self.unreferenced);
         }
         if key.proto == proto::UDP {
-            run.removed_udp.push(key);
+            self.removed_udp.push(key);
         }
         let owner = frontend.owner.clone();
         self.markers.remove(key, maps, &mut run.stats)?;
@@ -906,12 +912,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
     /// flows to endpoints that no longer serve, since UDP flows never end on
     /// their own. A port without serving endpoints keeps its flows, as
     /// upstream's.
-    fn judge_udp_flows(
-        &mut self,
-        spn: &ServicePortName,
-        svc: &DesiredService,
-        run: &mut SyncRun<F>,
-    ) {
+    fn judge_udp_flows(&mut self, spn: &ServicePortName, svc: &DesiredService) {
         let Some(port) = self.ports.get_mut(spn) else {
             return;
         };
@@ -930,7 +931,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
             .is_none_or(|before| before.iter().any(|a| keep.binary_search(a).is_err()));
         if lost {
             for frontend in port.frontends.iter() {
-                run.udp_rules.push(UdpRule {
+                self.udp_rules.push(UdpRule {
                     frontend: *frontend,
                     keep: keep.clone(),
                 });
@@ -951,35 +952,40 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         maps: &mut impl ServiceMaps<F>,
         run: &mut SyncRun<F>,
     ) -> Result<(), MapError> {
-        for key in std::mem::take(&mut run.removed_udp) {
+        for key in std::mem::take(&mut self.removed_udp) {
             let stays = [Scope::Primary, Scope::ClusterWide]
                 .into_iter()
                 .any(|scope| self.frontends.contains_key(&key.with_scope(scope)));
             if !stays {
-                run.udp_rules.push(UdpRule {
+                self.udp_rules.push(UdpRule {
                     frontend: key,
                     keep: Vec::new(),
                 });
             }
         }
         let mut gone = GoneFlows::default();
-        for rule in std::mem::take(&mut run.udp_rules) {
+        let mut sockets = Vec::new();
+        for rule in &self.udp_rules {
             let fe = rule.frontend;
             let mut keep: Vec<IpAddr> = rule.keep.iter().map(|a| F::from_be(*a).into()).collect();
             keep.sort_unstable();
-            self.gone_udp.push(GoneUdp {
+            sockets.push(GoneUdp {
                 service: socket_addr::<F>(fe.addr_be, fe.port_be),
                 keep,
             });
-            gone.keep_only(&fe, rule.keep);
+            gone.keep_only(&fe, rule.keep.iter().copied());
         }
         if gone.is_empty() {
             return Ok(());
         }
-        run.stats.udp_frontends_judged += gone.len();
-        match maps.flush_gone_flows(gone)? {
-            Flushed::Now(n) => run.stats.flushed_flows += n,
-            Flushed::Queued => {}
+        let judged = gone.len();
+        let flushed = maps.flush_gone_flows(gone)?;
+        // Handed over: only now are the rules done with.
+        self.udp_rules.clear();
+        self.gone_udp.extend(sockets);
+        run.stats.udp_frontends_judged += judged;
+        if let Flushed::Now(n) = flushed {
+            run.stats.flushed_flows += n;
         }
         Ok(())
     }
@@ -1184,7 +1190,7 @@ impl Programmer {
         touched
     }
 
-    /// The UDP backends that left a frontend, in either family.
+    /// The UDP frontends whose flows were judged, in either family.
     pub fn take_gone_udp(&mut self) -> Vec<GoneUdp> {
         let mut gone = self.v4.take_gone_udp();
         gone.extend(self.v6.take_gone_udp());

@@ -229,8 +229,8 @@ impl EbpfProxier {
         Ok(())
     }
 
-    /// Connected UDP sockets of this node the socket hooks pointed at a
-    /// backend that left: ended, so clients reconnect to a live one.
+    /// Connected UDP sockets of this node the socket hooks pointed at an
+    /// endpoint that no longer serves: ended, so clients reconnect to a live one.
     fn end_stale_udp_sockets(&mut self) {
         let gone = self.programmer.take_gone_udp();
         if gone.is_empty() || !self.settings.socket_lb.enabled {
@@ -238,15 +238,15 @@ impl EbpfProxier {
         }
         match stale_sockets::forget_and_terminate(&gone, &mut self.maps) {
             Ok(done) if done.forgotten + done.destroyed > 0 => info!(
-                backends_gone = gone.len(),
+                frontends = gone.len(),
                 socket_choices_forgotten = done.forgotten,
                 connected_sockets_destroyed = done.destroyed,
-                "ended UDP sockets pointed at backends that left"
+                "ended UDP sockets pointed at endpoints that no longer serve"
             ),
             Ok(_) => {}
             Err(e) => warn!(
                 error = %e,
-                "cannot end connected UDP sockets pointed at backends that left (sock_diag \
+                "cannot end connected UDP sockets pointed at endpoints that no longer serve (sock_diag \
                  SOCK_DESTROY needs CONFIG_INET_DIAG_DESTROY): they keep sending to the old \
                  backend until the application reconnects"
             ),
@@ -279,14 +279,14 @@ impl EbpfProxier {
     }
 }
 
-/// Syncs hand the flows of backends that left to a thread of their own:
+/// Syncs hand the UDP flows to endpoints that no longer serve to a thread of their own:
 /// finding them reads the whole conntrack table.
 fn flush_in_background(maps: &mut KernelMaps) -> ConntrackReconcilerMetrics {
     let metrics = ConntrackReconcilerMetrics::new(&crate::model::IpFamily::BOTH);
     if let Err(e) = maps.flush_in_background(metrics.clone()) {
         warn!(
             error = %e,
-            "cannot start the thread that flushes the UDP flows of backends that left: \
+            "cannot start the thread that flushes the UDP flows of endpoints that no longer serve: \
              syncs flush them themselves"
         );
     }

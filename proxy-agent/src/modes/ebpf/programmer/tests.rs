@@ -1223,6 +1223,82 @@ fn a_udp_endpoint_passed_over_keeps_its_flows_until_it_no_longer_serves() {
     assert!(maps.conntrack.is_empty());
 }
 
+/// One UDP flow from a client to `VIP:53`, sent to `backend`.
+fn dns_flow(maps: &mut FakeMaps, backend: [u8; 4]) {
+    ct_insert(
+        maps,
+        (
+            be([198, 18, 2, 2]),
+            be(VIP),
+            1000u16.to_be(),
+            53u16.to_be(),
+            UDP,
+        ),
+        CtValue {
+            nat_addr_be: be(backend),
+            nat_port_be: 53u16.to_be(),
+            ..Default::default()
+        },
+    );
+}
+
+#[test]
+fn a_failed_sync_does_not_lose_the_udp_flows_it_judged() {
+    let (a, b) = (ep([198, 18, 1, 2], 53), ep([198, 18, 1, 3], 53));
+    let dns = |eps| service("dns", VIP, 53, Protocol::Udp, eps);
+    let web = service(
+        "web",
+        [198, 19, 0, 11],
+        80,
+        Protocol::Tcp,
+        vec![ep([198, 18, 1, 5], 80)],
+    );
+    let before = state(vec![dns(vec![a.clone(), b]), web]);
+    // `web` goes too: map operations after the UDP port was judged.
+    let after = state(vec![dns(vec![a])]);
+    for fail_after in 0..16 {
+        let mut maps = FakeMaps::default();
+        let mut p = programmer(&mut maps);
+        p.sync(&before, &mut maps).unwrap();
+        dns_flow(&mut maps, [198, 18, 1, 3]);
+        maps.ops = 0;
+        maps.fail_after = Some(fail_after);
+        let failed = p.sync(&after, &mut maps).is_err();
+        maps.fail_after = None;
+        p.sync(&after, &mut maps).unwrap();
+        assert!(
+            maps.conntrack.is_empty(),
+            "failing after {fail_after} operations (the sync failed: {failed})"
+        );
+    }
+}
+
+#[test]
+fn a_udp_frontend_taken_over_by_another_service_port_is_judged_by_its_endpoints() {
+    // One sync deletes a service and creates another on its cluster IP.
+    let mut maps = FakeMaps::default();
+    let mut p = programmer(&mut maps);
+    let old = service(
+        "kube-dns",
+        VIP,
+        53,
+        Protocol::Udp,
+        vec![ep([198, 18, 1, 2], 53)],
+    );
+    p.sync(&state(vec![old]), &mut maps).unwrap();
+    dns_flow(&mut maps, [198, 18, 1, 2]);
+    let new = service(
+        "coredns",
+        VIP,
+        53,
+        Protocol::Udp,
+        vec![ep([198, 18, 1, 3], 53)],
+    );
+    let stats = p.sync(&state(vec![new]), &mut maps).unwrap();
+    assert_eq!(stats.flushed_flows, 1, "{stats:?}");
+    assert!(maps.conntrack.is_empty());
+}
+
 #[test]
 fn an_adopting_programmer_judges_the_udp_flows_it_finds() {
     // After a restart the maps hold flows begun under the previous agent:
