@@ -293,7 +293,8 @@ impl SyncObserver for ProxyMetrics {
             kind.get_or_create(&label).observe(seconds);
             if report.synced(*family) {
                 self.last_sync.get_or_create(&label).set(unix_seconds(now));
-            } else {
+            }
+            if report.counted.contains(*family) {
                 self.sync_failures.get_or_create(&label).inc();
             }
         }

@@ -17,6 +17,6 @@ mod syncer;
 
 pub use driver::{FEED_BATCH, SyncTiming, run, run_observed};
 pub use observer::{Observers, SyncObserver, SyncReport, TrackerEvent};
-pub use proxier::{FamilySyncError, Proxier, SyncChanges, sync_each_family};
+pub use proxier::{FamilySyncError, Proxier, RulesRefused, SyncChanges, sync_each_family};
 pub use source::SourceState;
 pub use syncer::{SyncError, SyncOutcome, Syncer};

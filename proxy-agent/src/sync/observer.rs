@@ -22,6 +22,9 @@ pub struct SyncReport<'a> {
     /// The families whose rules the sync could not write (empty when it
     /// succeeded): the others report a sync of their own.
     pub failed: FamilySet,
+    /// Of those, the ones the mode's failure counter counts
+    /// (`Proxier::counted_failures`).
+    pub counted: FamilySet,
     /// `endpoints.kubernetes.io/last-change-trigger-time` of the EndpointSlice
     /// changes this sync applied.
     pub trigger_times: &'a [(IpFamily, SystemTime)],

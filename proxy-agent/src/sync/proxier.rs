@@ -31,6 +31,27 @@ pub trait Proxier: Send {
     fn failed_families(&self, _error: &Self::Error) -> FamilySet {
         FamilySet::BOTH
     }
+
+    /// The families whose failure the mode's failure counter counts: as
+    /// upstream's, only rules the kernel refused (a failed restore or
+    /// transaction, marked [`RulesRefused`]), not a failed step around it.
+    /// By default, every failed family.
+    fn counted_failures(&self, error: &Self::Error) -> FamilySet {
+        self.failed_families(error)
+    }
+}
+
+/// The context of a family's sync error when the kernel refused its rules
+/// (`iptables-restore`, an `nft` transaction): the failures upstream counts
+/// in `sync_proxy_rules_iptables_restore_failures_total` and
+/// `sync_proxy_rules_nftables_sync_failures_total`.
+#[derive(Clone, Copy, Debug)]
+pub struct RulesRefused;
+
+impl std::fmt::Display for RulesRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the rules were refused")
+    }
 }
 
 /// The families whose rules a sync could not write, each with its reason.
@@ -59,6 +80,15 @@ impl FamilySyncError {
         let mut set = FamilySet::default();
         self.failed
             .iter()
+            .for_each(|(family, _)| set.insert(*family));
+        set
+    }
+
+    /// The families whose rules the kernel refused ([`RulesRefused`]).
+    pub fn refused(&self) -> FamilySet {
+        let mut set = FamilySet::default();
+        (self.failed.iter())
+            .filter(|(_, error)| error.downcast_ref::<RulesRefused>().is_some())
             .for_each(|(family, _)| set.insert(*family));
         set
     }
@@ -93,10 +123,16 @@ impl<P: Proxier + ?Sized> Proxier for Box<P> {
     fn failed_families(&self, error: &Self::Error) -> FamilySet {
         (**self).failed_families(error)
     }
+
+    fn counted_failures(&self, error: &Self::Error) -> FamilySet {
+        (**self).counted_failures(error)
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use anyhow::Context as _;
+
     use super::*;
 
     /// A family that fails does not keep the next from syncing, and the
@@ -122,5 +158,32 @@ mod tests {
         );
         assert_eq!(error.to_string(), "iptables-restore refused the rules");
         assert!(sync_each_family(&IpFamily::BOTH, |_| Ok(())).is_ok());
+    }
+
+    /// Only refused rules count as upstream's restore or transaction
+    /// failures, however deep in the error's context they are marked.
+    #[test]
+    fn refused_rules_are_told_from_other_failures() {
+        let error = sync_each_family(&IpFamily::BOTH, |family| match family {
+            IpFamily::V4 => Err(anyhow::anyhow!("exit status 2"))
+                .context(RulesRefused)
+                .context("syncing the IPv4 iptables rules"),
+            IpFamily::V6 => Err(anyhow::anyhow!("ip6tables -N KUBE-SERVICES failed")),
+        })
+        .unwrap_err();
+        assert_eq!(error.families(), FamilySet::BOTH);
+        assert_eq!(
+            error.refused(),
+            FamilySet {
+                v4: true,
+                v6: false
+            }
+        );
+        assert!(
+            error
+                .to_string()
+                .contains("the rules were refused: exit status 2"),
+            "{error}"
+        );
     }
 }

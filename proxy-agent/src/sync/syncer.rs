@@ -118,6 +118,10 @@ impl<P: Proxier> Syncer<P> {
                 Ok(()) => FamilySet::default(),
                 Err(e) => self.proxier.failed_families(e),
             },
+            counted: match &result {
+                Ok(()) => FamilySet::default(),
+                Err(e) => self.proxier.counted_failures(e),
+            },
             trigger_times: &trigger_times,
         });
         if let Err(err) = result {

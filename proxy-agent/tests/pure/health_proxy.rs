@@ -238,6 +238,7 @@ fn the_sync_engine_drives_the_state_machine_as_upstream_proxiers_do() {
         } else {
             FamilySet::BOTH
         },
+        counted: FamilySet::default(),
         trigger_times: &[],
     };
     health.synced(&report(false));
@@ -268,6 +269,7 @@ fn a_family_that_failed_goes_stale_alone() {
             v4: false,
             v6: true,
         },
+        counted: FamilySet::default(),
         trigger_times: &[],
     });
     let state = health.health();

@@ -8,6 +8,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Service;
 use prometheus_client::registry::Registry;
 use proxy_agent::model::endpoint_slice::EndpointSlice;
@@ -16,7 +17,9 @@ use proxy_agent::{
     model::{DesiredState, FamilySet, IpFamily},
     options::ProxyMode,
     sources::SourceEvent,
-    sync::{FamilySyncError, Proxier, SourceState, SyncChanges, Syncer, sync_each_family},
+    sync::{
+        FamilySyncError, Proxier, RulesRefused, SourceState, SyncChanges, Syncer, sync_each_family,
+    },
 };
 use serde_json::json;
 
@@ -383,49 +386,66 @@ fn values_move_with_changes_and_syncs() {
 }
 
 /// Writes IPv4's rules and fails IPv6's, as a rule mode's sync does when
-/// one family's restore is refused.
-struct FailsIpv6;
+/// one family's restore is refused (`refused`), or a step before it failed.
+struct FailsIpv6 {
+    refused: bool,
+}
 
 impl Proxier for FailsIpv6 {
     type Error = FamilySyncError;
     fn sync(&mut self, _: &DesiredState, _: &SyncChanges) -> Result<(), FamilySyncError> {
         sync_each_family(&IpFamily::BOTH, |family| match family {
             IpFamily::V4 => Ok(()),
-            IpFamily::V6 => Err(anyhow::anyhow!("ip6tables-restore refused the rules")),
+            IpFamily::V6 if self.refused => {
+                Err(anyhow::anyhow!("exit status 2")).context(RulesRefused)
+            }
+            IpFamily::V6 => Err(anyhow::anyhow!("ip6tables -N KUBE-SERVICES failed")),
         })
     }
     fn failed_families(&self, error: &FamilySyncError) -> FamilySet {
         error.families()
     }
+    fn counted_failures(&self, error: &FamilySyncError) -> FamilySet {
+        error.refused()
+    }
 }
 
-/// A family that failed counts a failure of its own and keeps its last
-/// sync time; the other reports its sync, as upstream's proxier per family.
+/// A family that failed keeps its last sync time and counts a failure of
+/// its own when its rules were refused (upstream counts failed restores
+/// only); the other reports its sync, as upstream's proxier per family.
 #[test]
 fn each_family_reports_its_own_sync() {
-    let metrics = Arc::new(ProxyMetrics::new(IpFamily::BOTH.to_vec()));
-    let registry = registry_for(&metrics, ProxyMode::Iptables);
-    let source = Arc::new(Mutex::new(SourceState::new(NODE)));
-    let mut syncer = Syncer::new(source.clone(), FailsIpv6, Duration::from_secs(3600))
-        .with_observer(metrics.clone());
-    {
-        let mut source = source.lock().unwrap();
-        source.handle_observed(SourceEvent::ServicesSynced, metrics.as_ref());
-        source.handle_observed(SourceEvent::SlicesSynced, metrics.as_ref());
+    for refused in [true, false] {
+        let metrics = Arc::new(ProxyMetrics::new(IpFamily::BOTH.to_vec()));
+        let registry = registry_for(&metrics, ProxyMode::Iptables);
+        let source = Arc::new(Mutex::new(SourceState::new(NODE)));
+        let proxier = FailsIpv6 { refused };
+        let mut syncer = Syncer::new(source.clone(), proxier, Duration::from_secs(3600))
+            .with_observer(metrics.clone());
+        {
+            let mut source = source.lock().unwrap();
+            source.handle_observed(SourceEvent::ServicesSynced, metrics.as_ref());
+            source.handle_observed(SourceEvent::SlicesSynced, metrics.as_ref());
+        }
+        assert!(syncer.sync().is_err());
+        let s = scrape(&registry);
+        let failures = |family: &str| {
+            s.value(&format!(
+                r#"kubeproxy_sync_proxy_rules_iptables_restore_failures_total{{ip_family="{family}"}}"#
+            ))
+        };
+        let last = |family: &str| {
+            s.value(&format!(
+                r#"kubeproxy_sync_proxy_rules_last_timestamp_seconds{{ip_family="{family}"}}"#
+            ))
+        };
+        let counted = if refused { 1.0 } else { 0.0 };
+        assert_eq!(
+            (failures("IPv4"), failures("IPv6")),
+            (0.0, counted),
+            "refused: {refused}"
+        );
+        assert!(last("IPv4") > 1.7e9);
+        assert_eq!(last("IPv6"), 0.0);
     }
-    assert!(syncer.sync().is_err());
-    let s = scrape(&registry);
-    let failures = |family: &str| {
-        s.value(&format!(
-            r#"kubeproxy_sync_proxy_rules_iptables_restore_failures_total{{ip_family="{family}"}}"#
-        ))
-    };
-    let last = |family: &str| {
-        s.value(&format!(
-            r#"kubeproxy_sync_proxy_rules_last_timestamp_seconds{{ip_family="{family}"}}"#
-        ))
-    };
-    assert_eq!((failures("IPv4"), failures("IPv6")), (0.0, 1.0));
-    assert!(last("IPv4") > 1.7e9);
-    assert_eq!(last("IPv6"), 0.0);
 }

@@ -22,7 +22,7 @@ use crate::{
     metrics::{IptablesMetrics, rules::NfacctMetric},
     model::{DesiredState, FamilySet, IpFamily, ServicePortName},
     modes::nftables::proxier::NftSettings,
-    sync::{FamilySyncError, Proxier, SyncChanges, sync_each_family},
+    sync::{FamilySyncError, Proxier, RulesRefused, SyncChanges, sync_each_family},
 };
 
 pub struct IptablesProxier {
@@ -154,7 +154,7 @@ impl IptablesProxier {
             if previous.is_some() {
                 self.metrics.partial_restore_failed(family);
             }
-            return Err(e);
+            return Err(e.context(RulesRefused));
         }
         for (table, counts) in &restore.rule_counts {
             self.metrics
@@ -299,5 +299,9 @@ impl Proxier for IptablesProxier {
 
     fn failed_families(&self, error: &FamilySyncError) -> FamilySet {
         error.families()
+    }
+
+    fn counted_failures(&self, error: &FamilySyncError) -> FamilySet {
+        error.refused()
     }
 }

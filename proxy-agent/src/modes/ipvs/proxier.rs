@@ -32,7 +32,7 @@ use crate::{
         },
         nftables::proxier::NftSettings,
     },
-    sync::{FamilySyncError, Proxier, SyncChanges, sync_each_family},
+    sync::{FamilySyncError, Proxier, RulesRefused, SyncChanges, sync_each_family},
 };
 
 pub struct IpvsProxier {
@@ -153,7 +153,7 @@ impl IpvsProxier {
         for (table, chain, args) in rules::jumps() {
             ensure_jump(&t, table, chain, &args)?;
         }
-        run_restore(&t, &rules_text)?;
+        run_restore(&t, &rules_text).context(RulesRefused)?;
 
         for ip in already.difference(&bound) {
             if let Err(e) = self.dummy.unbind(*ip) {
@@ -307,5 +307,9 @@ impl Proxier for IpvsProxier {
 
     fn failed_families(&self, error: &FamilySyncError) -> FamilySet {
         error.families()
+    }
+
+    fn counted_failures(&self, error: &FamilySyncError) -> FamilySet {
+        error.refused()
     }
 }

@@ -21,7 +21,7 @@ use crate::{
     model::{DesiredState, FamilySet, IpFamily, NodeModel},
     modes::ebpf::node::DetectLocal,
     options::{NodePortAddresses, ProxyOptions},
-    sync::{FamilySyncError, Proxier, SyncChanges, sync_each_family},
+    sync::{FamilySyncError, Proxier, RulesRefused, SyncChanges, sync_each_family},
 };
 
 /// The settings every sync applies, from the options.
@@ -182,7 +182,7 @@ impl NftablesProxier {
             && w.service_cidrs == desired.service_cidrs
         {
             let partial = ruleset::build_partial(&node, desired, &changes.changed, &w.services);
-            partial.tx.run()?;
+            partial.tx.run().context(RulesRefused)?;
             for (spn, objects) in partial.updated {
                 match objects {
                     Some(o) => {
@@ -204,7 +204,7 @@ impl NftablesProxier {
         }
         let listing = nft::list(family, TABLE)?;
         let (tx, chains, services) = ruleset::build(&node, desired, &listing);
-        tx.run()?;
+        tx.run().context(RulesRefused)?;
         for c in listing.chains.iter().filter(|c| c.contains('/')) {
             if chains.chains.contains(c) {
                 stale.remove(c);
@@ -239,5 +239,9 @@ impl Proxier for NftablesProxier {
 
     fn failed_families(&self, error: &FamilySyncError) -> FamilySet {
         error.families()
+    }
+
+    fn counted_failures(&self, error: &FamilySyncError) -> FamilySet {
+        error.refused()
     }
 }
