@@ -30,10 +30,15 @@ type FrontendOf<F> = (<F as Family>::Addr, u16, u8);
 
 /// Which UDP flows of some frontends go: those whose backend's address is
 /// not one the frontend keeps (its port's serving endpoints', as upstream's
-/// stale-flow cleanup judges them; none, for a frontend that is gone).
+/// stale-flow cleanup judges them; none, for a frontend that is gone), and
+/// that began before the judgement: requests wait for a walk, and a flow
+/// the datapath opened since (to a frontend added back, an address that
+/// serves again) follows maps newer than the rule.
 #[derive(Debug)]
 pub struct GoneFlows<F: Family> {
-    keep: HashMap<FrontendOf<F>, HashSet<F::Addr>>,
+    /// Per frontend: when it was judged (the datapath's coarse clock, as
+    /// entries' `created_ns`) and the addresses it keeps.
+    keep: HashMap<FrontendOf<F>, (u64, HashSet<F::Addr>)>,
     /// Their protocols: an entry of another is passed over unhashed.
     protos: Vec<u8>,
 }
@@ -48,16 +53,18 @@ impl<F: Family> Default for GoneFlows<F> {
 }
 
 impl<F: Family> GoneFlows<F> {
-    /// The flows through `frontend` to any address but `kept` go.
+    /// The flows through `frontend` that began by `judged_ns` (coarse
+    /// monotonic) to any address but `kept` go.
     pub fn keep_only(
         &mut self,
         frontend: &ServiceKeyOf<F>,
+        judged_ns: u64,
         kept: impl IntoIterator<Item = F::Addr>,
     ) {
         let fe = frontend;
         self.keep.insert(
             (fe.addr_be, fe.port_be, fe.proto),
-            kept.into_iter().collect(),
+            (judged_ns, kept.into_iter().collect()),
         );
         if !self.protos.contains(&fe.proto) {
             self.protos.push(fe.proto);
@@ -99,9 +106,9 @@ impl<F: Family> GoneFlows<F> {
                 key.saddr_be,
             )
         };
-        self.keep
-            .get(&frontend)
-            .is_some_and(|kept| !kept.contains(&backend))
+        self.keep.get(&frontend).is_some_and(|(judged_ns, kept)| {
+            value.created_ns <= *judged_ns && !kept.contains(&backend)
+        })
     }
 }
 
@@ -274,11 +281,13 @@ mod tests {
     const GONE: u32 = 0xc612_0202_u32.to_be(); // 198.18.2.2
     const SERVING: u32 = 0xc612_0203_u32.to_be(); // 198.18.2.3
     const CLIENT: u32 = 0xc612_0102_u32.to_be(); // 198.18.1.2
+    /// When the test's rules were made; its entries began before.
+    const JUDGED: u64 = 1_000;
 
     fn dns_keeps(kept: &[u32]) -> GoneFlows<proxy_common::V4> {
         let mut gone = GoneFlows::default();
         let frontend = ServiceKey::frontend(VIP, 53u16.to_be(), UDP);
-        gone.keep_only(&frontend, kept.iter().copied());
+        gone.keep_only(&frontend, JUDGED, kept.iter().copied());
         gone
     }
 
@@ -328,6 +337,18 @@ mod tests {
         ] {
             assert!(!gone.matches(&k, &v), "{what} matched");
         }
+    }
+
+    #[test]
+    fn a_flow_begun_after_the_judgement_is_not_judged() {
+        // Its frontend went and came back, or its address serves again,
+        // before the walk: the datapath opened it from the newer maps.
+        let gone = dns_keeps(&[]);
+        let (k, mut v) = forward(53, UDP, GONE);
+        v.created_ns = JUDGED + 1;
+        assert!(!gone.matches(&k, &v));
+        v.created_ns = JUDGED;
+        assert!(gone.matches(&k, &v));
     }
 
     #[test]

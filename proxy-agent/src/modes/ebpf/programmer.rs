@@ -965,6 +965,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
         }
         let mut gone = GoneFlows::default();
         let mut sockets = Vec::new();
+        let judged_ns = crate::clock::coarse_monotonic_ns();
         for rule in &self.udp_rules {
             let fe = rule.frontend;
             let mut keep: Vec<IpAddr> = rule.keep.iter().map(|a| F::from_be(*a).into()).collect();
@@ -973,7 +974,7 @@ impl<F: AgentFamily> FamilyProgrammer<F> {
                 service: socket_addr::<F>(fe.addr_be, fe.port_be),
                 keep,
             });
-            gone.keep_only(&fe, rule.keep.iter().copied());
+            gone.keep_only(&fe, judged_ns, rule.keep.iter().copied());
         }
         if gone.is_empty() {
             return Ok(());
