@@ -207,21 +207,15 @@ pub fn desired_service(
 
 /// The addresses of `endpoints` that serve but are in neither of `desired`'s lists.
 fn other_serving_ips(endpoints: &[Endpoint], desired: &DesiredService) -> Vec<IpAddr> {
-    let listed = |ip: &IpAddr| {
-        (desired.cluster_endpoints.iter())
-            .chain(&desired.local_endpoints)
-            .any(|e| e.ip == *ip)
-    };
-    let mut ips: Vec<IpAddr> = endpoints
-        .iter()
-        .filter(|e| e.serving)
+    let listed: BTreeSet<IpAddr> = (desired.cluster_endpoints.iter())
+        .chain(&desired.local_endpoints)
         .map(|e| e.ip)
-        .filter(|ip| !listed(ip))
         .collect();
-    ips.sort_unstable();
-    ips.dedup();
-    ips.shrink_to_fit();
-    ips
+    let others: BTreeSet<IpAddr> = (endpoints.iter())
+        .filter(|e| e.serving && !listed.contains(&e.ip))
+        .map(|e| e.ip)
+        .collect();
+    others.into_iter().collect()
 }
 
 impl DesiredService {

@@ -467,12 +467,7 @@ fn udp_flows_of_a_removed_backend_are_flushed(net: &Net, in_background: bool) {
             &Frame::tcp(net.client, 40000 + sport, net.vip, 80).build(b""),
         );
     }
-    let remaining = services(net, &net.backends[..2]);
-    let state = proxy_agent::model::DesiredState {
-        services: remaining.into_iter().map(|s| (s.name.clone(), s)).collect(),
-        ..Default::default()
-    };
-    let stats = f.programmer.sync(&state, &mut f.maps).expect("programming");
+    let stats = f.program(services(net, &net.backends[..2]));
     assert_eq!(stats.udp_frontends_judged, 1, "{stats:?}");
     if in_background {
         assert_eq!(stats.flushed_flows, 0, "the sync flushed itself: {stats:?}");
@@ -620,10 +615,7 @@ fn a_udp_flow_to_an_endpoint_that_still_serves_goes_on_until_it_stops_serving(ne
     for svc in &mut terminating {
         svc.other_serving_ips = vec![leaving];
     }
-    let stats = f
-        .programmer
-        .sync(&state_of(terminating), &mut f.maps)
-        .unwrap();
+    let stats = f.program(terminating);
     assert_eq!(stats.flushed_flows, 0, "{stats:?}");
     assert_eq!(udp_flows_to(&f, leaving), 1);
     std::thread::sleep(std::time::Duration::from_millis(1_100));
@@ -634,20 +626,11 @@ fn a_udp_flow_to_an_endpoint_that_still_serves_goes_on_until_it_stops_serving(ne
     );
     assert_eq!(f.counter(Counter::Rebalanced), 0);
 
-    let stats = (f.programmer)
-        .sync(&state_of(services(net, &net.backends[..2])), &mut f.maps)
-        .unwrap();
+    let stats = f.program(services(net, &net.backends[..2]));
     assert_eq!(stats.udp_frontends_judged, 1, "{stats:?}");
     assert_eq!(stats.flushed_flows, 2, "both halves: {stats:?}");
     let next = backend_of(&f.run(FromPod, &datagram).packet);
     assert!(net.backends[..2].contains(&next), "balanced again: {next}");
-}
-
-fn state_of(services: Vec<DesiredService>) -> proxy_agent::model::DesiredState {
-    proxy_agent::model::DesiredState {
-        services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
-        ..Default::default()
-    }
 }
 
 /// The verifier's work is the floor of every agent start. Before memsets

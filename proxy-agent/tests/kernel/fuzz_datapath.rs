@@ -1950,7 +1950,6 @@ impl<'a> Oracle<'a> {
                     // Reopens a finished flow, or leaves an open one open.
                     self.model.closing.remove(&key);
                 }
-                self.model.note_closing(key, p.tcp_flags, true);
                 if REPLY_TUPLE_CLASH_KNOWN
                     && t.proto == proto::TCP
                     && syn

@@ -17,7 +17,7 @@ use proxy_agent::{
     },
     model::{DesiredService, DesiredState},
     modes::ebpf::{
-        KernelMaps, Programmer,
+        KernelMaps, Programmer, SyncStats,
         test_run::{self, Hook},
     },
 };
@@ -49,14 +49,15 @@ impl Datapath {
     }
 
     /// Programs exactly `services`, as a sync of the agent would.
-    pub fn program(&mut self, services: Vec<DesiredService>) {
+    /// Programs exactly `services`; what the sync did.
+    pub fn program(&mut self, services: Vec<DesiredService>) -> SyncStats {
         let state = DesiredState {
             services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
             ..DesiredState::default()
         };
         self.programmer
             .sync(&state, &mut self.maps)
-            .expect("programming the maps");
+            .expect("programming the maps")
     }
 
     pub fn run(&self, hook: Hook, pkt: &[u8]) -> test_run::Outcome {
