@@ -53,7 +53,7 @@ enum Task {
         /// `e2e`: the end-to-end benchmark only.
         which: Option<String>,
     },
-    /// Fuzz every datapath program through BPF_PROG_TEST_RUN against an oracle of the services and flows, and print the figures. Needs root.
+    /// Fuzz every datapath program, in both address families, through BPF_PROG_TEST_RUN against an oracle of the services and flows, and print the figures. Needs root.
     Fuzz {
         /// Packets per program.
         #[arg(long, default_value_t = 1_000_000)]
