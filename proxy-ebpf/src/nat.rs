@@ -17,7 +17,14 @@ use aya_ebpf::{
 };
 use proxy_common::{Counter, V6, proto};
 
-use crate::{csum, flow::Rewrite, frame::Frame, ip::Ip, packet::Packet, sctp};
+use crate::{
+    csum,
+    flow::Rewrite,
+    frame::Frame,
+    ip::Ip,
+    packet::{MAX_L4_OFF, Packet},
+    sctp,
+};
 
 /// Rewrites `pkt` to `out`.
 ///
@@ -119,10 +126,6 @@ fn apply_ipv6<F: Ip>(
 const REWRITE_MALFORMED: i32 = 1;
 /// [`nat_rewrite6`]'s answer when a helper failed or scratch memory is missing.
 const REWRITE_FAILED: i32 = 2;
-/// The furthest an IPv6 L4 header may start (`packet::parse6` walks a few
-/// extension headers): a bound the verifier needs for the offset read back
-/// from scratch memory.
-const MAX_L4_OFF: u32 = 1024;
 
 /// The IPv6 rewrite in `Scratch::rewrite` (the old tuple is the packet's
 /// own): addresses and ports written in place, then the checksum helpers.
@@ -146,7 +149,9 @@ pub extern "C" fn nat_rewrite6(skb: *mut __sk_buff) -> i32 {
 #[inline(always)]
 fn rewrite6(ctx: &TcContext) -> Result<(), Counter> {
     let job = &V6::scratch().ok_or(Counter::DropRewriteFailed)?.rewrite;
-    if job.l4_off > MAX_L4_OFF {
+    // The bound the verifier needs for the offset read back from scratch
+    // memory; `packet::parse6` passes packets beyond it on untouched.
+    if job.l4_off > MAX_L4_OFF as u32 {
         return Err(Counter::DropMalformed);
     }
     let mut addr_diff = 0u32;

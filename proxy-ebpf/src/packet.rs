@@ -113,8 +113,12 @@ pub struct Ipv6Hdr {
 
 /// Extension headers walked before giving up (and passing the packet).
 pub const MAX_EXT_HEADERS: usize = 4;
-/// The furthest L4 can start: each header walked is at most 2 KiB.
-const MAX_L4_OFF: usize = ETH_HLEN + 40 + MAX_EXT_HEADERS * 2048;
+/// The furthest an IPv6 L4 header may start (a frame offset) for the
+/// packet to be translated: the rewrite (`nat::rewrite6`) needs a bound the
+/// verifier can check. Past it, extension headers (each up to 2 KiB) leave
+/// the packet to the kernel untouched, as headers not walked do: it must
+/// not open a flow the rewrite then refuses.
+pub const MAX_L4_OFF: usize = 1024;
 
 mod ext {
     pub const HOP_BY_HOP: u8 = 0;
@@ -337,6 +341,7 @@ pub fn parse6<C: Frame>(ctx: &C) -> Result<Option<Packet<V6>>, Counter> {
             core::ptr::read_volatile(slot)
         } as usize;
         if off > MAX_L4_OFF {
+            crate::stats::count(Counter::PassUnparsed);
             return Ok(None);
         }
     }

@@ -114,6 +114,8 @@ pub trait Fam: 'static + Sized {
     const ALEN: usize;
     /// IPv4's header checksum.
     const HDR_CSUM_AT: Option<usize>;
+    /// ICMP's protocol number (ICMPv6's in IPv6).
+    const ICMP: u8;
     /// ICMP destination / port unreachable (type, code).
     const PORT_UNREACHABLE: [u8; 2];
     const NET: Topology<Self::Addr>;

@@ -115,6 +115,23 @@ fn fuzz<F: Fam>(hook: Hook) {
     }
     let elapsed = start.elapsed();
     report(hook, seed, &oracle, elapsed);
+    // A rule that never fires checks nothing: at this many packets each
+    // of these has fired hundreds of times.
+    if packets >= DEFAULT_PACKETS {
+        let s = &oracle.stats;
+        assert!(
+            s.fragments_followed > 0,
+            "no later fragment followed its flow"
+        );
+        assert!(
+            s.translated_past_options > 0,
+            "nothing translated past options"
+        );
+        assert!(
+            s.results.get(&Judged::Reply).is_some_and(|&n| n > 0),
+            "no reply"
+        );
+    }
 }
 
 fn report<F: Fam>(hook: Hook, seed: u64, oracle: &Oracle<F>, elapsed: std::time::Duration) {

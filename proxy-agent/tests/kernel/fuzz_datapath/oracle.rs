@@ -150,6 +150,38 @@ fn may_change<F: Fam>(i: usize, l4: Option<(usize, usize)>) -> bool {
         || l4.is_some_and(|(l4, csum)| (l4..l4 + 4).contains(&i) || (csum..csum + 2).contains(&i))
 }
 
+/// A translated frame's TTL / hop limit and MACs: decremented and the next
+/// hop's when sent on (XDP_TX, a TC redirect), untouched when left to the
+/// stack.
+fn check_sent_on<F: Fam>(hook: Hook, input: &[u8], out: &Outcome) -> Result<(), String> {
+    let o = &out.packet;
+    let sent = matches!(
+        (hook, out.verdict),
+        (Hook::Xdp, XDP_TX) | (Hook::FromPod | Hook::FromNetdev, TC_ACT_REDIRECT)
+    );
+    let ttl_at = ETH_HLEN + F::TTL_AT;
+    let (ttl_in, ttl_out) = (input[ttl_at], o[ttl_at]);
+    if sent {
+        if ttl_in <= 1 || ttl_out != ttl_in - 1 {
+            return Err(format!("[rewrite] sent on with TTL {ttl_in} -> {ttl_out}"));
+        }
+        let macs_kept = o[0..12] == input[0..12];
+        let smac_ok = o[6..12] == EXT_MAC || (hook != Hook::Xdp && o[6..12] == POD_MAC);
+        let dmac_ok = F::NET
+            .neighbours()
+            .iter()
+            .any(|(_, mac, _)| o[0..6] == *mac);
+        let next_hop = smac_ok && dmac_ok;
+        // bpf_redirect_neigh (TC) fills the MACs in later.
+        if !(next_hop || (macs_kept && hook != Hook::Xdp)) {
+            return Err("[rewrite] sent on with MACs of no next hop".into());
+        }
+    } else if ttl_out != ttl_in || o[0..12] != input[0..12] {
+        return Err("[rewrite] TTL or MACs changed on a packet left to the stack".into());
+    }
+    Ok(())
+}
+
 impl<'a, F: Fam> Oracle<'a, F> {
     pub fn new(world: &'a World<F>) -> Self {
         Oracle {
@@ -219,7 +251,12 @@ impl<'a, F: Fam> Oracle<'a, F> {
     /// IPv4 header checksum as valid as before), TTL / hop limit and MACs
     /// as any packet sent on, every other byte untouched. `None`: no such
     /// flow; the untouched rule judges it.
-    fn later_fragment(&mut self, input: &[u8], out: &Outcome) -> Option<Result<Judged, String>> {
+    fn later_fragment(
+        &mut self,
+        hook: Hook,
+        input: &[u8],
+        out: &Outcome,
+    ) -> Option<Result<Judged, String>> {
         let key = F::later_fragment(input)?;
         let &(sport, dport) = self.fragments.get(&key)?;
         let (src, dst, _, proto) = key;
@@ -248,6 +285,14 @@ impl<'a, F: Fam> Oracle<'a, F> {
         let at = ETH_HLEN + F::ADDRS_AT;
         let addressed = o[at..at + F::ALEN] == F::octets(to.src)[..]
             && o[at + F::ALEN..at + 2 * F::ALEN] == F::octets(to.dst)[..];
+        if hook == Hook::Xdp && out.verdict == XDP_PASS {
+            return Some(Err(format!(
+                "[fragment] later fragment of {t} modified and passed up the stack"
+            )));
+        }
+        if let Err(what) = check_sent_on::<F>(hook, input, out) {
+            return Some(Err(format!("[fragment] later fragment of {t}: {what}")));
+        }
         if kept && addressed && valid_in == valid_out {
             self.stats.fragments_followed += 1;
             Some(Ok(judged))
@@ -309,7 +354,7 @@ impl<'a, F: Fam> Oracle<'a, F> {
         }
         if shape == Shape::LaterFragment
             && !unchanged
-            && let Some(judged) = self.later_fragment(input, out)
+            && let Some(judged) = self.later_fragment(hook, input, out)
         {
             return judged;
         }
@@ -536,7 +581,7 @@ impl<'a, F: Fam> Oracle<'a, F> {
             && l4[13] & tcp_flags::RST != 0
             && u16::from_be_bytes([l4[0], l4[1]]) == t.dport
             && u16::from_be_bytes([l4[2], l4[3]]) == t.sport;
-        let icmp = ip[F::PROTO_AT] == proto::ICMP || ip[F::PROTO_AT] == proto::ICMPV6;
+        let icmp = ip[F::PROTO_AT] == F::ICMP;
         if !rst && !icmp {
             return Ok(None);
         }
@@ -637,30 +682,7 @@ impl<'a, F: Fam> Oracle<'a, F> {
         if let Some(i) = (0..o.len()).find(|&i| o[i] != input[i] && !may_change::<F>(i, l4)) {
             return Err(format!("[rewrite] byte {i} changed"));
         }
-        let sent = matches!(
-            (hook, out.verdict),
-            (Hook::Xdp, XDP_TX) | (Hook::FromPod | Hook::FromNetdev, TC_ACT_REDIRECT)
-        );
-        let ttl_at = ETH_HLEN + F::TTL_AT;
-        let (ttl_in, ttl_out) = (input[ttl_at], o[ttl_at]);
-        if sent {
-            if ttl_in <= 1 || ttl_out != ttl_in - 1 {
-                return Err(format!("[rewrite] sent on with TTL {ttl_in} -> {ttl_out}"));
-            }
-            let macs_kept = o[0..12] == input[0..12];
-            let smac_ok = o[6..12] == EXT_MAC || (hook != Hook::Xdp && o[6..12] == POD_MAC);
-            let dmac_ok = F::NET
-                .neighbours()
-                .iter()
-                .any(|(_, mac, _)| o[0..6] == *mac);
-            let next_hop = smac_ok && dmac_ok;
-            // bpf_redirect_neigh (TC) fills the MACs in later.
-            if !(next_hop || (macs_kept && hook != Hook::Xdp)) {
-                return Err("[rewrite] sent on with MACs of no next hop".into());
-            }
-        } else if ttl_out != ttl_in || o[0..12] != input[0..12] {
-            return Err("[rewrite] TTL or MACs changed on a packet left to the stack".into());
-        }
+        check_sent_on::<F>(hook, input, out)?;
         if p.ip_valid::<F>(input) != p.ip_valid::<F>(o) {
             return Err("[rewrite] IPv4 header checksum validity changed".into());
         }
@@ -672,11 +694,15 @@ impl<'a, F: Fam> Oracle<'a, F> {
                 return Err("[rewrite] checksums no longer verify".into());
             }
         }
-        if p.t.proto == proto::UDP
-            && input[p.csum_off..p.csum_off + 2] == [0, 0]
-            && o[p.csum_off..p.csum_off + 2] != [0, 0]
-        {
-            return Err("[rewrite] a UDP packet without checksum got one".into());
+        if p.t.proto == proto::UDP {
+            let none = |pkt: &[u8]| pkt[p.csum_off..p.csum_off + 2] == [0, 0];
+            match (none(input), none(o)) {
+                (true, false) => {
+                    return Err("[rewrite] a UDP packet without checksum got one".into());
+                }
+                (false, true) => return Err("[rewrite] a UDP checksum was zeroed".into()),
+                _ => {}
+            }
         }
         Ok(())
     }

@@ -16,11 +16,14 @@ use proxy_common::{
 };
 
 use super::{
+    family::Fam,
     fixture::Fixture,
     generate::Class,
     oracle::{Judged, Oracle},
+    rng::Rng,
     shape::{SCTP, Shape},
     v4::{EMPTY_VIP, Ipv4, LOCAL_A, LOCAL_LB_IP, LOCAL_POD, LOCAL_VIP, REMOTE_A},
+    v6::{self, Ipv6},
     world::{Spec, Tuple, World},
 };
 
@@ -183,6 +186,7 @@ fn regression_truncated_ipv6_sctp_may_be_dropped() {
         .collect();
     assert_eq!(frame[20], SCTP, "next header");
     assert!(Shape::of::<Ipv4>(&frame).malformed());
+    assert_eq!(Shape::of::<Ipv6>(&frame), Shape::L4Truncated);
     // The same frame with its chunk header whole is not malformed.
     let mut whole = frame.clone();
     whole.extend_from_slice(&[0, 0]);
@@ -236,4 +240,44 @@ fn regression_sctp_to_an_unserved_cluster_ip_port_is_rejected() {
     );
     // XDP passes both up; TC passes the one for no cluster IP.
     assert_eq!(r(Judged::Passed), 4);
+}
+
+/// Found by the fuzzer (IPv6, tc_from_pod and tc_from_netdev): a service
+/// packet whose extension headers put L4 past what the rewrite reaches
+/// (1 KiB) opened a flow, then was dropped as malformed; its flow's later
+/// packets and replies went wrong. Now it is passed on untouched, as
+/// headers the datapath does not walk are; with short headers the same
+/// packet is translated.
+#[test]
+fn ipv6_headers_too_long_to_rewrite_behind_pass_untouched_and_open_no_flow() {
+    let world = World::<Ipv6>::new();
+    let fx = Fixture::new::<Ipv6>(1 << 12, &world.specs);
+    let mut oracle = Oracle::new(&world);
+    let web = &world.specs[0];
+    let syn = |units: usize| {
+        let mut pkt = Frame {
+            src: Ipv6::NET.local_pod.into(),
+            dst: web.vip.into(),
+            sport: 40100,
+            dport: web.port,
+            proto: proto::TCP,
+        }
+        .build(b"q");
+        let header = v6::options_header(&mut Rng::new(1), units);
+        v6::push_header(&mut pkt, v6::ext::DEST_OPTS, header);
+        packet::fix_checksums(&mut pkt);
+        pkt
+    };
+    let (long, short) = (syn(128), syn(1));
+    assert!(long.len() > 1024 + 20 && long.len() < 1600);
+    for hook in [Hook::FromPod, Hook::FromNetdev] {
+        oracle.run(&fx, hook, 0, Class::ToFrontend, &long);
+    }
+    let violations: Vec<String> = oracle.violations.iter().map(|v| v.what.clone()).collect();
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert_eq!(oracle.stats.results.get(&Judged::Passed), Some(&2));
+    assert!(oracle.model.forwards.is_empty());
+    oracle.run(&fx, Hook::FromPod, 1, Class::ToFrontend, &short);
+    assert!(oracle.violations.is_empty());
+    assert_eq!(oracle.stats.results.get(&Judged::Forwarded), Some(&1));
 }

@@ -29,8 +29,9 @@ pub enum Shape<A> {
     BadHeader,
     NotTcpUdp,
     /// IPv6 whose headers the datapath does not walk (more than four
-    /// extension headers, a fragment header with its reserved byte set, a
-    /// later fragment cut off before its identification).
+    /// extension headers, authentication or encryption, a fragment header
+    /// with its reserved byte set, a later fragment cut off before its
+    /// identification) or whose L4 header starts too far in to rewrite.
     Unwalked,
     /// A fragment after the first: no ports to look at.
     LaterFragment,
@@ -126,8 +127,9 @@ impl<A: Copy> Parsed<A> {
 
     pub fn l4_valid<F: Fam<Addr = A>>(&self, pkt: &[u8]) -> bool {
         let l4 = &pkt[self.l4_off..ETH_HLEN + self.tot_len];
+        // IPv4's UDP may go without a checksum; IPv6's must not (RFC 8200 8.1).
         if self.t.proto == proto::UDP && pkt[self.csum_off..self.csum_off + 2] == [0, 0] {
-            return true;
+            return F::VERSION == 4;
         }
         let pseudo = F::pseudo_header(&pkt[ETH_HLEN..], self.t.proto, l4.len());
         packet::checksum(&[&pseudo, l4]) == 0

@@ -117,6 +117,7 @@ impl Fam for Ipv4 {
     const ADDRS_AT: usize = 12;
     const ALEN: usize = 4;
     const HDR_CSUM_AT: Option<usize> = Some(10);
+    const ICMP: u8 = proto::ICMP;
     const PORT_UNREACHABLE: [u8; 2] = [3, 3];
     const NET: Topology<Ipv4Addr> = Topology {
         node: NODE,

@@ -27,7 +27,7 @@ const fn at(net: u16, host: u16) -> Ipv6Addr {
 
 const NODE: Ipv6Addr = at(0, 1);
 
-mod ext {
+pub(super) mod ext {
     pub const HOP_BY_HOP: u8 = 0;
     pub const ROUTING: u8 = 43;
     pub const FRAGMENT: u8 = 44;
@@ -36,6 +36,9 @@ mod ext {
 }
 /// Extension headers the datapath walks before giving up (passing the packet).
 const MAX_EXT_HEADERS: usize = 4;
+/// The furthest L4 may start (a frame offset) for the datapath to translate
+/// the packet; past it the packet is passed on untouched.
+const MAX_L4_OFF: usize = 1024;
 
 fn payload_len(pkt: &[u8]) -> usize {
     u16::from_be_bytes([pkt[ETH_HLEN + 4], pkt[ETH_HLEN + 5]]) as usize
@@ -47,7 +50,7 @@ fn set_payload_len(pkt: &mut [u8], len: usize) {
 
 /// Inserts `header` (its first byte to be the next header) in front of
 /// what follows the fixed header, and names it there.
-fn push_header(pkt: &mut Vec<u8>, kind: u8, mut header: Vec<u8>) {
+pub(super) fn push_header(pkt: &mut Vec<u8>, kind: u8, mut header: Vec<u8>) {
     let at = ETH_HLEN + IPV6_HLEN;
     header[0] = pkt[ETH_HLEN + 6];
     pkt[ETH_HLEN + 6] = kind;
@@ -61,6 +64,30 @@ fn fragment_header(rng: &mut Rng, offset_and_more: u16) -> Vec<u8> {
     let mut h = vec![0u8; 8];
     h[2..4].copy_from_slice(&offset_and_more.to_be_bytes());
     h[4..8].copy_from_slice(&(rng.below(FRAGMENT_IDS) as u32).to_be_bytes());
+    h
+}
+
+/// A hop-by-hop or destination options header of `units` + 1 eight-byte
+/// units: PadN options over the whole, or (now and then) garbage.
+pub(super) fn options_header(rng: &mut Rng, units: usize) -> Vec<u8> {
+    let len = (units + 1) * 8;
+    let mut h = if rng.chance(30) {
+        rng.bytes(len)
+    } else {
+        let mut h = vec![0u8; 2];
+        while h.len() < len {
+            match len - h.len() {
+                1 => h.push(0), // Pad1
+                left => {
+                    let pad = (left - 2).min(255);
+                    h.extend([1, pad as u8]);
+                    h.extend(std::iter::repeat_n(0, pad));
+                }
+            }
+        }
+        h
+    };
+    h[1] = units as u8;
     h
 }
 
@@ -93,6 +120,7 @@ impl Fam for Ipv6 {
     const ADDRS_AT: usize = 8;
     const ALEN: usize = 16;
     const HDR_CSUM_AT: Option<usize> = None;
+    const ICMP: u8 = proto::ICMPV6;
     const PORT_UNREACHABLE: [u8; 2] = [1, 4];
     const NET: Topology<Ipv6Addr> = Topology {
         node: NODE,
@@ -164,9 +192,13 @@ impl Fam for Ipv6 {
     }
 
     fn add_headers(rng: &mut Rng, mut pkt: Vec<u8>) -> Vec<u8> {
-        // A fragment header right before L4: a first fragment, a later
-        // one, or an atomic one (offset 0, no more).
+        // A fragment header: a first fragment, a later one, or an atomic
+        // one (offset 0, no more); right before L4, or before destination
+        // options in the fragmentable part.
         if rng.chance(12) {
+            if rng.chance(15) {
+                push_header(&mut pkt, ext::DEST_OPTS, options_header(rng, 0));
+            }
             let offset = (rng.range(1, 0x1fff) as u16) << 3;
             let offset_and_more = match rng.below(4) {
                 0 => 1,
@@ -203,21 +235,23 @@ impl Fam for Ipv6 {
                         h[1] = 2;
                         h
                     }
-                    _ => {
-                        let units = rng.below(3) as usize;
-                        let len = (units + 1) * 8;
-                        let mut h = if rng.chance(30) {
-                            rng.bytes(len)
-                        } else {
-                            // One PadN option over the rest (a routing
-                            // header: type 0, no segments left).
-                            let mut h = vec![0u8; len];
-                            h[2] = 1;
-                            h[3] = (len - 4) as u8;
-                            h
-                        };
-                        h[1] = units as u8;
+                    ext::ROUTING => {
+                        // Type 0, no segments left: skipped by a receiver.
+                        let mut h = vec![0u8; 8];
+                        if rng.chance(30) {
+                            rng.fill(&mut h[2..]);
+                        }
                         h
+                    }
+                    _ => {
+                        // Now and then past what the datapath rewrites
+                        // behind (1 KiB of headers).
+                        let units = if rng.chance(3) {
+                            rng.range(100, 140)
+                        } else {
+                            rng.below(3)
+                        };
+                        options_header(rng, units as usize)
                     }
                 };
                 push_header(&mut pkt, kind, header);
@@ -242,8 +276,11 @@ impl Fam for Ipv6 {
             3 => pkt[ip + 6] = rng.next() as u8,
             _ => {
                 // The first extension header's length, if there is one.
-                if pkt.len() > ip + IPV6_HLEN + 1 {
+                let walked = [ext::HOP_BY_HOP, ext::ROUTING, ext::FRAGMENT, ext::DEST_OPTS];
+                if walked.contains(&pkt[ip + 6]) && pkt.len() > ip + IPV6_HLEN + 1 {
                     pkt[ip + IPV6_HLEN + 1] = rng.next() as u8;
+                } else {
+                    set_payload_len(pkt, rng.next() as usize & 0xffff);
                 }
             }
         }
@@ -362,6 +399,9 @@ impl Fam for Ipv6 {
             next = hdr[0];
             off += (hdr[1] as usize + 1) * 8;
             walked += 1;
+        }
+        if off > MAX_L4_OFF {
+            return Shape::Unwalked;
         }
         let (csum_off, l4_end) = l4_layout(next, off);
         if pkt.len() < l4_end {
