@@ -796,6 +796,40 @@ fn a_refused_partial_iptables_restore_is_counted_and_the_next_sync_is_full() {
     });
 }
 
+/// As upstream's canary: after a firewall reload (every table flushed,
+/// every chain deleted) the next partial sync finds `KUBE-PROXY-CANARY`
+/// gone from mangle and syncs in full: the jumps from the built-in chains,
+/// every service chain and the canary come back. (Without it, the partial
+/// restore names service chains that no longer exist and fails, and the
+/// built-in chains' jumps wait for the hourly full sync.)
+#[test]
+fn a_partial_iptables_sync_after_a_firewall_reload_is_full() {
+    with_synced_iptables(|mut proxier, s| {
+        let tables = ["mangle", "nat", "filter"];
+        let before: Vec<_> = tables.iter().map(|t| rule_set(&iptables_save(t))).collect();
+        assert!(
+            before[0].contains(":KUBE-PROXY-CANARY -"),
+            "a full sync makes the canary\n{before:?}"
+        );
+        assert!(
+            before[1].contains(
+                "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+            ),
+            "{:?}",
+            before[1]
+        );
+        for table in tables {
+            run("iptables-nft", &["-t", table, "-F"]);
+            run("iptables-nft", &["-t", table, "-X"]);
+        }
+        proxier
+            .sync(&s, &SyncChanges::default())
+            .expect("the partial sync after the reload");
+        let after: Vec<_> = tables.iter().map(|t| rule_set(&iptables_save(t))).collect();
+        assert_eq!(after, before);
+    });
+}
+
 /// As upstream, forwarded packets conntrack finds INVALID are dropped
 /// unless `nf_conntrack_tcp_be_liberal` is set when the proxier starts.
 #[test]

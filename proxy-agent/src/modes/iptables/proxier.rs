@@ -3,12 +3,15 @@
 //! nothing). A full sync makes sure the built-in chains jump to ours, and
 //! deletes the service chains no longer wanted; a partial sync (upstream's
 //! minimal restore) writes the shared chains and only the changed service
-//! ports' own chains, deleting those they no longer use.
+//! ports' own chains, deleting those they no longer use. A partial sync
+//! that finds upstream's canary chain gone (the tables flushed from
+//! outside) syncs in full.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::Write as _,
     process::{Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
@@ -123,9 +126,17 @@ impl IptablesProxier {
             ..NodeRules::new(&self.settings, family, &desired.node)
         };
         // Unknown until this sync succeeds.
-        let previous = self.written[slot]
+        let mut previous = self.written[slot]
             .take()
             .filter(|w| !changes.full && w.node == node);
+        if previous.is_some() && tables_flushed(&t)? {
+            tracing::warn!(
+                ?family,
+                "{CANARY} is gone from the mangle table: the tables were flushed from outside \
+                 (a firewall reload?); syncing in full"
+            );
+            previous = None;
+        }
         let restore = match &previous {
             // Upstream's partial sync: the shared chains are rewritten, and
             // only the changed ports' own chains; the jumps from the
@@ -146,6 +157,8 @@ impl IptablesProxier {
                 for (table, chain, args) in rules::jumps(&node) {
                     ensure_jump(&t, table, chain, &args)?;
                 }
+                // The restore writes nat's and filter's.
+                ensure_chain(&t, "mangle", CANARY);
                 let stale = our_service_chains(&t)?;
                 rules::build(&node, desired, &stale, &|_| true)
             }
@@ -195,6 +208,58 @@ fn conntrack_tcp_be_liberal() -> bool {
         .is_ok_and(|v| v.trim().parse::<u32>().is_ok_and(|n| n != 0))
 }
 
+/// Upstream's canary: a chain of ours, empty, in the mangle, nat and
+/// filter tables. A firewall reload deletes every chain, the canary with
+/// them; a partial sync then syncs in full (upstream's `Monitor` polls it
+/// every `syncPeriod`, the interval our syncs run at when nothing changes).
+const CANARY: &str = "KUBE-PROXY-CANARY";
+/// How long, once the mangle canary is gone, the other tables' canaries
+/// are waited for, polled at the interval below: a reload in progress
+/// should finish before the full sync (upstream's `iptablesFlushTimeout`
+/// and `iptablesFlushPollTime`).
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+const FLUSH_POLL: Duration = Duration::from_millis(100);
+
+fn chain_exists(t: &Tools, table: &str, chain: &str) -> anyhow::Result<bool> {
+    let status = Command::new(t.iptables)
+        .args(["-w", "-t", table, "-n", "-L", chain])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", t.iptables))?;
+    Ok(status.success())
+}
+
+/// Whether the tables were flushed from outside since the last sync: the
+/// canary is gone from mangle (a table with little in it, checked first, as
+/// upstream). Then waits for the nat and filter canaries to go too.
+fn tables_flushed(t: &Tools) -> anyhow::Result<bool> {
+    if chain_exists(t, "mangle", CANARY)? {
+        return Ok(false);
+    }
+    let deadline = Instant::now() + FLUSH_TIMEOUT;
+    loop {
+        let others_left = chain_exists(t, "nat", CANARY)? || chain_exists(t, "filter", CANARY)?;
+        if !others_left {
+            break;
+        }
+        if Instant::now() >= deadline {
+            tracing::info!("inconsistent iptables state: the canary is gone from mangle only");
+            break;
+        }
+        std::thread::sleep(FLUSH_POLL);
+    }
+    Ok(true)
+}
+
+/// Creates `chain` in `table` unless it exists (upstream's EnsureChain).
+fn ensure_chain(t: &Tools, table: &str, chain: &str) {
+    let _ = Command::new(t.iptables)
+        .args(["-w", "-t", table, "-N", chain])
+        .stderr(Stdio::null())
+        .status();
+}
+
 /// Adds `-A`-style `args` at the top of `chain` unless present (upstream's EnsureRule).
 pub(crate) fn ensure_jump(
     t: &Tools,
@@ -203,11 +268,7 @@ pub(crate) fn ensure_jump(
     args: &[&str],
 ) -> anyhow::Result<()> {
     // The target chain must exist before a rule can jump to it.
-    let target = args.last().copied().unwrap_or_default();
-    let _ = Command::new(t.iptables)
-        .args(["-w", "-t", table, "-N", target])
-        .stderr(Stdio::null())
-        .status();
+    ensure_chain(t, table, args.last().copied().unwrap_or_default());
     let check = Command::new(t.iptables)
         .args(["-w", "-t", table, "-C", chain])
         .args(args)
