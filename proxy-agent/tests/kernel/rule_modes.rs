@@ -797,16 +797,23 @@ fn a_refused_partial_iptables_restore_is_counted_and_the_next_sync_is_full() {
 }
 
 /// As upstream's canary: after a firewall reload (every table flushed,
-/// every chain deleted) the next partial sync finds `KUBE-PROXY-CANARY`
-/// gone from mangle and syncs in full: the jumps from the built-in chains,
-/// every service chain and the canary come back. (Without it, the partial
-/// restore names service chains that no longer exist and fails, and the
-/// built-in chains' jumps wait for the hourly full sync.)
+/// every chain deleted, in both families) the next partial sync finds
+/// `KUBE-PROXY-CANARY` gone from mangle and syncs in full: the jumps from
+/// the built-in chains, every service chain and the canary come back.
+/// (Without it, the partial restore names service chains that no longer
+/// exist and is refused; the retry is full.)
 #[test]
 fn a_partial_iptables_sync_after_a_firewall_reload_is_full() {
     with_synced_iptables(|mut proxier, s| {
         let tables = ["mangle", "nat", "filter"];
-        let before: Vec<_> = tables.iter().map(|t| rule_set(&iptables_save(t))).collect();
+        let save_all = || {
+            let mut saved: Vec<_> = tables.iter().map(|t| rule_set(&iptables_save(t))).collect();
+            for table in tables {
+                saved.push(rule_set(&run("ip6tables-nft-save", &["-t", table])));
+            }
+            saved
+        };
+        let before = save_all();
         assert!(
             before[0].contains(":KUBE-PROXY-CANARY -"),
             "a full sync makes the canary\n{before:?}"
@@ -818,15 +825,21 @@ fn a_partial_iptables_sync_after_a_firewall_reload_is_full() {
             "{:?}",
             before[1]
         );
-        for table in tables {
-            run("iptables-nft", &["-t", table, "-F"]);
-            run("iptables-nft", &["-t", table, "-X"]);
+        assert!(
+            before[4].contains(":KUBE-SERVICES -"),
+            "IPv6 rules\n{:?}",
+            before[4]
+        );
+        for tool in ["iptables-nft", "ip6tables-nft"] {
+            for table in tables {
+                run(tool, &["-t", table, "-F"]);
+                run(tool, &["-t", table, "-X"]);
+            }
         }
         proxier
             .sync(&s, &SyncChanges::default())
             .expect("the partial sync after the reload");
-        let after: Vec<_> = tables.iter().map(|t| rule_set(&iptables_save(t))).collect();
-        assert_eq!(after, before);
+        assert_eq!(save_all(), before);
     });
 }
 

@@ -50,6 +50,9 @@ pub struct IptablesProxier {
 struct Written {
     node: NodeRules,
     services: BTreeMap<ServicePortName, OwnChains>,
+    /// Whether the mangle canary was made: only then does its absence say
+    /// the tables were flushed (a node without a mangle table has none).
+    canary: bool,
 }
 
 impl IptablesProxier {
@@ -129,7 +132,7 @@ impl IptablesProxier {
         let mut previous = self.written[slot]
             .take()
             .filter(|w| !changes.full && w.node == node);
-        if previous.is_some() && tables_flushed(&t)? {
+        if previous.as_ref().is_some_and(|w| w.canary) && tables_flushed(&t, family) {
             tracing::warn!(
                 ?family,
                 "{CANARY} is gone from the mangle table: the tables were flushed from outside \
@@ -137,6 +140,7 @@ impl IptablesProxier {
             );
             previous = None;
         }
+        let mut canary = previous.as_ref().is_some_and(|w| w.canary);
         let restore = match &previous {
             // Upstream's partial sync: the shared chains are rewritten, and
             // only the changed ports' own chains; the jumps from the
@@ -159,6 +163,18 @@ impl IptablesProxier {
                 }
                 // The restore writes nat's and filter's.
                 ensure_chain(&t, "mangle", CANARY);
+                canary = match chain_exists(&t, "mangle", CANARY) {
+                    Ok(true) => true,
+                    found => {
+                        tracing::warn!(
+                            ?family,
+                            error = found.err().map(|e| format!("{e:#}")),
+                            "cannot make {CANARY} in the mangle table: a firewall reload \
+                             will be noticed by the partial sync's failure instead"
+                        );
+                        false
+                    }
+                };
                 let stale = our_service_chains(&t)?;
                 rules::build(&node, desired, &stale, &|_| true)
             }
@@ -176,6 +192,7 @@ impl IptablesProxier {
         self.written[slot] = Some(Written {
             node,
             services: restore.services,
+            canary,
         });
         Ok(())
     }
@@ -211,7 +228,8 @@ fn conntrack_tcp_be_liberal() -> bool {
 /// Upstream's canary: a chain of ours, empty, in the mangle, nat and
 /// filter tables. A firewall reload deletes every chain, the canary with
 /// them; a partial sync then syncs in full (upstream's `Monitor` polls it
-/// every `syncPeriod`, the interval our syncs run at when nothing changes).
+/// every `syncPeriod`, the interval our syncs run at when nothing changes)
+/// instead of attempting a restore that names deleted chains.
 const CANARY: &str = "KUBE-PROXY-CANARY";
 /// How long, once the mangle canary is gone, the other tables' canaries
 /// are waited for, polled at the interval below: a reload in progress
@@ -220,36 +238,57 @@ const CANARY: &str = "KUBE-PROXY-CANARY";
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 const FLUSH_POLL: Duration = Duration::from_millis(100);
 
+/// Whether `chain` is in `table`: iptables exits 1 for a chain it does not
+/// find; anything else it answers (a table it cannot open, the lock) is an
+/// error, not an answer.
 fn chain_exists(t: &Tools, table: &str, chain: &str) -> anyhow::Result<bool> {
-    let status = Command::new(t.iptables)
+    let out = Command::new(t.iptables)
         .args(["-w", "-t", table, "-n", "-L", chain])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
+        .stderr(Stdio::piped())
+        .output()
         .with_context(|| format!("running {}", t.iptables))?;
-    Ok(status.success())
+    match out.status.code() {
+        Some(0) => Ok(true),
+        Some(1) => Ok(false),
+        _ => bail!(
+            "{} -t {table} -L {chain}: {}",
+            t.iptables,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    }
 }
 
 /// Whether the tables were flushed from outside since the last sync: the
 /// canary is gone from mangle (a table with little in it, checked first, as
-/// upstream). Then waits for the nat and filter canaries to go too.
-fn tables_flushed(t: &Tools) -> anyhow::Result<bool> {
-    if chain_exists(t, "mangle", CANARY)? {
-        return Ok(false);
+/// upstream). Then waits for the nat and filter canaries to go too. A check
+/// that gets no answer counts as the canary being there, as upstream's.
+fn tables_flushed(t: &Tools, family: IpFamily) -> bool {
+    match chain_exists(t, "mangle", CANARY) {
+        Ok(false) => {}
+        Ok(true) => return false,
+        Err(e) => {
+            tracing::warn!(?family, error = format!("{e:#}"), "cannot check {CANARY}");
+            return false;
+        }
     }
+    let present = |table| chain_exists(t, table, CANARY).unwrap_or(true);
     let deadline = Instant::now() + FLUSH_TIMEOUT;
     loop {
-        let others_left = chain_exists(t, "nat", CANARY)? || chain_exists(t, "filter", CANARY)?;
+        let others_left = present("nat") || present("filter");
         if !others_left {
             break;
         }
         if Instant::now() >= deadline {
-            tracing::info!("inconsistent iptables state: the canary is gone from mangle only");
+            tracing::info!(
+                ?family,
+                "inconsistent iptables state: {CANARY} is gone from mangle only"
+            );
             break;
         }
         std::thread::sleep(FLUSH_POLL);
     }
-    Ok(true)
+    true
 }
 
 /// Creates `chain` in `table` unless it exists (upstream's EnsureChain).
