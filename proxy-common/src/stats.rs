@@ -85,7 +85,8 @@ counters! {
     /// Monitor events lost: the ring buffer was full (the monitor reads too slowly).
     MonitorLost = 27 => "monitor_lost",
     /// IPv6 packets passed untouched because their extension headers are
-    /// more, or other, than the programs walk (or not TCP/UDP behind them).
+    /// more, or other, than the programs walk, or put L4 further in than
+    /// the rewrite reaches (1 KiB).
     PassUnparsed = 28 => "pass_unparsed",
     /// To an address inside a service CIDR that no service holds: dropped,
     /// as upstream's nftables mode drops traffic to unallocated cluster IPs.
