@@ -1,7 +1,7 @@
 //! Packet generation: what each frame of a run is, in either family.
 
 use proxy_agent::{
-    cli::packet::{self, ETH_HLEN, Frame, tcp_flags},
+    cli::packet::{self, ETH_HLEN, tcp_flags},
     modes::ebpf::node::{SNAT_PORT_MAX, SNAT_PORT_MIN},
 };
 use proxy_common::proto;
@@ -70,14 +70,7 @@ fn payload(rng: &mut Rng) -> Vec<u8> {
 
 /// A well-formed Ethernet + IP + TCP/UDP frame for `t`.
 fn l4_frame<F: Fam>(rng: &mut Rng, t: Tuple<F::Addr>) -> Vec<u8> {
-    let frame = Frame {
-        src: t.src.into(),
-        dst: t.dst.into(),
-        sport: t.sport,
-        dport: t.dport,
-        proto: t.proto,
-    };
-    let mut pkt = frame.build(&payload(rng));
+    let mut pkt = t.frame().build(&payload(rng));
     let dmac = *rng.pick(&[EXT_MAC, POD_MAC]);
     pkt[0..6].copy_from_slice(&dmac);
     pkt[6..12].copy_from_slice(&rng.pick(&F::NET.neighbours()).1);

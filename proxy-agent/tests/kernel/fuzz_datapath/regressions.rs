@@ -30,14 +30,7 @@ use super::{
 type Tuple4 = Tuple<Ipv4Addr>;
 
 fn send(fx: &Fixture, hook: Hook, t: Tuple4, flags: u8) -> Tuple4 {
-    let frame = Frame {
-        src: t.src.into(),
-        dst: t.dst.into(),
-        sport: t.sport,
-        dport: t.dport,
-        proto: t.proto,
-    };
-    let mut pkt = frame.build(b"q");
+    let mut pkt = t.frame().build(b"q");
     if t.proto == proto::TCP {
         pkt[ETH_HLEN + IPV4_HLEN + 13] = flags;
         packet::fix_checksums(&mut pkt);

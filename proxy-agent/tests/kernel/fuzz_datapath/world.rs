@@ -9,7 +9,7 @@ use std::{
 
 use ipnet::IpNet;
 use proxy_agent::{
-    cli::packet::tcp_flags,
+    cli::packet::{Frame, tcp_flags},
     model::{DesiredService, Endpoint, Protocol, ServicePortName},
 };
 use proxy_common::proto;
@@ -304,6 +304,19 @@ impl<A: Copy> Tuple<A> {
             sport: self.dport,
             dst: self.src,
             dport: self.sport,
+            proto: self.proto,
+        }
+    }
+}
+
+impl<A: Copy + Into<IpAddr>> Tuple<A> {
+    /// The shared frame builder's view of this tuple.
+    pub fn frame(&self) -> Frame {
+        Frame {
+            src: self.src.into(),
+            dst: self.dst.into(),
+            sport: self.sport,
+            dport: self.dport,
             proto: self.proto,
         }
     }
