@@ -797,8 +797,9 @@ fn a_refused_partial_iptables_restore_is_counted_and_the_next_sync_is_full() {
 }
 
 /// As upstream's canary: after a firewall reload (every table flushed,
-/// every chain deleted, in both families) the next partial sync finds
-/// `KUBE-PROXY-CANARY` gone from mangle and syncs in full: the jumps from
+/// every chain deleted, in both families) the periodic sync (a partial
+/// sync without changes) finds `KUBE-PROXY-CANARY` gone from mangle and
+/// syncs in full: the jumps from
 /// the built-in chains, every service chain and the canary come back.
 /// (Without it, the partial restore names service chains that no longer
 /// exist and is refused; the retry is full.)

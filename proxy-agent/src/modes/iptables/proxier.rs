@@ -3,9 +3,9 @@
 //! nothing). A full sync makes sure the built-in chains jump to ours, and
 //! deletes the service chains no longer wanted; a partial sync (upstream's
 //! minimal restore) writes the shared chains and only the changed service
-//! ports' own chains, deleting those they no longer use. A partial sync
-//! that finds upstream's canary chain gone (the tables flushed from
-//! outside) syncs in full.
+//! ports' own chains, deleting those they no longer use. The periodic
+//! sync, finding upstream's canary chain gone (the tables flushed from
+//! outside), syncs in full.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -132,7 +132,11 @@ impl IptablesProxier {
         let mut previous = self.written[slot]
             .take()
             .filter(|w| !changes.full && w.node == node);
-        if previous.as_ref().is_some_and(|w| w.canary) && tables_flushed(&t, family) {
+        // Checked by the periodic sync (no change, every `syncPeriod`: upstream's
+        // polling interval), not by one a change triggered: the check costs
+        // an `iptables` run per family, and a change must not wait on it.
+        let periodic = changes.changed.is_empty();
+        if periodic && previous.as_ref().is_some_and(|w| w.canary) && tables_flushed(&t, family) {
             tracing::warn!(
                 ?family,
                 "{CANARY} is gone from the mangle table: the tables were flushed from outside \
@@ -227,8 +231,8 @@ fn conntrack_tcp_be_liberal() -> bool {
 
 /// Upstream's canary: a chain of ours, empty, in the mangle, nat and
 /// filter tables. A firewall reload deletes every chain, the canary with
-/// them; a partial sync then syncs in full (upstream's `Monitor` polls it
-/// every `syncPeriod`, the interval our syncs run at when nothing changes)
+/// them; the periodic sync (upstream's `Monitor` polls every `syncPeriod`,
+/// the interval our syncs run at when nothing changes) then syncs in full
 /// instead of attempting a restore that names deleted chains.
 const CANARY: &str = "KUBE-PROXY-CANARY";
 /// How long, once the mangle canary is gone, the other tables' canaries
